@@ -1,0 +1,81 @@
+// swift-tools-version: 6.0
+import PackageDescription
+
+let package = Package(
+    name: "Tandem",
+    platforms: [.macOS(.v14)],
+    products: [
+        .library(name: "Tandem", targets: ["Tandem"]),
+        .library(name: "TandemServer", targets: ["TandemServer"]),
+        .library(name: "TandemTesting", targets: ["TandemTesting"]),
+        .library(name: "TandemWire", targets: ["TandemWire"]),
+        .executable(name: "tandem", targets: ["tandem"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+    ],
+    targets: [
+        .systemLibrary(
+            name: "CLibWebSockets",
+            path: "Sources/CLibWebSockets",
+            pkgConfig: "libwebsockets",
+            providers: [.apt(["libwebsockets-dev"]), .brew(["libwebsockets"])]
+        ),
+        .target(name: "TandemWire"),
+        .target(
+            name: "TandemSocket",
+            dependencies: [
+                "CLibWebSockets",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .target(
+            name: "TandemServer",
+            dependencies: [
+                "TandemWire",
+                "TandemSocket",
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Server/TandemServer"
+        ),
+        .target(
+            name: "Tandem",
+            dependencies: [
+                "TandemWire",
+                "TandemSocket",
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .target(
+            name: "TandemTesting",
+            dependencies: ["Tandem", "TandemServer", "TandemWire"]
+        ),
+        .executableTarget(
+            name: "tandem",
+            dependencies: [
+                "Tandem",
+                "TandemServer",
+                "TandemTesting",
+                "TandemWire",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .testTarget(name: "TandemWireTests", dependencies: ["TandemWire"]),
+        .testTarget(name: "TandemSocketTests", dependencies: ["TandemSocket", "TandemTesting"]),
+        .testTarget(
+            name: "TandemServerTests",
+            dependencies: ["TandemServer", "TandemWire", "TandemSocket", "Tandem", "TandemTesting"]
+        ),
+        .testTarget(name: "TandemTests", dependencies: ["Tandem", "TandemWire"]),
+        .testTarget(
+            name: "SyncIntegrationTests",
+            dependencies: ["Tandem", "TandemServer", "TandemTesting", "TandemWire"]
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)

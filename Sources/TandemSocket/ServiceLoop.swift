@@ -1,0 +1,371 @@
+import CLibWebSockets
+import Dispatch
+import Foundation
+import Logging
+import Synchronization
+
+/// One libwebsockets context and the thread that services it.
+///
+/// libwebsockets is single-threaded: every call on a context and its connections must come from
+/// the thread inside `lws_service`, with one exception, `lws_cancel_service`, which wakes that
+/// thread from anywhere. So other threads never touch libwebsockets: they put a connection in
+/// the attention list and wake the loop, and the service thread, in
+/// `LWS_CALLBACK_EVENT_WAIT_CANCELLED`, asks libwebsockets for a writable callback, starts a
+/// pending client connection, or changes receive flow control.
+///
+/// Thread ownership: `registry` and every connection's `wsi` belong to the service thread;
+/// `pending` is shared and guarded by its mutex.
+final class ServiceLoop: @unchecked Sendable {
+    let configuration: WebSocketConfiguration
+    let logger: Logger
+    let name: String
+    /// The delegate of connections accepted by a server loop; nil on a client loop.
+    let acceptDelegate: (any WebSocketDelegate)?
+    /// The port the server loop listens on; 0 on a client loop.
+    private(set) var listenPort = 0
+
+    private let protocols: UnsafeMutablePointer<lws_protocols>
+    private let protocolName: UnsafeMutablePointer<CChar>
+    private let idlePolicy: UnsafeMutablePointer<lws_retry_bo_t>
+
+    /// Service thread only: every connection libwebsockets knows, kept alive until `WSI_DESTROY`.
+    private var registry: [ObjectIdentifier: WebSocketConnection] = [:]
+
+    private let pending = Mutex(Pending())
+    private let finished = DispatchSemaphore(value: 0)
+    private let openConnections = Atomic<Int>(0)
+
+    private struct Pending {
+        var attention: [WebSocketConnection] = []
+        var stopping = false
+        /// The context, until the service thread destroys it. Kept under the lock because
+        /// `lws_cancel_service` is called from other threads and must not race the destroy.
+        var context: ContextPointer?
+        var serviceThread: pthread_t?
+    }
+
+    /// Creates the context (listening when `listen` is given) and starts its service thread.
+    init(
+        name: String, listen: (host: String, port: Int)?, acceptDelegate: (any WebSocketDelegate)?,
+        configuration: WebSocketConfiguration, logger: Logger
+    ) throws(WebSocketError) {
+        self.name = name
+        self.configuration = configuration
+        self.logger = logger
+        self.acceptDelegate = acceptDelegate
+        LibWebSocketsLog.route(to: logger)
+
+        protocolName = strdup("tandem")!
+        protocols = .allocate(capacity: 2)
+        protocols.initialize(repeating: lws_protocols(), count: 2)
+        protocols[0].name = UnsafePointer(protocolName)
+        protocols[0].callback = tandemServiceCallback
+        protocols[0].rx_buffer_size = 64 << 10
+
+        idlePolicy = .allocate(capacity: 1)
+        idlePolicy.initialize(to: lws_retry_bo_t())
+        idlePolicy.pointee.secs_since_valid_ping = configuration.pingInterval
+        idlePolicy.pointee.secs_since_valid_hangup = max(configuration.idleTimeout, configuration.pingInterval + 1)
+
+        var info = lws_context_creation_info()
+        info.protocols = UnsafePointer(protocols)
+        info.user = Unmanaged.passUnretained(self).toOpaque()
+        info.options = UInt64(LWS_SERVER_OPTION_VALIDATE_UTF8)
+        info.retry_and_idle_policy = UnsafePointer(idlePolicy)
+        info.timeout_secs = 10
+        info.connect_timeout_secs = 10
+        info.pt_serv_buf_size = 64 << 10
+
+        var interface: UnsafeMutablePointer<CChar>?
+        defer { free(interface) }
+        if let listen {
+            info.port = Int32(listen.port)
+            let address = listen.host == "localhost" ? "127.0.0.1" : listen.host
+            if address != "0.0.0.0" && address != "::" && !address.isEmpty {
+                interface = strdup(address)
+                info.iface = UnsafePointer(interface)
+            }
+            if !address.contains(":") {
+                info.options |= UInt64(LWS_SERVER_OPTION_DISABLE_IPV6)
+            }
+        } else {
+            info.port = CONTEXT_PORT_NO_LISTEN
+        }
+
+        guard let context = lws_create_context(&info) else {
+            Self.release(protocols: protocols, name: protocolName, policy: idlePolicy)
+            if let listen {
+                throw WebSocketError(
+                    .contextCreationFailed,
+                    "could not listen on \(listen.host):\(listen.port) (address in use, or not an address of this machine?)")
+            }
+            throw WebSocketError(.contextCreationFailed, "libwebsockets could not create its context")
+        }
+        let handle = ContextPointer(context)
+        pending.withLock { $0.context = handle }
+        if listen != nil, let vhost = lws_get_vhost_by_name(context, "default") {
+            listenPort = Int(lws_get_vhost_listen_port(vhost))
+        }
+        startServiceThread()
+    }
+
+    deinit {
+        Self.release(protocols: protocols, name: protocolName, policy: idlePolicy)
+    }
+
+    private static func release(
+        protocols: UnsafeMutablePointer<lws_protocols>, name: UnsafeMutablePointer<CChar>,
+        policy: UnsafeMutablePointer<lws_retry_bo_t>
+    ) {
+        protocols.deinitialize(count: 2)
+        protocols.deallocate()
+        free(name)
+        policy.deinitialize(count: 1)
+        policy.deallocate()
+    }
+
+    /// Connections whose handshake completed and that have not closed yet.
+    var connectionCount: Int { openConnections.load(ordering: .relaxed) }
+
+    // MARK: - Any thread
+
+    /// Puts `connection` in the attention list and wakes the service thread if it was idle.
+    func needsAttention(_ connection: WebSocketConnection) {
+        let wasIdle = pending.withLock { p -> Bool in
+            guard p.context != nil else { return false }
+            p.attention.append(connection)
+            return p.attention.count == 1
+        }
+        if wasIdle { wake() }
+    }
+
+    private func wake() {
+        pending.withLock { p in
+            if let context = p.context { lws_cancel_service(context.pointer) }
+        }
+    }
+
+    /// True when called from inside a callback of this loop.
+    var isServiceThread: Bool {
+        pending.withLock { p in p.serviceThread.map { pthread_equal($0, pthread_self()) != 0 } ?? false }
+    }
+
+    /// Closes every connection with 1001, waits up to `gracePeriod` for the close handshakes,
+    /// destroys the context and joins the service thread.
+    ///
+    /// Called from one of this loop's own callbacks, it only starts the shutdown.
+    func shutdown() {
+        let first = pending.withLock { p -> Bool in
+            defer { p.stopping = true }
+            return !p.stopping
+        }
+        if first {
+            wake()
+            DispatchQueue.global().asyncAfter(deadline: .now() + Self.gracePeriod) { [self] in wake() }
+        }
+        if isServiceThread { return }
+        finished.wait()
+        finished.signal()  // let later callers of shutdown() through too
+    }
+
+    /// How long a shutdown waits for close handshakes before destroying the context.
+    private static let gracePeriod = DispatchTimeInterval.milliseconds(500)
+
+    // MARK: - Service thread
+
+    /// The service thread's name, as `/proc/self/task/*/comm` shows it (at most 15 bytes).
+    let threadName = "tandem-lws-\(ServiceLoop.threadNumbers.wrappingAdd(1, ordering: .relaxed).oldValue)"
+    private static let threadNumbers = Atomic<Int>(1)
+
+    private func startServiceThread() {
+        let started = DispatchSemaphore(value: 0)
+        let thread = Thread { [self] in
+            tandem_set_thread_name(threadName)
+            pending.withLock { $0.serviceThread = pthread_self() }
+            started.signal()
+            run()
+        }
+        thread.start()
+        started.wait()
+    }
+
+    private func run() {
+        guard let context = pending.withLock({ $0.context })?.pointer else { return }
+        while !pending.withLock({ $0.stopping }) {
+            // lws 4.x ignores the timeout argument; the loop wakes on socket events, its own
+            // timers and lws_cancel_service.
+            if lws_service(context, 0) < 0 { break }
+        }
+        closeAllGracefully(context)
+        pending.withLock { $0.context = nil }
+        lws_context_destroy(context)
+        let stranded = pending.withLock { p -> [WebSocketConnection] in
+            defer { p.attention = [] }
+            return p.attention
+        }
+        for connection in stranded where connection.wsi == nil {
+            connection.didClose(failure: "the event loop was shut down")
+        }
+        for connection in registry.values {
+            connection.didClose(failure: "the event loop was shut down")
+        }
+        registry = [:]
+        finished.signal()
+    }
+
+    /// Sends a 1001 close to every open connection and services until they are gone or the
+    /// grace period's wake-up arrives.
+    private func closeAllGracefully(_ context: OpaquePointer) {
+        let reason = acceptDelegate == nil ? "client shutting down" : "server shutting down"
+        for connection in registry.values where connection.wsi != nil {
+            connection.close(code: .goingAway, reason: reason)
+            connection.attend()
+        }
+        // Each wake-up either comes from a socket event (a close handshake progressing) or from
+        // the grace-period timer in shutdown(); stop at the timer's or when nothing is left.
+        let deadline = DispatchTime.now() + Self.gracePeriod
+        while openConnections.load(ordering: .relaxed) > 0 && DispatchTime.now() < deadline {
+            if lws_service(context, 0) < 0 { break }
+        }
+    }
+
+    func handle(
+        _ wsi: OpaquePointer, _ reason: lws_callback_reasons, _ user: UnsafeMutableRawPointer?,
+        _ input: UnsafeMutableRawPointer?, _ length: Int
+    ) -> Int32 {
+        switch reason {
+        case LWS_CALLBACK_EVENT_WAIT_CANCELLED:
+            serviceAttentionList()
+            return 0
+
+        case LWS_CALLBACK_ESTABLISHED:
+            guard let acceptDelegate else { return -1 }
+            let connection = WebSocketConnection(
+                loop: self, peer: Self.peerAddress(wsi), delegate: acceptDelegate, configuration: configuration)
+            register(connection, wsi)
+            openConnections.add(1, ordering: .relaxed)
+            connection.didOpen(wsi)
+            return 0
+
+        case LWS_CALLBACK_CLIENT_ESTABLISHED:
+            guard let connection = connection(of: wsi) else { return -1 }
+            openConnections.add(1, ordering: .relaxed)
+            connection.didOpen(wsi)
+            return 0
+
+        case LWS_CALLBACK_RECEIVE, LWS_CALLBACK_CLIENT_RECEIVE:
+            return connection(of: wsi)?.received(wsi, input, length) ?? -1
+
+        case LWS_CALLBACK_SERVER_WRITEABLE, LWS_CALLBACK_CLIENT_WRITEABLE:
+            return connection(of: wsi)?.writable() ?? -1
+
+        case LWS_CALLBACK_WS_PEER_INITIATED_CLOSE:
+            connection(of: wsi)?.peerInitiatedClose(input, length)
+            return 0
+
+        case LWS_CALLBACK_CLOSED, LWS_CALLBACK_CLIENT_CLOSED, LWS_CALLBACK_WSI_DESTROY:
+            finish(wsi, failure: nil)
+            return 0
+
+        case LWS_CALLBACK_CLIENT_CONNECTION_ERROR:
+            let message = input.map { String(cString: $0.assumingMemoryBound(to: CChar.self)) }
+            finish(wsi, failure: message ?? "connection failed")
+            return 0
+
+        default:
+            return lws_callback_http_dummy(wsi, reason, user, input, length)
+        }
+    }
+
+    /// Forgets the connection of `wsi` and reports its end. After this, no callback of `wsi`
+    /// reaches the connection object: its opaque pointer is cleared first.
+    private func finish(_ wsi: OpaquePointer, failure: String?) {
+        guard let connection = connection(of: wsi) else { return }
+        lws_set_opaque_user_data(wsi, nil)
+        if connection.wsi != nil { openConnections.subtract(1, ordering: .relaxed) }
+        registry[ObjectIdentifier(connection)] = nil
+        connection.didClose(failure: failure)
+    }
+
+    private func register(_ connection: WebSocketConnection, _ wsi: OpaquePointer) {
+        registry[ObjectIdentifier(connection)] = connection
+        lws_set_opaque_user_data(wsi, Unmanaged.passUnretained(connection).toOpaque())
+    }
+
+    private func connection(of wsi: OpaquePointer) -> WebSocketConnection? {
+        guard let raw = lws_get_opaque_user_data(wsi) else { return nil }
+        return Unmanaged<WebSocketConnection>.fromOpaque(raw).takeUnretainedValue()
+    }
+
+    private func serviceAttentionList() {
+        let list = pending.withLock { p -> [WebSocketConnection] in
+            defer { p.attention = [] }
+            return p.attention
+        }
+        for connection in list {
+            if connection.wsi == nil, let target = connection.connectTarget {
+                connection.connectTarget = nil
+                startConnect(connection, target)
+            }
+            connection.attend()
+        }
+    }
+
+    /// Starts a client connection (service thread only, like every lws call).
+    private func startConnect(_ connection: WebSocketConnection, _ target: WebSocketConnection.ConnectTarget) {
+        guard let context = pending.withLock({ $0.context })?.pointer else {
+            connection.didClose(failure: "the event loop was shut down")
+            return
+        }
+        registry[ObjectIdentifier(connection)] = connection
+        let hostHeader = "\(target.host):\(target.port)"
+        let opened: Bool = target.host.withCString { host in
+            target.path.withCString { path in
+                hostHeader.withCString { hostHeader in
+                    var info = lws_client_connect_info()
+                    info.context = context
+                    info.address = host
+                    info.port = Int32(target.port)
+                    info.path = path
+                    info.host = hostHeader
+                    info.origin = hostHeader
+                    info.ssl_connection = target.useTLS ? Int32(LCCSCF_USE_SSL.rawValue) : 0
+                    info.retry_and_idle_policy = UnsafePointer(idlePolicy)
+                    info.opaque_user_data = Unmanaged.passUnretained(connection).toOpaque()
+                    return lws_client_connect_via_info(&info) != nil
+                }
+            }
+        }
+        if !opened {
+            connection.didClose(failure: "could not start a connection to \(hostHeader)")
+            registry[ObjectIdentifier(connection)] = nil
+        }
+    }
+
+    private static func peerAddress(_ wsi: OpaquePointer) -> String {
+        var buffer = [CChar](repeating: 0, count: 64)
+        return buffer.withUnsafeMutableBufferPointer { pointer in
+            guard let name = lws_get_peer_simple(wsi, pointer.baseAddress, pointer.count) else { return "unknown" }
+            return String(cString: name)
+        }
+    }
+}
+
+/// A `struct lws_context *`, which only `lws_cancel_service` may use from other threads.
+struct ContextPointer: @unchecked Sendable {
+    let pointer: OpaquePointer
+    init(_ pointer: OpaquePointer) { self.pointer = pointer }
+}
+
+/// The protocol callback libwebsockets calls for every event. A C function pointer cannot
+/// capture context, so it finds its loop through the context's user pointer.
+private func tandemServiceCallback(
+    _ wsi: OpaquePointer?, _ reason: lws_callback_reasons, _ user: UnsafeMutableRawPointer?,
+    _ input: UnsafeMutableRawPointer?, _ length: Int
+) -> Int32 {
+    guard let wsi, let context = lws_get_context(wsi), let raw = lws_context_user(context) else {
+        return lws_callback_http_dummy(wsi, reason, user, input, length)
+    }
+    let loop = Unmanaged<ServiceLoop>.fromOpaque(raw).takeUnretainedValue()
+    return loop.handle(wsi, reason, user, input, length)
+}

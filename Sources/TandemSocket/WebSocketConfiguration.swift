@@ -1,0 +1,38 @@
+/// Limits and timers shared by ``WebSocketServer`` and ``WebSocketClient``.
+///
+/// For example:
+///
+/// ```swift
+/// var configuration = WebSocketConfiguration()
+/// configuration.maxMessageBytes = 4 << 20
+/// configuration.pingInterval = 10
+/// ```
+public struct WebSocketConfiguration: Sendable {
+    /// The largest message accepted from a peer, after reassembly of its fragments.
+    ///
+    /// A peer that sends more is closed with 1009 (message too big), as RFC 6455 §7.4.1 asks.
+    /// Default: 1 MiB.
+    public var maxMessageBytes: Int = 1 << 20
+
+    /// The most bytes a connection may hold in its send queue before it is closed with 1008.
+    ///
+    /// A consumer that stops reading must not make the sender grow without bound: once its
+    /// queue holds this many bytes the connection is closed with the reason
+    /// `"send queue overflow"` and the consumer is expected to reconnect and resume.
+    /// Default: 16 MiB.
+    public var maxQueuedBytes: Int = 16 << 20
+
+    /// Seconds without traffic from the peer after which a ping is sent. Default: 20.
+    ///
+    /// libwebsockets' idle policy (`lws_retry_bo_t.secs_since_valid_ping`) sends the ping;
+    /// any valid frame from the peer counts as traffic.
+    public var pingInterval: UInt16 = 20
+
+    /// Seconds without traffic from the peer after which the connection is dropped. Default: 45.
+    ///
+    /// This is how a dead peer (a laptop lid closed, a cable pulled) is noticed: TCP alone can
+    /// keep such a connection "open" for hours.
+    public var idleTimeout: UInt16 = 45
+
+    public init() {}
+}

@@ -1,0 +1,346 @@
+import CLibWebSockets
+import Synchronization
+
+/// One WebSocket connection, server side or client side.
+///
+/// `send`, `close`, `pauseReceiving` and `notifyWhenDrained` may be called from any thread: they
+/// queue the request under a lock and wake the event loop with `lws_cancel_service`, because
+/// libwebsockets itself must only be called from the thread that services its context. The
+/// actual `lws_write` happens on that thread, when libwebsockets reports the socket writable.
+///
+/// Outgoing messages wait in a bounded queue: a peer that stops reading is closed with 1008
+/// once ``WebSocketConfiguration/maxQueuedBytes`` are waiting, instead of growing memory.
+///
+/// For example:
+///
+/// ```swift
+/// let connection = try client.connect(to: "ws://127.0.0.1:7878/", delegate: self)
+/// try connection.send(text: #"{"type":"hello","protocol":1,"clientId":"device-1"}"#)
+/// ```
+public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStringConvertible {
+    /// A number unique among the connections of this process.
+    public let id: UInt64
+    /// The peer's address (server side) or the URL connected to (client side).
+    public let peer: String
+
+    let loop: ServiceLoop
+    private let maxQueuedBytes: Int
+    private let maxMessageBytes: Int
+
+    /// State shared between the caller's threads and the service thread.
+    private let state = Mutex(SharedState())
+
+    // The properties below are owned by the loop's service thread: they are set before the
+    // connection is handed to the loop (published through the loop's lock) and afterwards read
+    // and written only from libwebsockets callbacks.
+    nonisolated(unsafe) var wsi: OpaquePointer?
+    nonisolated(unsafe) var delegate: (any WebSocketDelegate)?
+    nonisolated(unsafe) var connectTarget: ConnectTarget?
+    nonisolated(unsafe) private var receiveBuffer: [UInt8] = []
+    nonisolated(unsafe) private var receiveKind: WebSocketMessage.Kind = .text
+    nonisolated(unsafe) private var closeCause: WebSocketCloseEvent?
+    nonisolated(unsafe) private var closeDelivered = false
+
+    private struct SharedState {
+        var phase: Phase = .connecting
+        var outbound = FIFO<OutboundMessage>()
+        var queuedBytes = 0
+        var closeRequest: CloseRequest?
+        var receivingPaused = false
+        var appliedReceivingPaused = false
+        var drainThreshold: Int?
+        var awaitingAttention = false
+    }
+
+    enum Phase { case connecting, open, closing, closed }
+
+    private struct CloseRequest {
+        var code: WebSocketCloseCode
+        var reason: String
+    }
+
+    /// Where a client connection goes, kept alive until libwebsockets has copied it.
+    struct ConnectTarget {
+        var host: String
+        var port: Int
+        var path: String
+        var useTLS: Bool
+    }
+
+    private static let nextID = Atomic<UInt64>(1)
+
+    init(
+        loop: ServiceLoop, peer: String, delegate: any WebSocketDelegate, configuration: WebSocketConfiguration
+    ) {
+        self.id = Self.nextID.wrappingAdd(1, ordering: .relaxed).oldValue
+        self.loop = loop
+        self.peer = peer
+        self.delegate = delegate
+        self.maxQueuedBytes = configuration.maxQueuedBytes
+        self.maxMessageBytes = configuration.maxMessageBytes
+    }
+
+    public static func == (lhs: WebSocketConnection, rhs: WebSocketConnection) -> Bool { lhs === rhs }
+    public func hash(into hasher: inout Hasher) { hasher.combine(ObjectIdentifier(self)) }
+    public var description: String { "WebSocketConnection(\(id), \(peer))" }
+
+    // MARK: - Public API, any thread
+
+    /// True once the handshake completed and until a close began.
+    public var isOpen: Bool { state.withLock { $0.phase == .open } }
+
+    /// Bytes waiting in the send queue.
+    public var queuedBytes: Int { state.withLock { $0.queuedBytes } }
+
+    /// Queues a message for sending.
+    ///
+    /// Messages sent while the client handshake is still running are sent once it completes.
+    ///
+    /// - Throws: ``WebSocketError`` `.notOpen` once the connection is closing or closed;
+    ///   `.sendQueueOverflow` when the queue was full, in which case the connection is being
+    ///   closed with 1008 and everything queued is dropped.
+    public func send(_ message: OutboundMessage) throws(WebSocketError) {
+        let (wake, overflowed): (Bool, Bool) = try state.withLock { (s) throws(WebSocketError) in
+            guard s.phase == .open || s.phase == .connecting else {
+                throw WebSocketError(.notOpen, "the connection to \(peer) is closed")
+            }
+            if s.queuedBytes > 0 && s.queuedBytes + message.count > maxQueuedBytes {
+                s.outbound.removeAll()
+                s.queuedBytes = 0
+                s.phase = .closing
+                s.closeRequest = CloseRequest(
+                    code: .policyViolation,
+                    reason: "send queue overflow: the peer reads too slowly; reconnect and resume")
+                return (Self.claimAttention(&s), true)
+            }
+            s.outbound.append(message)
+            s.queuedBytes += message.count
+            return (Self.claimAttention(&s), false)
+        }
+        if wake { loop.needsAttention(self) }
+        if overflowed {
+            throw WebSocketError(.sendQueueOverflow, "the send queue to \(peer) overflowed; the connection was closed")
+        }
+    }
+
+    /// Queues a text message.
+    public func send(text: String) throws(WebSocketError) {
+        try send(OutboundMessage(text: text))
+    }
+
+    /// Sends what is queued, then closes with `code` and `reason`.
+    ///
+    /// The reason is cut to 123 bytes, the most a close frame can carry.
+    public func close(code: WebSocketCloseCode = .normal, reason: String = "") {
+        let wake = state.withLock { s -> Bool in
+            guard s.phase == .open || s.phase == .connecting else { return false }
+            s.phase = .closing
+            s.closeRequest = CloseRequest(code: code, reason: reason)
+            return Self.claimAttention(&s)
+        }
+        if wake { loop.needsAttention(self) }
+    }
+
+    /// Drops what is queued and closes at once with `code` and `reason`.
+    public func abort(code: WebSocketCloseCode, reason: String) {
+        let wake = state.withLock { s -> Bool in
+            guard s.phase == .open || s.phase == .connecting else { return false }
+            s.outbound.removeAll()
+            s.queuedBytes = 0
+            s.phase = .closing
+            s.closeRequest = CloseRequest(code: code, reason: reason)
+            return Self.claimAttention(&s)
+        }
+        if wake { loop.needsAttention(self) }
+    }
+
+    /// Stops reading from the socket (`lws_rx_flow_control`), so that a peer sending faster
+    /// than its messages are handled is slowed down by TCP instead of filling memory.
+    public func pauseReceiving() { setReceivingPaused(true) }
+
+    /// Resumes reading after ``pauseReceiving()``.
+    public func resumeReceiving() { setReceivingPaused(false) }
+
+    /// Asks for one ``WebSocketDelegate/webSocketDidDrain(_:)`` call once the send queue holds
+    /// at most `threshold` bytes.
+    ///
+    /// - Returns: false when the queue is already that small (no call will come), true when
+    ///   the call is scheduled.
+    public func notifyWhenDrained(below threshold: Int) -> Bool {
+        state.withLock { s in
+            guard s.phase == .open, s.queuedBytes > threshold else { return false }
+            s.drainThreshold = threshold
+            return true
+        }
+    }
+
+    private func setReceivingPaused(_ paused: Bool) {
+        let wake = state.withLock { s -> Bool in
+            guard s.receivingPaused != paused else { return false }
+            s.receivingPaused = paused
+            return Self.claimAttention(&s)
+        }
+        if wake { loop.needsAttention(self) }
+    }
+
+    /// Marks the connection as waiting in the loop's attention list; true if it was not yet.
+    private static func claimAttention(_ s: inout SharedState) -> Bool {
+        if s.awaitingAttention { return false }
+        s.awaitingAttention = true
+        return true
+    }
+
+    // MARK: - Service thread
+
+    /// Applies what callers asked for since the last wake-up.
+    func attend() {
+        guard let wsi else { return }
+        let (flow, wantsWrite) = state.withLock { s -> (Bool?, Bool) in
+            s.awaitingAttention = false
+            var flow: Bool?
+            if s.receivingPaused != s.appliedReceivingPaused {
+                s.appliedReceivingPaused = s.receivingPaused
+                flow = !s.receivingPaused
+            }
+            return (flow, !s.outbound.isEmpty || s.closeRequest != nil)
+        }
+        if let flow { lws_rx_flow_control(wsi, flow ? 1 : 0) }
+        if wantsWrite { lws_callback_on_writable(wsi) }
+    }
+
+    func didOpen(_ wsi: OpaquePointer) {
+        self.wsi = wsi
+        let wantsWrite = state.withLock { s -> Bool in
+            if s.phase == .connecting { s.phase = .open }
+            return !s.outbound.isEmpty || s.closeRequest != nil
+        }
+        delegate?.webSocketDidOpen(self)
+        if wantsWrite { lws_callback_on_writable(wsi) }
+    }
+
+    /// Writes queued messages while the socket takes them. Returns -1 to have libwebsockets
+    /// close the connection (after a requested close frame was set up).
+    func writable() -> Int32 {
+        guard let wsi else { return -1 }
+        var written = 0
+        var drained = false
+        while true {
+            if written > 0 && lws_send_pipe_choked(wsi) != 0 {
+                lws_callback_on_writable(wsi)
+                break
+            }
+            enum Next { case message(OutboundMessage), close(CloseRequest), idle }
+            let next = state.withLock { s -> Next in
+                if let message = s.outbound.popFirst() {
+                    s.queuedBytes -= message.count
+                    if let threshold = s.drainThreshold, s.queuedBytes <= threshold {
+                        s.drainThreshold = nil
+                        drained = true
+                    }
+                    return .message(message)
+                }
+                if let request = s.closeRequest { return .close(request) }
+                return .idle
+            }
+            switch next {
+            case .message(var message):
+                let protocolKind = message.isBinary ? LWS_WRITE_BINARY : LWS_WRITE_TEXT
+                let count = message.count
+                let result = message.storage.withUnsafeMutableBufferPointer { buffer in
+                    lws_write(wsi, buffer.baseAddress! + OutboundMessage.headroom, count, protocolKind)
+                }
+                if result < count {
+                    closeCause = WebSocketCloseEvent(code: .abnormal, reason: "write to \(peer) failed")
+                    return -1
+                }
+                written += 1
+            case .close(let request):
+                closeCause = WebSocketCloseEvent(code: request.code, reason: request.reason)
+                var reason = Array(request.reason.utf8.prefix(123))
+                let status = lws_close_status(rawValue: UInt32(request.code.rawValue))
+                reason.withUnsafeMutableBufferPointer { buffer in
+                    lws_close_reason(wsi, status, buffer.baseAddress, buffer.count)
+                }
+                return -1
+            case .idle:
+                if drained { delegate?.webSocketDidDrain(self) }
+                return 0
+            }
+            if written == 64 {
+                lws_callback_on_writable(wsi)
+                break
+            }
+        }
+        if drained { delegate?.webSocketDidDrain(self) }
+        return 0
+    }
+
+    /// Adds a received fragment; delivers the message once it is complete.
+    func received(_ wsi: OpaquePointer, _ input: UnsafeMutableRawPointer?, _ length: Int) -> Int32 {
+        if lws_is_first_fragment(wsi) != 0 {
+            receiveBuffer.removeAll(keepingCapacity: receiveBuffer.capacity <= 64 << 10)
+            receiveKind = lws_frame_is_binary(wsi) != 0 ? .binary : .text
+        }
+        if receiveBuffer.count + length > maxMessageBytes {
+            let reason = "message larger than \(maxMessageBytes) bytes"
+            closeCause = WebSocketCloseEvent(code: .messageTooBig, reason: reason)
+            var bytes = Array(reason.utf8)
+            bytes.withUnsafeMutableBufferPointer { buffer in
+                lws_close_reason(wsi, LWS_CLOSE_STATUS_MESSAGE_TOO_LARGE, buffer.baseAddress, buffer.count)
+            }
+            receiveBuffer = []
+            return -1
+        }
+        if let input, length > 0 {
+            receiveBuffer.append(contentsOf: UnsafeRawBufferPointer(start: input, count: length))
+        }
+        guard lws_is_final_fragment(wsi) != 0, lws_remaining_packet_payload(wsi) == 0 else { return 0 }
+        let message = WebSocketMessage(kind: receiveKind, bytes: receiveBuffer)
+        if receiveBuffer.capacity > 64 << 10 {
+            receiveBuffer = []
+        } else {
+            receiveBuffer.removeAll(keepingCapacity: true)
+        }
+        delegate?.webSocket(self, didReceive: message)
+        return 0
+    }
+
+    /// Records the close frame the peer sent: a 2-byte status, then the reason.
+    func peerInitiatedClose(_ input: UnsafeMutableRawPointer?, _ length: Int) {
+        guard let input, length >= 2 else {
+            closeCause = WebSocketCloseEvent(code: .noStatus, reason: "")
+            return
+        }
+        let bytes = UnsafeRawBufferPointer(start: input, count: length)
+        let code = UInt16(bytes[0]) << 8 | UInt16(bytes[1])
+        closeCause = WebSocketCloseEvent(code: WebSocketCloseCode(rawValue: code), reason: String(decoding: bytes[2...], as: UTF8.self))
+    }
+
+    /// Notes a local cause for the coming close, unless one is known already.
+    func noteCloseCause(_ event: WebSocketCloseEvent) {
+        if closeCause == nil { closeCause = event }
+    }
+
+    /// Reports the end of the connection to the delegate, once.
+    func didClose(failure: String? = nil) {
+        wsi = nil
+        receiveBuffer = []
+        state.withLock { s in
+            s.phase = .closed
+            s.outbound.removeAll()
+            s.queuedBytes = 0
+            s.closeRequest = nil
+        }
+        guard !closeDelivered else { return }
+        closeDelivered = true
+        let event: WebSocketCloseEvent
+        if let failure {
+            event = WebSocketCloseEvent(code: .abnormal, reason: failure, failedToConnect: true)
+        } else {
+            event = closeCause ?? WebSocketCloseEvent(code: .abnormal, reason: "connection lost")
+        }
+        let delegate = self.delegate
+        self.delegate = nil
+        delegate?.webSocket(self, didCloseWith: event)
+    }
+}

@@ -1,0 +1,29 @@
+import Foundation
+
+/// The condition given to ``waitUntil(_:timeout:_:)`` did not hold before the deadline.
+public struct WaitTimedOut: Error, CustomStringConvertible {
+    public var condition: String
+    public var timeout: Duration
+    public var description: String { "timed out after \(timeout) waiting until \(condition)" }
+}
+
+/// Waits until `condition` holds, checking it every few milliseconds, up to `timeout`.
+///
+/// Tests wait on a condition with a deadline instead of sleeping for a guessed time: they
+/// finish as soon as the condition holds and fail with a clear message when it never does.
+///
+/// For example:
+///
+/// ```swift
+/// try await waitUntil("device B has 3 rows") { try deviceB.rowCount() == 3 }
+/// ```
+public func waitUntil(
+    _ condition: String, timeout: Duration = .seconds(20), _ check: () async throws -> Bool
+) async throws {
+    let deadline = ContinuousClock.now + timeout
+    while true {
+        if try await check() { return }
+        if ContinuousClock.now >= deadline { throw WaitTimedOut(condition: condition, timeout: timeout) }
+        try await Task.sleep(for: .milliseconds(2))
+    }
+}

@@ -1,0 +1,261 @@
+import Foundation
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// A deliberately primitive WebSocket client over a blocking POSIX socket, for tests that need
+/// to misbehave: send fragments, binary frames, invalid UTF-8 or oversize frames, stop reading,
+/// or never answer a ping. Nothing here is meant for production traffic.
+///
+/// For example:
+///
+/// ```swift
+/// let raw = try RawWebSocket(port: server.port)
+/// try raw.sendFrame(opcode: .binary, payload: [1, 2, 3])
+/// let reply = try raw.readFrame(timeout: .seconds(5))
+/// ```
+public final class RawWebSocket: @unchecked Sendable {
+    public enum Opcode: UInt8, Sendable {
+        case continuation = 0, text = 1, binary = 2, close = 8, ping = 9, pong = 10
+    }
+
+    public struct Frame: Sendable {
+        public var opcode: Opcode
+        public var fin: Bool
+        public var payload: [UInt8]
+        public var text: String { String(decoding: payload, as: UTF8.self) }
+        /// For close frames: the status code.
+        public var closeCode: UInt16? {
+            guard opcode == .close, payload.count >= 2 else { return nil }
+            return UInt16(payload[0]) << 8 | UInt16(payload[1])
+        }
+        /// For close frames: the reason.
+        public var closeReason: String {
+            guard opcode == .close, payload.count > 2 else { return "" }
+            return String(decoding: payload[2...], as: UTF8.self)
+        }
+    }
+
+    public struct Failure: Error, CustomStringConvertible {
+        public var description: String
+    }
+
+    private let fd: Int32
+    private var buffer: [UInt8] = []
+
+    /// Connects to `host:port` and completes the HTTP upgrade.
+    ///
+    /// - Parameter receiveBufferSize: A small value makes a consumer that never reads fill
+    ///   up quickly (SO_RCVBUF).
+    public init(host: String = "127.0.0.1", port: Int, receiveBufferSize: Int? = nil) throws {
+        #if canImport(Glibc)
+            fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        #else
+            fd = socket(AF_INET, SOCK_STREAM, 0)
+        #endif
+        guard fd >= 0 else { throw Failure(description: "socket() failed: \(errno)") }
+        if var size = receiveBufferSize.map(Int32.init) {
+            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        inet_pton(AF_INET, host, &address.sin_addr)
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
+        }
+        guard connected == 0 else {
+            close(fd)
+            throw Failure(description: "connect to \(host):\(port) failed: errno \(errno)")
+        }
+        let request =
+            "GET / HTTP/1.1\r\nHost: \(host):\(port)\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        try writeAll(Array(request.utf8))
+        let head = try readHTTPHead(timeout: 5)
+        guard head.hasPrefix("HTTP/1.1 101") else {
+            close(fd)
+            throw Failure(description: "upgrade refused: \(head.prefix(80))")
+        }
+    }
+
+    deinit { close(fd) }
+
+    /// Sends one frame, masked as RFC 6455 requires of clients.
+    public func sendFrame(opcode: Opcode, payload: [UInt8], fin: Bool = true) throws {
+        try writeAll(Self.frame(opcode: opcode, payload: payload, fin: fin))
+    }
+
+    /// Sends a text message in one frame.
+    public func send(text: String) throws {
+        try sendFrame(opcode: .text, payload: Array(text.utf8))
+    }
+
+    /// Sends raw bytes as they are (for hand-made frames).
+    public func sendRaw(_ bytes: [UInt8]) throws {
+        try writeAll(bytes)
+    }
+
+    /// Encodes one masked client frame.
+    public static func frame(opcode: Opcode, payload: [UInt8], fin: Bool = true) -> [UInt8] {
+        var frame: [UInt8] = [(fin ? 0x80 : 0) | opcode.rawValue]
+        let count = payload.count
+        if count < 126 {
+            frame.append(0x80 | UInt8(count))
+        } else if count <= 0xFFFF {
+            frame.append(0x80 | 126)
+            frame.append(UInt8(count >> 8))
+            frame.append(UInt8(count & 0xFF))
+        } else {
+            frame.append(0x80 | 127)
+            for shift in stride(from: 56, through: 0, by: -8) { frame.append(UInt8((count >> shift) & 0xFF)) }
+        }
+        let mask: [UInt8] = [0x12, 0x34, 0x56, 0x78]
+        frame.append(contentsOf: mask)
+        frame.reserveCapacity(frame.count + count)
+        for (index, byte) in payload.enumerated() { frame.append(byte ^ mask[index & 3]) }
+        return frame
+    }
+
+    /// Reads the next frame, answering nothing (pings are returned like any frame).
+    ///
+    /// The blocking read runs on a dispatch thread, not on the caller's task.
+    ///
+    /// - Throws: ``Failure`` when nothing arrives within `timeout` or the peer closed the TCP
+    ///   connection.
+    public func readFrame(timeout: Duration = .seconds(5)) async throws -> Frame {
+        try await offload { try self.readFrameBlocking(until: ContinuousClock.now + timeout) }
+    }
+
+    /// Reads frames until a text frame arrives, skipping pings and pongs.
+    public func readText(timeout: Duration = .seconds(5)) async throws -> String {
+        try await offload {
+            let deadline = ContinuousClock.now + timeout
+            while true {
+                let frame = try self.readFrameBlocking(until: deadline)
+                switch frame.opcode {
+                case .text: return frame.text
+                case .close: throw Failure(description: "closed (\(frame.closeCode ?? 0)): \(frame.closeReason)")
+                default: continue
+                }
+            }
+        }
+    }
+
+    /// Reads until the peer's close frame arrives, answers it as RFC 6455 asks, and returns it.
+    public func readClose(timeout: Duration = .seconds(5)) async throws -> Frame {
+        try await offload {
+            let deadline = ContinuousClock.now + timeout
+            while true {
+                let frame = try self.readFrameBlocking(until: deadline)
+                if frame.opcode == .close {
+                    try? self.sendFrame(opcode: .close, payload: Array(frame.payload.prefix(2)))
+                    return frame
+                }
+            }
+        }
+    }
+
+    /// True when the peer has closed the TCP connection (reads return end of file), waiting
+    /// up to `timeout` and discarding anything that arrives meanwhile.
+    public func waitForDisconnect(timeout: Duration) async -> Bool {
+        (try? await offload {
+            let deadline = ContinuousClock.now + timeout
+            while ContinuousClock.now < deadline {
+                do {
+                    try self.fill(until: deadline)
+                    self.buffer.removeAll()
+                } catch let failure as Failure where failure.description == "end of file" {
+                    return true
+                } catch {
+                    return false
+                }
+            }
+            return false
+        }) ?? false
+    }
+
+    private func readFrameBlocking(until deadline: ContinuousClock.Instant) throws -> Frame {
+        while true {
+            if let frame = parseFrame() { return frame }
+            try fill(until: deadline)
+        }
+    }
+
+    /// Runs a blocking read away from the Swift concurrency pool, which has as many threads
+    /// as cores: a test blocked in `poll` must not starve the others.
+    private func offload<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        try await withCheckedThrowingContinuation { continuation in
+            DispatchQueue.global().async { continuation.resume(with: Result { try body() }) }
+        }
+    }
+
+    private func parseFrame() -> Frame? {
+        guard buffer.count >= 2 else { return nil }
+        let fin = buffer[0] & 0x80 != 0
+        let opcode = Opcode(rawValue: buffer[0] & 0x0F) ?? .binary
+        var length = Int(buffer[1] & 0x7F)
+        var offset = 2
+        if length == 126 {
+            guard buffer.count >= 4 else { return nil }
+            length = Int(buffer[2]) << 8 | Int(buffer[3])
+            offset = 4
+        } else if length == 127 {
+            guard buffer.count >= 10 else { return nil }
+            length = (2..<10).reduce(0) { $0 << 8 | Int(buffer[$1]) }
+            offset = 10
+        }
+        guard buffer.count >= offset + length else { return nil }
+        let payload = Array(buffer[offset..<(offset + length)])
+        buffer.removeFirst(offset + length)
+        return Frame(opcode: opcode, fin: fin, payload: payload)
+    }
+
+    private func fill(until deadline: ContinuousClock.Instant) throws {
+        let remaining = deadline - ContinuousClock.now
+        guard remaining > .zero else { throw Failure(description: "timed out") }
+        var poller = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        let milliseconds = Int32(remaining.components.seconds * 1000 + remaining.components.attoseconds / 1_000_000_000_000_000)
+        let ready = poll(&poller, 1, max(1, milliseconds))
+        guard ready > 0 else { throw Failure(description: "timed out") }
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        let count = chunk.withUnsafeMutableBytes { systemReceive(fd, $0.baseAddress, $0.count, 0) }
+        guard count > 0 else { throw Failure(description: "end of file") }
+        buffer.append(contentsOf: chunk[0..<count])
+    }
+
+    private func readHTTPHead(timeout: Double) throws -> String {
+        let deadline = ContinuousClock.now + .milliseconds(Int(timeout * 1000))
+        let terminator: [UInt8] = [13, 10, 13, 10]
+        while true {
+            if let range = buffer.firstRange(of: terminator) {
+                let head = String(decoding: buffer[..<range.lowerBound], as: UTF8.self)
+                buffer.removeFirst(range.upperBound)
+                return head
+            }
+            try fill(until: deadline)
+        }
+    }
+
+    private func writeAll(_ bytes: [UInt8]) throws {
+        var offset = 0
+        while offset < bytes.count {
+            let written = bytes[offset...].withUnsafeBytes { systemSend(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            guard written > 0 else { throw Failure(description: "send failed: errno \(errno)") }
+            offset += written
+        }
+    }
+}
+
+#if canImport(Glibc)
+    private let systemSend = Glibc.send
+    private let systemReceive = Glibc.recv
+#else
+    private let systemSend = Darwin.send
+    private let systemReceive = Darwin.recv
+#endif

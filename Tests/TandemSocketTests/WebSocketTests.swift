@@ -1,0 +1,221 @@
+import Foundation
+import Synchronization
+import TandemSocket
+import TandemTesting
+import Testing
+
+@Suite("A WebSocket server and client over libwebsockets")
+struct WebSocketTests {
+    @Test("a text message goes to the server and its echo comes back")
+    func echo() async throws {
+        let serverEvents = Recorder(echo: true)
+        let server = try WebSocketServer(port: 0, delegate: serverEvents)
+        defer { server.shutdown() }
+        #expect(server.port > 0)
+
+        let client = try WebSocketClient()
+        defer { client.shutdown() }
+        let clientEvents = Recorder()
+        let connection = try client.connect(to: "ws://127.0.0.1:\(server.port)/", delegate: clientEvents)
+        try connection.send(text: "hello")  // queued until the handshake completes
+        try await waitUntil("the echo arrives") { clientEvents.texts == ["hello"] }
+        #expect(serverEvents.texts == ["hello"])
+    }
+
+    @Test("messages sent from many threads all arrive, each thread's in order")
+    func concurrentSends() async throws {
+        let serverEvents = Recorder()
+        let server = try WebSocketServer(port: 0, delegate: serverEvents)
+        defer { server.shutdown() }
+        let client = try WebSocketClient()
+        defer { client.shutdown() }
+        let connection = try client.connect(to: "ws://127.0.0.1:\(server.port)/", delegate: Recorder())
+
+        let threads = 8, perThread = 500
+        await withTaskGroup(of: Void.self) { group in
+            for thread in 0..<threads {
+                group.addTask {
+                    for index in 0..<perThread { try? connection.send(text: "\(thread):\(index)") }
+                }
+            }
+        }
+        try await waitUntil("all messages arrive") { serverEvents.texts.count == threads * perThread }
+        var next = [Int](repeating: 0, count: threads)
+        for text in serverEvents.texts {
+            let parts = text.split(separator: ":").map { Int($0)! }
+            #expect(parts[1] == next[parts[0]], "thread \(parts[0]) out of order")
+            next[parts[0]] = parts[1] + 1
+        }
+    }
+
+    @Test("a message sent in fragments is delivered whole")
+    func fragments() async throws {
+        let serverEvents = Recorder(echo: true)
+        let server = try WebSocketServer(port: 0, delegate: serverEvents)
+        defer { server.shutdown() }
+        let raw = try RawWebSocket(port: server.port)
+        try raw.sendFrame(opcode: .text, payload: Array("frag".utf8), fin: false)
+        try raw.sendFrame(opcode: .continuation, payload: Array("ment".utf8), fin: false)
+        try raw.sendFrame(opcode: .continuation, payload: Array("ed".utf8), fin: true)
+        #expect(try await raw.readText() == "fragmented")
+    }
+
+    @Test("a large message crosses intact in both directions")
+    func largeMessage() async throws {
+        let serverEvents = Recorder(echo: true)
+        let server = try WebSocketServer(port: 0, delegate: serverEvents)
+        defer { server.shutdown() }
+        let client = try WebSocketClient()
+        defer { client.shutdown() }
+        let clientEvents = Recorder()
+        let connection = try client.connect(to: "ws://127.0.0.1:\(server.port)/", delegate: clientEvents)
+        let big = String(repeating: "0123456789abcdef", count: 60_000)  // 960 KB, under the 1 MiB cap
+        try connection.send(text: big)
+        try await waitUntil("the echo arrives") { clientEvents.texts.count == 1 }
+        #expect(clientEvents.texts.first == big)
+    }
+
+    @Test("a message over the limit closes the connection with 1009")
+    func oversize() async throws {
+        var configuration = WebSocketConfiguration()
+        configuration.maxMessageBytes = 1000
+        let serverEvents = Recorder()
+        let server = try WebSocketServer(port: 0, configuration: configuration, delegate: serverEvents)
+        defer { server.shutdown() }
+        let raw = try RawWebSocket(port: server.port)
+        try raw.sendFrame(opcode: .text, payload: [UInt8](repeating: 65, count: 600), fin: false)
+        try raw.sendFrame(opcode: .continuation, payload: [UInt8](repeating: 65, count: 600), fin: true)
+        let close = try await raw.readClose()
+        #expect(close.closeCode == 1009)
+        #expect(serverEvents.texts.isEmpty)
+        try await waitUntil("the server reports the close") { serverEvents.closes.count == 1 }
+        #expect(serverEvents.closes.first?.code == .messageTooBig)
+    }
+
+    @Test("invalid UTF-8 in a text message closes with 1007")
+    func invalidUTF8() async throws {
+        let serverEvents = Recorder()
+        let server = try WebSocketServer(port: 0, delegate: serverEvents)
+        defer { server.shutdown() }
+        let raw = try RawWebSocket(port: server.port)
+        try raw.sendFrame(opcode: .text, payload: [0x7B, 0xC3, 0x28, 0x7D])
+        let close = try await raw.readClose()
+        #expect(close.closeCode == 1007)
+        #expect(serverEvents.texts.isEmpty)
+    }
+
+    @Test("a consumer that never reads is closed with 1008 while another keeps receiving")
+    func slowConsumer() async throws {
+        var configuration = WebSocketConfiguration()
+        configuration.maxQueuedBytes = 256 << 10
+        let serverEvents = Recorder()
+        let server = try WebSocketServer(port: 0, configuration: configuration, delegate: serverEvents)
+        defer { server.shutdown() }
+
+        let stalled = try RawWebSocket(port: server.port, receiveBufferSize: 4096)
+        let client = try WebSocketClient()
+        defer { client.shutdown() }
+        let healthyEvents = Recorder()
+        _ = try client.connect(to: "ws://127.0.0.1:\(server.port)/", delegate: healthyEvents)
+        try await waitUntil("both connect") { serverEvents.opened == 2 }
+        let connections = serverConnections(serverEvents, server)
+
+        let chunk = OutboundMessage(text: String(repeating: "x", count: 16 << 10))
+        var overflowed = false
+        for _ in 0..<2000 {
+            for connection in connections {
+                do { try connection.send(chunk) } catch let error where error.code == .sendQueueOverflow {
+                    overflowed = true
+                } catch {}
+            }
+            if overflowed { break }
+            try await Task.sleep(for: .milliseconds(1))
+        }
+        #expect(overflowed)
+        try await waitUntil("the stalled consumer is closed") {
+            serverEvents.closes.contains { $0.code == .policyViolation }
+        }
+        let before = healthyEvents.texts.count
+        for connection in connections where connection.isOpen { try connection.send(text: "still here") }
+        try await waitUntil("the healthy consumer keeps receiving") { healthyEvents.texts.count > before }
+        #expect(healthyEvents.texts.last == "still here")
+        _ = stalled
+    }
+
+    @Test("a peer that never answers pings is dropped after the idle timeout")
+    func keepalive() async throws {
+        var configuration = WebSocketConfiguration()
+        configuration.pingInterval = 1
+        configuration.idleTimeout = 2
+        let serverEvents = Recorder()
+        let server = try WebSocketServer(port: 0, configuration: configuration, delegate: serverEvents)
+        defer { server.shutdown() }
+        let silent = try RawWebSocket(port: server.port)
+        #expect(await silent.waitForDisconnect(timeout: .seconds(10)))
+        try await waitUntil("the server reports the close") { serverEvents.closes.count == 1 }
+    }
+
+    @Test("a client that answers pings stays connected past the idle timeout")
+    func keepaliveHealthy() async throws {
+        var configuration = WebSocketConfiguration()
+        configuration.pingInterval = 1
+        configuration.idleTimeout = 2
+        let serverEvents = Recorder()
+        let server = try WebSocketServer(port: 0, configuration: configuration, delegate: serverEvents)
+        defer { server.shutdown() }
+        let client = try WebSocketClient(configuration: configuration)
+        defer { client.shutdown() }
+        let clientEvents = Recorder()
+        let connection = try client.connect(to: "ws://127.0.0.1:\(server.port)/", delegate: clientEvents)
+        try await waitUntil("open") { connection.isOpen }
+        try await Task.sleep(for: .seconds(4))  // the behaviour under test is the passing of time
+        #expect(connection.isOpen)
+        #expect(serverEvents.closes.isEmpty)
+    }
+
+    @Test("connecting to a closed port reports a failure to connect")
+    func refused() async throws {
+        let client = try WebSocketClient()
+        defer { client.shutdown() }
+        let events = Recorder()
+        let server = try WebSocketServer(port: 0, delegate: Recorder())
+        let port = server.port
+        server.shutdown()
+        _ = try client.connect(to: "ws://127.0.0.1:\(port)/", delegate: events)
+        try await waitUntil("the failure is reported") { events.closes.count == 1 }
+        #expect(events.closes.first?.failedToConnect == true)
+    }
+
+    @Test("an invalid URL is rejected with a clear error", arguments: ["http://x:1/", "ws://", "not a url", "ws://h:99999/"])
+    func invalidURL(url: String) throws {
+        let client = try WebSocketClient()
+        defer { client.shutdown() }
+        #expect(throws: WebSocketError.self) { try client.connect(to: url, delegate: Recorder()) }
+    }
+
+    @Test("shutdown closes peers with 1001 and leaves no thread behind")
+    func shutdownJoinsThreads() async throws {
+        var names: Set<String> = []
+        for _ in 0..<5 {
+            let server = try WebSocketServer(port: 0, delegate: Recorder(echo: true))
+            let client = try WebSocketClient()
+            names.formUnion([server.threadName, client.threadName])
+            #expect(threadNames().contains(server.threadName))
+            let events = Recorder()
+            _ = try client.connect(to: "ws://127.0.0.1:\(server.port)/", delegate: events)
+            try await waitUntil("open") { events.opened == 1 }
+            server.shutdown()
+            try await waitUntil("the client hears the server go away") { events.closes.count == 1 }
+            #expect(events.closes.first?.code == .goingAway)
+            client.shutdown()
+        }
+        try await waitUntil("the service threads are gone", timeout: .seconds(5)) {
+            threadNames().isDisjoint(with: names)
+        }
+    }
+}
+
+/// The server side connections a recorder has seen open.
+private func serverConnections(_ recorder: Recorder, _ server: WebSocketServer) -> [WebSocketConnection] {
+    recorder.connections.withLock { Array($0.values) }
+}
