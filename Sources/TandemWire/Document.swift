@@ -1,0 +1,86 @@
+/// A document as the server holds it and sends it.
+///
+/// JSON form:
+///
+/// ```json
+/// {"id":"a1B2c3D4e5F6g7H8i9J0","version":3,"fields":{"title":"Rent"},
+///  "createTime":1763683200000,"updateTime":1763683260000,"deleted":false}
+/// ```
+///
+/// Times are milliseconds since 1970 on the server's clock. `version` is 1 on create and grows
+/// by one with every write, delete included. A deleted document (a tombstone) keeps its id
+/// and version, with empty fields.
+public struct Document: Sendable, Hashable, Codable {
+    public var id: DocumentID
+    public var version: Int64
+    public var fields: JSONObject
+    public var createTime: Int64
+    public var updateTime: Int64
+    public var deleted: Bool
+
+    public init(
+        id: DocumentID, version: Int64, fields: JSONObject, createTime: Int64, updateTime: Int64, deleted: Bool = false
+    ) {
+        self.id = id
+        self.version = version
+        self.fields = fields
+        self.createTime = createTime
+        self.updateTime = updateTime
+        self.deleted = deleted
+    }
+
+    private enum CodingKeys: String, CodingKey {
+        case id, version, fields, createTime, updateTime, deleted
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        id = try container.decode(DocumentID.self, forKey: .id)
+        version = try container.decode(Int64.self, forKey: .version)
+        fields = try container.decodeIfPresent(JSONObject.self, forKey: .fields) ?? [:]
+        createTime = try container.decodeIfPresent(Int64.self, forKey: .createTime) ?? 0
+        updateTime = try container.decodeIfPresent(Int64.self, forKey: .updateTime) ?? 0
+        deleted = try container.decodeIfPresent(Bool.self, forKey: .deleted) ?? false
+    }
+}
+
+/// One entry of a snapshot: a document that appeared, changed or went away since the
+/// listener's resume token.
+///
+/// JSON form: the document's fields with a `kind` beside them.
+///
+/// ```json
+/// {"kind":"modified","id":"a1B2c3D4e5F6g7H8i9J0","version":4,"fields":{"title":"Rent"},
+///  "createTime":1763683200000,"updateTime":1763683320000,"deleted":false}
+/// ```
+public struct Change: Sendable, Hashable, Codable {
+    public enum Kind: String, Sendable, Hashable, Codable {
+        /// The document was created after the resume token (or this is the initial snapshot).
+        case added
+        /// The document existed at the resume token and was written since.
+        case modified
+        /// The document existed at the resume token and was deleted since.
+        case deleted
+    }
+
+    public var kind: Kind
+    public var document: Document
+
+    public init(_ kind: Kind, _ document: Document) {
+        self.kind = kind
+        self.document = document
+    }
+
+    private enum CodingKeys: String, CodingKey { case kind }
+
+    public init(from decoder: any Decoder) throws {
+        kind = try decoder.container(keyedBy: CodingKeys.self).decode(Kind.self, forKey: .kind)
+        document = try Document(from: decoder)
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(kind, forKey: .kind)
+        try document.encode(to: encoder)
+    }
+}

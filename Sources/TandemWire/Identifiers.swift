@@ -1,0 +1,199 @@
+/// The naming rules shared by path segments, document ids, client ids and idempotency keys.
+///
+/// A name is 1 to 256 bytes of ASCII letters, digits and `- _ . ~ : @ +`, and is neither `.`
+/// nor `..`. The set is small on purpose: names travel in paths, in logs and in SQL parameters,
+/// and nothing in it needs escaping anywhere.
+enum Name {
+    static let maxBytes = 256
+
+    static func problem(with name: Substring) -> String? {
+        if name.isEmpty { return "is empty" }
+        if name.utf8.count > maxBytes { return "is longer than \(maxBytes) bytes" }
+        if name == "." || name == ".." { return "may not be '.' or '..'" }
+        for byte in name.utf8 where !isAllowed(byte) {
+            let shown = byte < 0x20 || byte >= 0x7F ? "byte 0x\(String(byte, radix: 16))" : "'\(Character(Unicode.Scalar(byte)))'"
+            return "contains \(shown); allowed are letters, digits and - _ . ~ : @ +"
+        }
+        return nil
+    }
+
+    static func isAllowed(_ byte: UInt8) -> Bool {
+        switch byte {
+        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+            UInt8(ascii: "0")...UInt8(ascii: "9"):
+            true
+        case UInt8(ascii: "-"), UInt8(ascii: "_"), UInt8(ascii: "."), UInt8(ascii: "~"), UInt8(ascii: ":"),
+            UInt8(ascii: "@"), UInt8(ascii: "+"):
+            true
+        default:
+            false
+        }
+    }
+}
+
+/// A collection path: slash-separated names, an odd number of them
+/// (`accounts`, `accounts/7Hq2…/transactions`).
+///
+/// Even segments name collections and odd ones documents, as in Firestore: the path
+/// `accounts/A1/transactions` is the `transactions` collection under the document `A1` of
+/// `accounts`. At most 15 segments.
+///
+/// For example:
+///
+/// ```swift
+/// let path = try CollectionPath("accounts/\(account.serverId)/transactions")
+/// path.parent  // "accounts/…" document: (collection: "accounts", id: "…")
+/// ```
+public struct CollectionPath: Hashable, Sendable, Comparable, CustomStringConvertible {
+    public let rawValue: String
+
+    public static let maxSegments = 15
+
+    /// - Throws: ``WireError`` with code ``ErrorCode/invalidPath`` saying which rule broke.
+    public init(_ rawValue: String) throws(WireError) {
+        if let problem = Self.problem(with: rawValue) {
+            throw WireError(.invalidPath, "collection path '\(rawValue.prefix(300))' \(problem)")
+        }
+        self.rawValue = rawValue
+    }
+
+    static func problem(with path: String) -> String? {
+        if path.isEmpty { return "is empty" }
+        let segments = path.split(separator: "/", omittingEmptySubsequences: false)
+        if segments.count > maxSegments { return "has more than \(maxSegments) segments" }
+        if segments.count % 2 == 0 {
+            return "has an even number of segments; a collection path has an odd number (a/b/c)"
+        }
+        for (index, segment) in segments.enumerated() {
+            if let problem = Name.problem(with: segment) { return "has a segment \(index + 1) that \(problem)" }
+        }
+        return nil
+    }
+
+    /// The path's segments.
+    public var segments: [Substring] { rawValue.split(separator: "/") }
+
+    /// The document this collection belongs to, for nested collections.
+    public var parent: (collection: CollectionPath, id: DocumentID)? {
+        let segments = self.segments
+        guard segments.count >= 3 else { return nil }
+        let collection = segments.dropLast(2).joined(separator: "/")
+        return (CollectionPath(unchecked: collection), DocumentID(unchecked: String(segments[segments.count - 2])))
+    }
+
+    init(unchecked rawValue: String) { self.rawValue = rawValue }
+
+    public var description: String { rawValue }
+    public static func < (lhs: Self, rhs: Self) -> Bool { lhs.rawValue < rhs.rawValue }
+}
+
+/// A document id: one name (see the rules on ``CollectionPath``).
+///
+/// The server assigns 20 random letters and digits unless the client proposes an id.
+public struct DocumentID: Hashable, Sendable, Comparable, CustomStringConvertible {
+    public let rawValue: String
+
+    /// - Throws: ``WireError`` with code ``ErrorCode/invalidPath``.
+    public init(_ rawValue: String) throws(WireError) {
+        if let problem = Name.problem(with: Substring(rawValue)) {
+            throw WireError(.invalidPath, "document id '\(rawValue.prefix(300))' \(problem)")
+        }
+        self.rawValue = rawValue
+    }
+
+    init(unchecked rawValue: String) { self.rawValue = rawValue }
+
+    /// A new random id: 20 characters from `A-Za-z0-9` (about 119 bits).
+    public static func random() -> DocumentID {
+        var generator = SystemRandomNumberGenerator()
+        return random(using: &generator)
+    }
+
+    public static func random(using generator: inout some RandomNumberGenerator) -> DocumentID {
+        let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789".utf8)
+        var bytes = [UInt8]()
+        bytes.reserveCapacity(20)
+        for _ in 0..<20 { bytes.append(alphabet[Int(generator.next(upperBound: UInt64(alphabet.count)))]) }
+        return DocumentID(unchecked: String(decoding: bytes, as: UTF8.self))
+    }
+
+    public var description: String { rawValue }
+    public static func < (lhs: Self, rhs: Self) -> Bool { lhs.rawValue < rhs.rawValue }
+}
+
+/// A name given by a client: a `clientId` or an `idempotencyKey` (same rules as a path segment).
+public struct ClientName: Hashable, Sendable, CustomStringConvertible {
+    public let rawValue: String
+
+    /// - Throws: ``WireError`` with code ``ErrorCode/badMessage``.
+    public init(_ rawValue: String, field: String = "name") throws(WireError) {
+        if let problem = Name.problem(with: Substring(rawValue)) {
+            throw WireError(.badMessage, "\(field) '\(rawValue.prefix(300))' \(problem)")
+        }
+        self.rawValue = rawValue
+    }
+
+    public var description: String { rawValue }
+}
+
+extension CollectionPath: Codable {
+    public init(from decoder: any Decoder) throws {
+        let string = try decoder.singleValueContainer().decode(String.self)
+        do { try self.init(string) } catch { throw error.at(decoder.codingPath) }
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.singleValueContainer()
+        try container.encode(rawValue)
+    }
+}
+
+extension DocumentID: Codable {
+    public init(from decoder: any Decoder) throws {
+        let string = try decoder.singleValueContainer().decode(String.self)
+        do { try self.init(string) } catch { throw error.at(decoder.codingPath) }
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.singleValueContainer()
+        try container.encode(rawValue)
+    }
+}
+
+extension ClientName: Codable {
+    public init(from decoder: any Decoder) throws {
+        let string = try decoder.singleValueContainer().decode(String.self)
+        let field = decoder.codingPath.last?.stringValue ?? "name"
+        do { try self.init(string, field: field) } catch { throw error.at(decoder.codingPath) }
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.singleValueContainer()
+        try container.encode(rawValue)
+    }
+}
+
+extension WireError {
+    /// The same error, its message prefixed with the field it is about (`ops[2].collection: …`).
+    func at(_ codingPath: [any CodingKey]) -> WireError {
+        guard !codingPath.isEmpty else { return self }
+        var copy = self
+        copy.message = "\(codingPath.fieldName): \(message)"
+        return copy
+    }
+}
+
+extension [any CodingKey] {
+    /// `ops[2].collection` for the coding path ops → 2 → collection.
+    var fieldName: String {
+        var name = ""
+        for key in self {
+            if let index = key.intValue {
+                name += "[\(index)]"
+            } else {
+                name += name.isEmpty ? key.stringValue : ".\(key.stringValue)"
+            }
+        }
+        return name
+    }
+}

@@ -1,0 +1,169 @@
+import Foundation
+import Testing
+
+@testable import TandemWire
+
+@Suite("Collection paths and document ids")
+struct NamingTests {
+    @Test("valid collection paths are accepted", arguments: ["accounts", "accounts/A1/transactions", "a.b/c~d/e:f"])
+    func validPaths(path: String) throws {
+        #expect(try CollectionPath(path).rawValue == path)
+    }
+
+    @Test(
+        "invalid collection paths are refused with invalid-path",
+        arguments: [
+            "", "accounts/A1", "/accounts", "accounts/", "a//b", "accounts/../x", "accounts/A 1/t", "ac'counts",
+            "a/b/c/d/e/f/g/h/i/j/k/l/m/n/o/p/q", "accounts;DROP TABLE", "é",
+        ])
+    func invalidPaths(path: String) {
+        #expect {
+            try CollectionPath(path)
+        } throws: { error in
+            (error as? WireError)?.code == .invalidPath
+        }
+    }
+
+    @Test("the parent of a nested collection is its owning document")
+    func parent() throws {
+        let path = try CollectionPath("accounts/A1/transactions")
+        let parent = try #require(path.parent)
+        #expect(parent.collection.rawValue == "accounts")
+        #expect(parent.id.rawValue == "A1")
+        #expect(try CollectionPath("accounts").parent == nil)
+    }
+
+    @Test("random document ids are 20 letters and digits")
+    func randomIDs() throws {
+        let ids = (0..<1000).map { _ in DocumentID.random().rawValue }
+        #expect(Set(ids).count == 1000)
+        for id in ids {
+            #expect(id.count == 20)
+            #expect(id.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber) })
+        }
+    }
+
+    @Test("resume tokens round-trip and nonsense is refused")
+    func resumeTokens() {
+        let token = ResumeToken(epoch: "Ab12", sequence: 42)
+        #expect(ResumeToken(token.description) == token)
+        for bad in ["", "42", ".42", "x.-1", "x.y", "a b.1"] {
+            #expect(ResumeToken(bad) == nil, "\(bad)")
+        }
+    }
+}
+
+@Suite("Message coding")
+struct MessageCodingTests {
+    @Test("every client message round-trips through JSON")
+    func clientRoundTrip() throws {
+        let accounts = try CollectionPath("accounts")
+        let messages: [ClientMessage] = [
+            .hello(.init(clientId: try ClientName("device-1"), token: "secret")),
+            .listen(.init(target: "t1", collection: accounts, resumeToken: "e.3")),
+            .unlisten(.init(target: "t1")),
+            .write(
+                .init(
+                    request: "r1",
+                    ops: [
+                        .create(in: accounts, fields: ["n": 1, "x": [true, nil, 2.5, "s"]], idempotencyKey: try ClientName("k1")),
+                        .update(in: accounts, id: try DocumentID("A"), fields: [:], baseVersion: 2, idempotencyKey: try ClientName("k2")),
+                        .delete(in: accounts, id: try DocumentID("A"), baseVersion: nil, idempotencyKey: try ClientName("k3")),
+                    ])),
+            .get(.init(request: "r2", collection: accounts, id: try DocumentID("A"))),
+        ]
+        for message in messages {
+            let bytes = try Wire.encode(message)
+            #expect(try Wire.decode(ClientMessage.self, from: bytes) == message)
+        }
+    }
+
+    @Test("server messages round-trip through JSON")
+    func serverRoundTrip() throws {
+        let document = Document(id: try DocumentID("A"), version: 2, fields: ["a": 1], createTime: 1, updateTime: 2)
+        let messages: [ServerMessage] = [
+            .welcome(.init(sessionId: "s", serverTime: 5, limits: .default)),
+            .snapshot(.init(target: "t", changes: [Change(.added, document)], resumeToken: "e.1", initial: true, hasMore: true)),
+            .reset(.init(target: "t", reason: "too old")),
+            .ack(.init(request: "r", results: [WriteResult(id: try DocumentID("A"), version: 1, updateTime: 3)])),
+            .conflict(.init(request: "r", op: 0, server: document)),
+            .document(.init(request: "r", document: document)),
+            .error(WireError(.notFound, "gone", request: "r", op: 1)),
+        ]
+        for message in messages {
+            #expect(try Wire.decode(ServerMessage.self, from: try Wire.encode(message)) == message)
+        }
+    }
+
+    @Test("the JSON form matches the protocol document")
+    func jsonForm() throws {
+        let json = #"{"type":"write","request":"r1","ops":[{"op":"update","collection":"accounts/A1/transactions","id":"T9","fields":{"amount":-12.5,"note":"x"},"baseVersion":3,"idempotencyKey":"k-1"}]}"#
+        guard case .write(let write) = try Wire.decode(ClientMessage.self, from: Array(json.utf8)) else {
+            Issue.record("not a write")
+            return
+        }
+        #expect(write.ops[0].kind == .update)
+        #expect(write.ops[0].fields?["amount"] == .double(-12.5))
+        #expect(write.ops[0].baseVersion == 3)
+
+        let change = Change(.deleted, Document(id: try DocumentID("T9"), version: 4, fields: [:], createTime: 1, updateTime: 9, deleted: true))
+        let text = try Wire.encodeString(change)
+        #expect(text.contains(#""kind":"deleted""#))
+        #expect(text.contains(#""id":"T9""#))
+        #expect(text.contains(#""deleted":true"#))
+    }
+
+    @Test("integers stay integers and large ones keep every digit")
+    func numbers() throws {
+        let fields = try Wire.decodeFields(Array(#"{"a":9007199254740993,"b":1.5,"c":-0}"#.utf8))
+        #expect(fields["a"] == .int(9_007_199_254_740_993))
+        #expect(fields["b"] == .double(1.5))
+        #expect(fields["c"]?.intValue == 0)
+    }
+
+    @Test(
+        "bad messages are refused with a message naming what is wrong",
+        arguments: [
+            ("{", ErrorCode.badMessage, "not valid JSON"),
+            ("[1,2]", .badMessage, "the message"),
+            (#"{"type":"dance"}"#, .badMessage, "unknown message type 'dance'"),
+            (#"{"request":"r"}"#, .badMessage, "type: missing"),
+            (#"{"type":"write","request":"r1"}"#, .badMessage, "ops: missing"),
+            (#"{"type":"write","request":"r1","ops":[]}"#, .badMessage, "at least one op"),
+            (#"{"type":"write","request":"r1","ops":[{"op":"create","collection":"a","idempotencyKey":"k"}]}"#, .badMessage, "ops[0]: a create needs fields"),
+            (#"{"type":"write","request":"r1","ops":[{"op":"nuke","collection":"a","idempotencyKey":"k"}]}"#, .badMessage, "ops[0].op: unknown op 'nuke'"),
+            (#"{"type":"write","request":"r1","ops":[{"op":"delete","collection":"a","idempotencyKey":"k"}]}"#, .badMessage, "a delete needs an id"),
+            (#"{"type":"write","request":"r1","ops":[{"op":"create","collection":"a/b","fields":{},"idempotencyKey":"k"}]}"#, .invalidPath, "ops[0].collection"),
+            (#"{"type":"write","request":"r1","ops":[{"op":"create","collection":"a","id":"x/y","fields":{},"idempotencyKey":"k"}]}"#, .invalidPath, "ops[0].id"),
+            (#"{"type":"write","request":"r1","ops":[{"op":"create","collection":"a","fields":[],"idempotencyKey":"k"}]}"#, .badMessage, "ops[0].fields: expected an object"),
+            (#"{"type":"write","request":"r1","ops":[{"op":"update","collection":"a","id":"x","fields":{},"baseVersion":"3","idempotencyKey":"k"}]}"#, .badMessage, "ops[0].baseVersion: expected an integer"),
+            (#"{"type":"listen","target":"","collection":"a"}"#, .badMessage, "target: must be 1 to 128 bytes"),
+            (#"{"type":"hello","protocol":1,"clientId":"has space"}"#, .badMessage, "clientId"),
+            (#"{"type":"write","request":"r1","ops":[{"op":"create","collection":"a","fields":{"n":1e999},"idempotencyKey":"k"}]}"#, .badMessage, ""),
+        ])
+    func badMessages(json: String, code: ErrorCode, fragment: String) {
+        do {
+            _ = try Wire.decode(ClientMessage.self, from: Array(json.utf8))
+            Issue.record("accepted \(json)")
+        } catch {
+            #expect(error.code == code, "\(json) → \(error)")
+            #expect(fragment.isEmpty || error.message.contains(fragment), "\(json) → \(error.message)")
+        }
+    }
+
+    @Test("an error carries the request id of the message it is about")
+    func errorCarriesRequest() {
+        let json = #"{"type":"write","request":"r77","ops":[{"op":"create","collection":"a//b","fields":{},"idempotencyKey":"k"}]}"#
+        #expect(throws: WireError(.invalidPath, "ops[0].collection: collection path 'a//b' has a segment 2 that is empty", request: "r77")) {
+            try Wire.decode(ClientMessage.self, from: Array(json.utf8))
+        }
+    }
+
+    @Test("deep nesting is refused before decoding")
+    func deepNesting() {
+        let json = #"{"type":"write","request":"r","ops":[{"op":"create","collection":"a","idempotencyKey":"k","fields":{"x":"# + String(repeating: "[", count: 100_000) + "]}]}"
+        #expect(throws: WireError.self) { try Wire.decode(ClientMessage.self, from: Array(json.utf8)) }
+        let fine = #"{"a":"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\"]]"}"#
+        #expect(Wire.nestingProblem(Data(fine.utf8)) == nil)
+    }
+}
