@@ -50,6 +50,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         var appliedReceivingPaused = false
         var drainThreshold: Int?
         var awaitingAttention = false
+        var userData: (any Sendable)?
     }
 
     enum Phase { case connecting, open, closing, closed }
@@ -57,6 +58,9 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     private struct CloseRequest {
         var code: WebSocketCloseCode
         var reason: String
+        /// Close without waiting for a writable callback, which a peer that stopped reading
+        /// never gives.
+        var immediate = false
     }
 
     /// Where a client connection goes, kept alive until libwebsockets has copied it.
@@ -86,6 +90,13 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
 
     // MARK: - Public API, any thread
 
+    /// Whatever the owner wants to find again in a delegate callback (the server keeps its
+    /// session for the connection here).
+    public var userData: (any Sendable)? {
+        get { state.withLock { $0.userData } }
+        set { state.withLock { $0.userData = newValue } }
+    }
+
     /// True once the handshake completed and until a close began.
     public var isOpen: Bool { state.withLock { $0.phase == .open } }
 
@@ -110,7 +121,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
                 s.phase = .closing
                 s.closeRequest = CloseRequest(
                     code: .policyViolation,
-                    reason: "send queue overflow: the peer reads too slowly; reconnect and resume")
+                    reason: "send queue overflow: the peer reads too slowly; reconnect and resume", immediate: true)
                 return (Self.claimAttention(&s), true)
             }
             s.outbound.append(message)
@@ -148,7 +159,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
             s.outbound.removeAll()
             s.queuedBytes = 0
             s.phase = .closing
-            s.closeRequest = CloseRequest(code: code, reason: reason)
+            s.closeRequest = CloseRequest(code: code, reason: reason, immediate: true)
             return Self.claimAttention(&s)
         }
         if wake { loop.needsAttention(self) }
@@ -193,29 +204,53 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     // MARK: - Service thread
 
     /// Applies what callers asked for since the last wake-up.
+    ///
+    /// The attention flag is cleared even before the handshake completes: what was asked for
+    /// then is applied by ``didOpen(_:)``, and a later request must be able to wake the loop.
     func attend() {
-        guard let wsi else { return }
-        let (flow, wantsWrite) = state.withLock { s -> (Bool?, Bool) in
+        let wsi = self.wsi
+        let (flow, wantsWrite, immediateClose) = state.withLock { s -> (Bool?, Bool, CloseRequest?) in
             s.awaitingAttention = false
-            var flow: Bool?
-            if s.receivingPaused != s.appliedReceivingPaused {
-                s.appliedReceivingPaused = s.receivingPaused
-                flow = !s.receivingPaused
-            }
-            return (flow, !s.outbound.isEmpty || s.closeRequest != nil)
+            guard wsi != nil else { return (nil, false, nil) }
+            let immediate = s.closeRequest.flatMap { $0.immediate ? $0 : nil }
+            return (Self.takeFlowChange(&s), !s.outbound.isEmpty || s.closeRequest != nil, immediate)
+        }
+        guard let wsi else { return }
+        if let immediateClose {
+            // The close frame goes out if the socket takes it; either way libwebsockets drops
+            // the connection on its next turn instead of waiting to be writable.
+            closeCause = WebSocketCloseEvent(code: immediateClose.code, reason: immediateClose.reason)
+            setCloseReason(wsi, immediateClose.code, immediateClose.reason)
+            lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_ASYNC)
+            return
         }
         if let flow { lws_rx_flow_control(wsi, flow ? 1 : 0) }
         if wantsWrite { lws_callback_on_writable(wsi) }
     }
 
+    private func setCloseReason(_ wsi: OpaquePointer, _ code: WebSocketCloseCode, _ reason: String) {
+        var bytes = Array(reason.utf8.prefix(123))
+        bytes.withUnsafeMutableBufferPointer { buffer in
+            lws_close_reason(wsi, lws_close_status(rawValue: UInt32(code.rawValue)), buffer.baseAddress, buffer.count)
+        }
+    }
+
     func didOpen(_ wsi: OpaquePointer) {
         self.wsi = wsi
-        let wantsWrite = state.withLock { s -> Bool in
+        let (flow, wantsWrite) = state.withLock { s -> (Bool?, Bool) in
             if s.phase == .connecting { s.phase = .open }
-            return !s.outbound.isEmpty || s.closeRequest != nil
+            return (Self.takeFlowChange(&s), !s.outbound.isEmpty || s.closeRequest != nil)
         }
+        if let flow { lws_rx_flow_control(wsi, flow ? 1 : 0) }
         delegate?.webSocketDidOpen(self)
         if wantsWrite { lws_callback_on_writable(wsi) }
+    }
+
+    /// The receive flow-control state to apply, if it changed since it was last applied.
+    private static func takeFlowChange(_ s: inout SharedState) -> Bool? {
+        guard s.receivingPaused != s.appliedReceivingPaused else { return nil }
+        s.appliedReceivingPaused = s.receivingPaused
+        return !s.receivingPaused
     }
 
     /// Writes queued messages while the socket takes them. Returns -1 to have libwebsockets
@@ -256,11 +291,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
                 written += 1
             case .close(let request):
                 closeCause = WebSocketCloseEvent(code: request.code, reason: request.reason)
-                var reason = Array(request.reason.utf8.prefix(123))
-                let status = lws_close_status(rawValue: UInt32(request.code.rawValue))
-                reason.withUnsafeMutableBufferPointer { buffer in
-                    lws_close_reason(wsi, status, buffer.baseAddress, buffer.count)
-                }
+                setCloseReason(wsi, request.code, request.reason)
                 return -1
             case .idle:
                 if drained { delegate?.webSocketDidDrain(self) }
@@ -284,10 +315,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         if receiveBuffer.count + length > maxMessageBytes {
             let reason = "message larger than \(maxMessageBytes) bytes"
             closeCause = WebSocketCloseEvent(code: .messageTooBig, reason: reason)
-            var bytes = Array(reason.utf8)
-            bytes.withUnsafeMutableBufferPointer { buffer in
-                lws_close_reason(wsi, LWS_CLOSE_STATUS_MESSAGE_TOO_LARGE, buffer.baseAddress, buffer.count)
-            }
+            setCloseReason(wsi, .messageTooBig, reason)
             receiveBuffer = []
             return -1
         }

@@ -22,6 +22,23 @@ struct WebSocketTests {
         #expect(serverEvents.texts == ["hello"])
     }
 
+    @Test("messages sent before and after the handshake all arrive")
+    func sendAcrossHandshake() async throws {
+        // Regression: a send queued while connecting left the connection marked as waiting for
+        // the loop, so sends after the handshake never woke it.
+        let serverEvents = Recorder(echo: true)
+        let server = try WebSocketServer(port: 0, delegate: serverEvents)
+        defer { server.shutdown() }
+        let client = try WebSocketClient()
+        defer { client.shutdown() }
+        let clientEvents = Recorder()
+        let connection = try client.connect(to: "ws://127.0.0.1:\(server.port)/", delegate: clientEvents)
+        try connection.send(text: "before")
+        try await waitUntil("open") { connection.isOpen }
+        try connection.send(text: "after")
+        try await waitUntil("both echoes arrive", timeout: .seconds(5)) { clientEvents.texts == ["before", "after"] }
+    }
+
     @Test("messages sent from many threads all arrive, each thread's in order")
     func concurrentSends() async throws {
         let serverEvents = Recorder()

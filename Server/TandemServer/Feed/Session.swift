@@ -1,0 +1,63 @@
+import Synchronization
+import TandemSocket
+import TandemWire
+
+/// One client connection as the server sees it: who it is and what it listens to.
+///
+/// Confined to the server's core queue, except `pendingMessages`, which the socket's service
+/// thread increments as messages arrive.
+final class Session: @unchecked Sendable {
+    let connection: WebSocketConnection
+    let id = DocumentID.random().rawValue
+    /// Set by `hello`; nothing else is accepted before it.
+    var clientId: ClientName?
+    /// The connection's listeners by target.
+    var listeners: [String: Listener] = [:]
+    var isClosed = false
+    /// Messages received and not yet handled: past a high mark the socket stops reading.
+    let pendingMessages = Atomic<Int>(0)
+
+    init(connection: WebSocketConnection) {
+        self.connection = connection
+    }
+
+    /// Encodes and queues a message. A connection that is closing drops it silently: its
+    /// session is about to go.
+    func send(_ message: ServerMessage) {
+        guard !isClosed, let bytes = try? Wire.encode(message) else { return }
+        try? connection.send(OutboundMessage(text: bytes))
+    }
+
+    func send(_ error: WireError) {
+        send(.error(error))
+    }
+}
+
+/// One `listen`: a position in a collection's change feed.
+///
+/// A listener starts by catching up (sending the feed after its position page by page,
+/// waiting for the connection to drain between pages) and then goes live: each commit's
+/// changes reach it by fan-out. Confined to the core queue.
+final class Listener: @unchecked Sendable {
+    unowned let session: Session
+    let target: String
+    let collection: CollectionPath
+    /// The sequence of the last change sent.
+    var position: Int64
+    /// Caught up: fan-out sends it each commit.
+    var isLive = false
+    /// Removed by `unlisten` or by the connection closing.
+    var isCancelled = false
+    /// Waiting for the connection's send queue to drain before the next catch-up page.
+    var awaitsDrain = false
+    /// Started from a resume token: the client holds documents, so it must see their deletes.
+    var isResuming: Bool
+
+    init(session: Session, target: String, collection: CollectionPath, position: Int64) {
+        self.session = session
+        self.target = target
+        self.collection = collection
+        self.position = position
+        self.isResuming = position > 0
+    }
+}

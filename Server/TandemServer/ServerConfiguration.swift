@@ -1,0 +1,88 @@
+import Foundation
+import Logging
+import TandemSocket
+import TandemWire
+
+/// How a ``TandemServer`` runs: where it listens, where it keeps its data, its limits.
+///
+/// For example, a server for a test, on any free port, with its data in a temporary folder:
+///
+/// ```swift
+/// var configuration = ServerConfiguration(dataDirectory: temporaryFolder)
+/// configuration.port = 0
+/// let server = try TandemServer(configuration: configuration)
+/// ```
+public struct ServerConfiguration: Sendable {
+    /// The address to listen on. Without access control the server is open, so it only
+    /// accepts a loopback address (`127.0.0.1`, `::1`, `localhost`). Default: `127.0.0.1`.
+    public var host = "127.0.0.1"
+    /// The port; 0 picks a free one (see ``TandemServer/port``). Default: 7878.
+    public var port = 7878
+    /// The folder of the SQLite database (`tandem.sqlite`), created if missing.
+    public var dataDirectory: URL
+    /// Message, write, listener and document limits, announced in `welcome`.
+    public var limits = Limits.default
+    /// How long a deleted document's tombstone is kept. A listener whose resume token is older
+    /// gets a `reset`. Default: 30 days.
+    public var tombstoneRetention: Duration = .seconds(30 * 24 * 3600)
+    /// How long an idempotency key is remembered. Default: 30 days.
+    public var idempotencyRetention: Duration = .seconds(30 * 24 * 3600)
+    /// How often expired tombstones and keys are purged. Default: 1 hour.
+    public var maintenanceInterval: Duration = .seconds(3600)
+    /// The most documents in one page of an initial snapshot. Default: 1,000.
+    public var snapshotPageSize = 1000
+    /// The most bytes of document fields in one snapshot frame. Default: 512 KiB.
+    public var snapshotPageBytes = 512 << 10
+    /// The most bytes waiting to be sent to one connection before it is dropped as too slow.
+    /// Default: 16 MiB.
+    public var maxQueuedBytesPerConnection = 16 << 20
+    /// Seconds of silence before the server pings a client. Default: 20.
+    public var pingInterval: UInt16 = 20
+    /// Seconds of silence after which a client is considered gone. Default: 45.
+    public var idleTimeout: UInt16 = 45
+    /// The server's clock, in milliseconds since 1970. Tests replace it to age tombstones.
+    public var clock: @Sendable () -> Int64 = { Int64((Date().timeIntervalSince1970 * 1000).rounded()) }
+    public var logger = Logger(label: "tandem.server")
+
+    public init(dataDirectory: URL) {
+        self.dataDirectory = dataDirectory
+    }
+
+    var socketConfiguration: WebSocketConfiguration {
+        var socket = WebSocketConfiguration()
+        socket.maxMessageBytes = limits.maxMessageBytes
+        socket.maxQueuedBytes = maxQueuedBytesPerConnection
+        socket.pingInterval = pingInterval
+        socket.idleTimeout = idleTimeout
+        return socket
+    }
+
+    var isLoopback: Bool {
+        ["127.0.0.1", "::1", "localhost"].contains(host) || host.hasPrefix("127.")
+    }
+}
+
+/// Why a ``TandemServer`` could not start.
+public struct ServerError: Error, Sendable, CustomStringConvertible {
+    public struct Code: RawRepresentable, Hashable, Sendable {
+        public var rawValue: String
+        public init(rawValue: String) { self.rawValue = rawValue }
+
+        /// A setting is out of range or not allowed.
+        public static let invalidConfiguration = Code(rawValue: "invalid-configuration")
+        /// The data folder or its database could not be opened.
+        public static let storage = Code(rawValue: "storage")
+        /// The address could not be listened on.
+        public static let listen = Code(rawValue: "listen")
+    }
+
+    public var code: Code
+    public var message: String
+
+    public init(_ code: Code, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    public var description: String { message }
+}

@@ -1,0 +1,238 @@
+import Dispatch
+import Foundation
+import Logging
+import TandemSocket
+import TandemWire
+
+/// The server's state and logic, serialized on one dispatch queue (`queue`).
+///
+/// Sessions, listeners and the store are touched only on `queue`: a write commits, is
+/// acknowledged and is fanned out before the next message of any connection is handled, so
+/// every listener sees each collection's changes in commit order, and a listener that
+/// finishes catching up cannot miss a commit (none can run between its last page and its
+/// switch to live).
+///
+/// The socket delegate methods run on the socket's service thread; each hops to `queue`.
+final class ServerCore: WebSocketDelegate, @unchecked Sendable {
+    let queue = DispatchQueue(label: "tandem.server.core")
+    let store: DocumentStore
+    let configuration: ServerConfiguration
+    let logger: Logger
+
+    // Confined to `queue`.
+    private var sessions: [UInt64: Session] = [:]
+    var listeners: [CollectionPath: [Listener]] = [:]
+    private var maintenance: DispatchSourceTimer?
+    private var isStopped = false
+
+    /// Past this many unhandled messages a connection stops being read; below the low mark
+    /// it is read again. A client cannot queue unbounded work on the server.
+    private static let pendingHighMark = 256
+    private static let pendingLowMark = 32
+
+    init(configuration: ServerConfiguration) throws {
+        self.configuration = configuration
+        self.logger = configuration.logger
+        self.store = try DocumentStore(directory: configuration.dataDirectory, logger: configuration.logger)
+    }
+
+    func startMaintenance() {
+        queue.async { [self] in
+            runMaintenance()
+            let timer = DispatchSource.makeTimerSource(queue: queue)
+            let interval = DispatchTimeInterval.milliseconds(Int(configuration.maintenanceInterval.milliseconds))
+            timer.schedule(deadline: .now() + interval, repeating: interval)
+            timer.setEventHandler { [weak self] in self?.runMaintenance() }
+            timer.resume()
+            maintenance = timer
+        }
+    }
+
+    /// Purges expired tombstones and idempotency keys (on `queue`).
+    @discardableResult
+    func runMaintenance() -> (tombstones: Int, keys: Int) {
+        let now = configuration.clock()
+        do {
+            let purged = try store.purge(
+                tombstonesBefore: now - configuration.tombstoneRetention.milliseconds,
+                keysBefore: now - configuration.idempotencyRetention.milliseconds)
+            if purged.tombstones > 0 || purged.keys > 0 {
+                logger.info(
+                    "purged expired tombstones and idempotency keys",
+                    metadata: ["tandem.tombstones": "\(purged.tombstones)", "tandem.keys": "\(purged.keys)"])
+            }
+            return purged
+        } catch {
+            logger.error("maintenance failed", metadata: ["tandem.error": "\(error)"])
+            return (0, 0)
+        }
+    }
+
+    /// Stops timers, forgets sessions and closes the database (on `queue`).
+    func stop() {
+        guard !isStopped else { return }
+        isStopped = true
+        maintenance?.cancel()
+        maintenance = nil
+        for session in sessions.values { session.isClosed = true }
+        sessions = [:]
+        listeners = [:]
+        do { try store.close() } catch { logger.error("closing the store failed", metadata: ["tandem.error": "\(error)"]) }
+    }
+
+    var stats: ServerStats {
+        let all = listeners.values.joined()
+        return ServerStats(
+            connections: sessions.count, listeners: all.count, liveListeners: all.filter(\.isLive).count)
+    }
+
+    // MARK: - Socket events (service thread)
+
+    func webSocketDidOpen(_ connection: WebSocketConnection) {
+        let session = Session(connection: connection)
+        connection.userData = session
+        queue.async { [self] in
+            guard !isStopped else { return }
+            sessions[connection.id] = session
+        }
+    }
+
+    func webSocket(_ connection: WebSocketConnection, didReceive message: WebSocketMessage) {
+        guard let session = connection.userData as? Session else { return }
+        if session.pendingMessages.add(1, ordering: .relaxed).newValue > Self.pendingHighMark {
+            connection.pauseReceiving()
+        }
+        queue.async { [self] in
+            if !session.isClosed && !isStopped { handle(message, from: session) }
+            if session.pendingMessages.subtract(1, ordering: .relaxed).newValue <= Self.pendingLowMark {
+                connection.resumeReceiving()
+            }
+        }
+    }
+
+    func webSocketDidDrain(_ connection: WebSocketConnection) {
+        guard let session = connection.userData as? Session else { return }
+        queue.async { [self] in
+            for listener in session.listeners.values where listener.awaitsDrain {
+                listener.awaitsDrain = false
+                advance(listener)
+            }
+        }
+    }
+
+    func webSocket(_ connection: WebSocketConnection, didCloseWith event: WebSocketCloseEvent) {
+        guard let session = connection.userData as? Session else { return }
+        connection.userData = nil
+        queue.async { [self] in
+            session.isClosed = true
+            for listener in session.listeners.values { remove(listener) }
+            session.listeners = [:]
+            sessions[connection.id] = nil
+            logger.debug(
+                "connection closed",
+                metadata: ["tandem.session": "\(session.id)", "tandem.close": "\(event)"])
+        }
+    }
+
+    // MARK: - Messages (queue)
+
+    private func handle(_ frame: WebSocketMessage, from session: Session) {
+        guard frame.kind == .text else {
+            session.send(WireError(.badMessage, "binary frames are not supported; send each message as a JSON text frame"))
+            return
+        }
+        let message: ClientMessage
+        do {
+            message = try Wire.decode(ClientMessage.self, from: frame.bytes)
+        } catch {
+            session.send(error)
+            return
+        }
+        if case .hello(let hello) = message {
+            greet(session, hello)
+            return
+        }
+        guard let clientId = session.clientId else {
+            session.send(
+                WireError(
+                    .badMessage, #"send hello first: {"type":"hello","protocol":1,"clientId":"…"}"#,
+                    request: message.request, target: message.target))
+            return
+        }
+        switch message {
+        case .hello: break
+        case .listen(let listen): self.listen(session, listen)
+        case .unlisten(let unlisten): self.unlisten(session, unlisten.target)
+        case .write(let write): self.write(session, clientId, write)
+        case .get(let get): self.get(session, get)
+        }
+    }
+
+    private func greet(_ session: Session, _ hello: ClientMessage.Hello) {
+        guard session.clientId == nil else {
+            session.send(WireError(.badMessage, "hello was already received on this connection"))
+            return
+        }
+        guard hello.protocolVersion == Wire.protocolVersion else {
+            session.send(
+                WireError(
+                    .unsupportedProtocol,
+                    "this server speaks protocol \(Wire.protocolVersion); the client asked for \(hello.protocolVersion)"))
+            return
+        }
+        session.clientId = hello.clientId
+        session.send(
+            .welcome(.init(sessionId: session.id, serverTime: configuration.clock(), limits: configuration.limits)))
+    }
+
+    private func get(_ session: Session, _ get: ClientMessage.Get) {
+        do {
+            guard let document = try store.document(in: get.collection, id: get.id), !document.deleted else {
+                session.send(
+                    WireError(.notFound, "document '\(get.collection)/\(get.id)' does not exist", request: get.request))
+                return
+            }
+            session.send(.document(.init(request: get.request, document: document)))
+        } catch {
+            session.send(internalError(error, request: get.request))
+        }
+    }
+
+    func internalError(_ error: any Error, request: String? = nil, target: String? = nil) -> WireError {
+        logger.error("storage failed", metadata: ["tandem.error": "\(error)"])
+        return WireError(
+            .internal, "the server could not read or write its database; nothing was changed. Retry later.",
+            request: request, target: target)
+    }
+}
+
+/// What a running server holds.
+public struct ServerStats: Sendable, Equatable {
+    public var connections: Int
+    public var listeners: Int
+    public var liveListeners: Int
+}
+
+extension ClientMessage {
+    var request: String? {
+        switch self {
+        case .write(let write): write.request
+        case .get(let get): get.request
+        default: nil
+        }
+    }
+
+    var target: String? {
+        switch self {
+        case .listen(let listen): listen.target
+        case .unlisten(let unlisten): unlisten.target
+        default: nil
+        }
+    }
+}
+
+extension Duration {
+    var milliseconds: Int64 {
+        components.seconds * 1000 + components.attoseconds / 1_000_000_000_000_000
+    }
+}

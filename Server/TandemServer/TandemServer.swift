@@ -1,0 +1,112 @@
+import Foundation
+import Logging
+import TandemSocket
+import TandemWire
+
+/// The companion server: a realtime JSON document server over WebSocket.
+///
+/// Documents live in SQLite in the configured data folder. Clients write with `write`
+/// messages and listen to collections with `listen`; every commit is fanned out to the
+/// collection's listeners in commit order. The same type backs `tandem serve` and the tests,
+/// which start it on port 0:
+///
+/// ```swift
+/// var configuration = ServerConfiguration(dataDirectory: folder)
+/// configuration.port = 0
+/// let server = try TandemServer(configuration: configuration)
+/// defer { server.shutdown() }
+/// let client = try await ServerConnection.connect(to: server.url, clientId: "device-1")
+/// ```
+///
+/// The protocol is described in docs/PROTOCOL.md.
+public final class TandemServer: Sendable {
+    public let configuration: ServerConfiguration
+    /// The port listened on (the one the system picked when configured with 0).
+    public let port: Int
+
+    private let core: ServerCore
+    private let socket: WebSocketServer
+
+    /// Opens the data folder and starts listening.
+    ///
+    /// - Throws: ``ServerError``: `.invalidConfiguration` for a non-loopback host (the server
+    ///   has no access control yet, so it must not be reachable from other machines) or
+    ///   out-of-range settings; `.storage` when the data folder or database cannot be opened;
+    ///   `.listen` when the address is taken.
+    public init(configuration: ServerConfiguration) throws(ServerError) {
+        guard configuration.isLoopback else {
+            throw ServerError(
+                .invalidConfiguration,
+                "without access control the server only listens on loopback (127.0.0.1 or ::1), not \(configuration.host)")
+        }
+        guard (0...65535).contains(configuration.port) else {
+            throw ServerError(.invalidConfiguration, "port \(configuration.port) is not between 0 and 65535")
+        }
+        let limits = configuration.limits
+        guard limits.maxMessageBytes >= 1024, limits.maxOpsPerWrite >= 1, limits.maxListenersPerConnection >= 1,
+            limits.maxDocumentBytes >= 2, configuration.snapshotPageSize >= 1, configuration.snapshotPageBytes >= 1024
+        else {
+            throw ServerError(.invalidConfiguration, "limits must be positive (messages at least 1 KiB): \(limits)")
+        }
+        self.configuration = configuration
+        let core: ServerCore
+        do {
+            core = try ServerCore(configuration: configuration)
+        } catch {
+            throw ServerError(
+                .storage, "cannot open the database in \(configuration.dataDirectory.path): \(error)")
+        }
+        do {
+            socket = try WebSocketServer(
+                host: configuration.host, port: configuration.port, configuration: configuration.socketConfiguration,
+                delegate: core, logger: configuration.logger)
+        } catch {
+            core.queue.sync { core.stop() }
+            throw ServerError(.listen, error.message)
+        }
+        self.core = core
+        port = socket.port
+        core.startMaintenance()
+        configuration.logger.info(
+            "listening",
+            metadata: [
+                "tandem.url": "\(url)", "tandem.data": "\(configuration.dataDirectory.path)",
+                "tandem.access": "open (loopback only)",
+            ])
+    }
+
+    /// `ws://HOST:PORT`, for clients.
+    public var url: String {
+        let host = configuration.host.contains(":") ? "[\(configuration.host)]" : configuration.host
+        return "ws://\(host):\(port)"
+    }
+
+    /// Closes every connection with 1001, stops listening, and closes the database.
+    /// Safe to call more than once.
+    public func shutdown() {
+        socket.shutdown()
+        core.queue.sync { core.stop() }
+    }
+
+    /// Connections, listeners and live listeners right now.
+    public var stats: ServerStats {
+        core.queue.sync { core.stats }
+    }
+
+    /// Purges tombstones and idempotency keys older than their retention, now rather than at
+    /// the next maintenance run.
+    @discardableResult
+    public func purgeExpired() -> (tombstones: Int, keys: Int) {
+        core.queue.sync { core.runMaintenance() }
+    }
+
+    /// The document, or nil when it does not exist (a tombstone is returned with `deleted`).
+    public func document(in collection: CollectionPath, id: DocumentID) throws -> Document? {
+        try core.queue.sync { try core.store.document(in: collection, id: id) }
+    }
+
+    /// Every live document of the collection, in the order of their last write.
+    public func documents(in collection: CollectionPath) throws -> [Document] {
+        try core.queue.sync { try core.store.documents(in: collection) }
+    }
+}

@@ -1,0 +1,154 @@
+import GRDB
+import TandemWire
+
+/// A write op with its fields already encoded (canonically) and size-checked.
+struct PreparedOp {
+    var op: WriteOp
+    /// The canonical JSON of the fields; `{}` for a delete.
+    var fieldsJSON: String
+}
+
+/// What became of a write message.
+enum WriteOutcome {
+    /// Every op applied (or was a resend of an applied op); one result per op.
+    case applied([WriteResult], [CommittedChange])
+    /// The op at this index failed its precondition; nothing was applied.
+    case conflict(op: Int, server: Document)
+}
+
+/// A document write, as fan-out sends it to the collection's listeners.
+struct CommittedChange {
+    var collection: CollectionPath
+    var change: Change
+    var sequence: Int64
+    /// About how many bytes the change takes in a snapshot frame.
+    var size: Int
+}
+
+extension DocumentStore {
+    /// Applies the ops of one write message in one transaction.
+    ///
+    /// An op whose `(clientId, idempotencyKey)` was applied before is not applied again: its
+    /// first result stands in its place. A failed precondition rolls back the whole message.
+    ///
+    /// - Parameter now: The server clock, in milliseconds since 1970.
+    /// - Throws: ``WireError`` `.notFound` (with the op's index) for an update or delete of a
+    ///   document that never existed; GRDB's `DatabaseError` when SQLite fails.
+    func apply(_ ops: [PreparedOp], clientId: ClientName, now: Int64) throws -> WriteOutcome {
+        do {
+            return try database.write { db in
+                var results: [WriteResult] = []
+                var changes: [CommittedChange] = []
+                results.reserveCapacity(ops.count)
+                for (index, prepared) in ops.enumerated() {
+                    let op = prepared.op
+                    if let earlier = try Self.recordedResult(db, clientId, op.idempotencyKey) {
+                        results.append(earlier)
+                        continue
+                    }
+                    let (id, existing) = try Self.target(db, op, index: index)
+                    let sequence = try Self.nextSequence(db, op.collection)
+                    let version = (existing?.version ?? 0) + 1
+                    // Monotonic per document even if the server's clock steps back.
+                    let updateTime = max(now, existing?.updateTime ?? 0)
+                    let isCreate = op.kind == .create
+                    let createTime = isCreate ? updateTime : existing!.createTime
+                    let createSequence = isCreate ? sequence : existing!.createSequence
+                    let deleted = op.kind == .delete
+
+                    try db.cachedStatement(
+                        sql: """
+                            INSERT INTO document
+                                (collection, id, fields, version, createTime, updateTime, deleted, sequence, createSequence)
+                            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+                            ON CONFLICT (collection, id) DO UPDATE SET
+                                fields = excluded.fields, version = excluded.version,
+                                createTime = excluded.createTime, updateTime = excluded.updateTime,
+                                deleted = excluded.deleted, sequence = excluded.sequence,
+                                createSequence = excluded.createSequence
+                            """
+                    ).execute(arguments: [
+                        op.collection.rawValue, id.rawValue, prepared.fieldsJSON, version, createTime, updateTime,
+                        deleted, sequence, createSequence,
+                    ])
+                    try db.cachedStatement(
+                        sql: """
+                            INSERT INTO idempotency (clientId, key, id, version, updateTime, recordedAt)
+                            VALUES (?, ?, ?, ?, ?, ?)
+                            """
+                    ).execute(arguments: [
+                        clientId.rawValue, op.idempotencyKey.rawValue, id.rawValue, version, updateTime, now,
+                    ])
+
+                    results.append(WriteResult(id: id, version: version, updateTime: updateTime))
+                    let document = Document(
+                        id: id, version: version, fields: deleted ? [:] : op.fields ?? [:], createTime: createTime,
+                        updateTime: updateTime, deleted: deleted)
+                    let kind: Change.Kind = isCreate ? .added : deleted ? .deleted : .modified
+                    changes.append(
+                        CommittedChange(
+                            collection: op.collection, change: Change(kind, document), sequence: sequence,
+                            size: prepared.fieldsJSON.utf8.count + 160))
+                }
+                return .applied(results, changes)
+            }
+        } catch let conflict as PreconditionFailed {
+            return .conflict(op: conflict.op, server: conflict.server)
+        }
+    }
+
+    /// Thrown inside the transaction to roll it back; turned into ``WriteOutcome/conflict``.
+    private struct PreconditionFailed: Error {
+        var op: Int
+        var server: Document
+    }
+
+    /// The id the op writes and the document there now, after checking the op's precondition.
+    private static func target(_ db: Database, _ op: WriteOp, index: Int) throws -> (DocumentID, StoredDocument?) {
+        switch op.kind {
+        case .create:
+            guard let proposed = op.id else {
+                while true {
+                    let id = DocumentID.random()
+                    if try fetchDocument(db, op.collection, id) == nil { return (id, nil) }
+                }
+            }
+            let existing = try fetchDocument(db, op.collection, proposed)
+            if let existing, !existing.deleted {
+                throw PreconditionFailed(op: index, server: try existing.document)
+            }
+            return (proposed, existing)
+        case .update, .delete:
+            let id = op.id!
+            guard let existing = try fetchDocument(db, op.collection, id) else {
+                throw WireError(
+                    .notFound, "document '\(op.collection)/\(id)' does not exist; create it first", op: index)
+            }
+            if existing.deleted {
+                throw PreconditionFailed(op: index, server: try existing.document)
+            }
+            if let base = op.baseVersion, base != existing.version {
+                throw PreconditionFailed(op: index, server: try existing.document)
+            }
+            return (id, existing)
+        }
+    }
+
+    private static func recordedResult(_ db: Database, _ clientId: ClientName, _ key: ClientName) throws -> WriteResult? {
+        let statement = try db.cachedStatement(
+            sql: "SELECT id, version, updateTime FROM idempotency WHERE clientId = ? AND key = ?")
+        guard let row = try Row.fetchOne(statement, arguments: [clientId.rawValue, key.rawValue]) else { return nil }
+        return WriteResult(id: try DocumentID(row[0]), version: row[1], updateTime: row[2])
+    }
+
+    /// Takes the collection's next sequence number (1 for its first write).
+    private static func nextSequence(_ db: Database, _ collection: CollectionPath) throws -> Int64 {
+        let statement = try db.cachedStatement(
+            sql: """
+                INSERT INTO collection (path, lastSequence) VALUES (?, 1)
+                ON CONFLICT (path) DO UPDATE SET lastSequence = lastSequence + 1
+                RETURNING lastSequence
+                """)
+        return try Int64.fetchOne(statement, arguments: [collection.rawValue])!
+    }
+}

@@ -1,0 +1,338 @@
+import Dispatch
+import Foundation
+import Logging
+import Synchronization
+import TandemSocket
+import TandemWire
+
+/// One WebSocket connection to a Tandem server, speaking the protocol: `hello`, requests
+/// answered by `request` id, and listeners fed by `target`.
+///
+/// Messages are decoded and delivered on the connection's own serial queue, in the order the
+/// server sent them, never on the socket's service thread.
+///
+/// For example:
+///
+/// ```swift
+/// let connection = try await ServerConnection.connect(to: "ws://127.0.0.1:7878", clientId: "cli-1")
+/// let reply = try await connection.write([.create(in: accounts, fields: ["name": "Home"], idempotencyKey: key)])
+/// connection.listen(to: accounts) { event in print(event) }
+/// ```
+public final class ServerConnection: Sendable {
+    /// The server's `welcome`: session id, server time, limits.
+    public var welcome: ServerMessage.Welcome { state.withLock { $0.welcome! } }
+    public let clientId: ClientName
+    public let url: String
+
+    private let socket: WebSocketConnection
+    private let inbox: DispatchQueue
+    private let state = Mutex(State())
+    private let logger: Logger
+
+    private struct State {
+        var welcome: ServerMessage.Welcome?
+        var handshake: CheckedContinuation<Void, any Error>?
+        var pending: [String: CheckedContinuation<ServerMessage, any Error>] = [:]
+        var listeners: [String: @Sendable (ListenEvent) -> Void] = [:]
+        var nextRequest = 1
+        var closeEvent: WebSocketCloseEvent?
+        var onClose: (@Sendable (WebSocketCloseEvent) -> Void)?
+    }
+
+    /// What a listener hears.
+    public enum ListenEvent: Sendable {
+        /// Changes after the listener's position (see ``ServerMessage/Snapshot``).
+        case snapshot(ServerMessage.Snapshot)
+        /// The resume token could not be used; a full snapshot follows.
+        case reset(reason: String)
+        /// The listen was refused (invalid path, too many listeners, …); it is over.
+        case error(WireError)
+    }
+
+    /// The answer to a write.
+    public enum WriteReply: Sendable {
+        /// Every op applied; one result per op.
+        case ack([WriteResult])
+        /// The op at `op` failed its precondition; nothing was applied. `server` is the
+        /// document as the server has it.
+        case conflict(op: Int, server: Document)
+    }
+
+    private init(url: String, clientId: ClientName, socket: WebSocketConnection, inbox: DispatchQueue, logger: Logger) {
+        self.url = url
+        self.clientId = clientId
+        self.socket = socket
+        self.inbox = inbox
+        self.logger = logger
+    }
+
+    /// Connects, says `hello` and waits for `welcome`.
+    ///
+    /// - Parameters:
+    ///   - url: `ws://HOST:PORT`.
+    ///   - clientId: Stable for this device: idempotency keys are remembered per client id.
+    ///   - token: A bearer token, for servers with access control.
+    ///   - client: The event loop to use; by default one shared by the whole process.
+    ///   - timeout: How long to wait for `welcome`.
+    /// - Throws: ``TandemError``: `.invalidArgument` for a bad URL or client id, `.unreachable`
+    ///   when the server cannot be reached, `.server` when it refuses the `hello`,
+    ///   `.timedOut`.
+    public static func connect(
+        to url: String, clientId: String, token: String? = nil, client: WebSocketClient? = nil,
+        timeout: Duration = .seconds(10), logger: Logger = Logger(label: "tandem.connection"),
+        onClose: (@Sendable (WebSocketCloseEvent) -> Void)? = nil
+    ) async throws -> ServerConnection {
+        let name: ClientName
+        do { name = try ClientName(clientId, field: "clientId") } catch {
+            throw TandemError(.invalidArgument, error.message)
+        }
+        let loop = try client ?? SharedClientLoop.get()
+        let relay = Relay()
+        let socket: WebSocketConnection
+        do {
+            socket = try loop.connect(to: url, delegate: relay)
+        } catch {
+            throw TandemError(.invalidArgument, error.message)
+        }
+        let connection = ServerConnection(
+            url: url, clientId: name, socket: socket,
+            inbox: DispatchQueue(label: "tandem.connection.\(socket.id)"), logger: logger)
+        connection.state.withLock { $0.onClose = onClose }
+        relay.connection.withLock { $0 = connection }
+
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            connection.state.withLock { $0.handshake = continuation }
+            connection.sendRaw(.hello(.init(clientId: name, token: token)))
+            connection.scheduleTimeout(timeout) { state in
+                guard let handshake = state.handshake else { return nil }
+                state.handshake = nil
+                return { handshake.resume(throwing: TandemError(.timedOut, "no welcome from \(url) within \(timeout)")) }
+            }
+        }
+        return connection
+    }
+
+    /// Applies ops on the server, all or nothing.
+    ///
+    /// - Throws: ``TandemError``: `.server` with the server's error (`not-found`,
+    ///   `too-large`, …), `.disconnected`, `.timedOut`.
+    public func write(_ ops: [WriteOp], timeout: Duration = .seconds(30)) async throws -> WriteReply {
+        let reply = try await request(timeout: timeout) { .write(.init(request: $0, ops: ops)) }
+        switch reply {
+        case .ack(let ack): return .ack(ack.results)
+        case .conflict(let conflict): return .conflict(op: conflict.op, server: conflict.server)
+        default: throw TandemError(.server, "unexpected answer to a write: \(reply)")
+        }
+    }
+
+    /// The document, or nil when it does not exist.
+    public func get(_ collection: CollectionPath, _ id: DocumentID, timeout: Duration = .seconds(30)) async throws -> Document? {
+        do {
+            let reply = try await request(timeout: timeout) { .get(.init(request: $0, collection: collection, id: id)) }
+            guard case .document(let document) = reply else {
+                throw TandemError(.server, "unexpected answer to a get: \(reply)")
+            }
+            return document.document
+        } catch let error as TandemError where error.serverError?.code == .notFound {
+            return nil
+        }
+    }
+
+    /// Starts listening to a collection. `handler` runs on the connection's queue, in order.
+    ///
+    /// - Parameters:
+    ///   - target: The listener's name on this connection; by default the collection path.
+    ///   - resumeToken: The token of the last snapshot applied, to receive only what changed.
+    /// - Returns: The target, to pass to ``unlisten(_:)``.
+    @discardableResult
+    public func listen(
+        to collection: CollectionPath, target: String? = nil, resumeToken: String? = nil,
+        handler: @escaping @Sendable (ListenEvent) -> Void
+    ) -> String {
+        let target = target ?? collection.rawValue
+        state.withLock { $0.listeners[target] = handler }
+        sendRaw(.listen(.init(target: target, collection: collection, resumeToken: resumeToken)))
+        return target
+    }
+
+    /// Stops a listener; no event reaches its handler after this returns.
+    public func unlisten(_ target: String) {
+        guard state.withLock({ $0.listeners.removeValue(forKey: target) }) != nil else { return }
+        sendRaw(.unlisten(.init(target: target)))
+    }
+
+    /// True until the connection closes.
+    public var isOpen: Bool { state.withLock { $0.closeEvent == nil } && socket.isOpen }
+
+    /// Closes the connection (1000). Pending requests fail with `.disconnected`.
+    public func close() {
+        socket.close(code: .normal, reason: "client closing")
+    }
+
+    /// Drops the connection at once, as a network failure would (for tests).
+    public func abort() {
+        socket.abort(code: .goingAway, reason: "client dropped the connection")
+    }
+
+    // MARK: - Plumbing
+
+    private func request(
+        timeout: Duration, _ make: (String) -> ClientMessage
+    ) async throws -> ServerMessage {
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<ServerMessage, any Error>) in
+            let id: String? = state.withLock { state in
+                if let event = state.closeEvent {
+                    continuation.resume(throwing: TandemError(.disconnected, "the connection to \(url) is closed: \(event)"))
+                    return nil
+                }
+                let id = "r\(state.nextRequest)"
+                state.nextRequest += 1
+                state.pending[id] = continuation
+                return id
+            }
+            guard let id else { return }
+            sendRaw(make(id))
+            scheduleTimeout(timeout) { state in
+                guard let continuation = state.pending.removeValue(forKey: id) else { return nil }
+                return { continuation.resume(throwing: TandemError(.timedOut, "no answer from \(self.url) within \(timeout)")) }
+            }
+        }
+    }
+
+    private func sendRaw(_ message: ClientMessage) {
+        do {
+            try socket.send(OutboundMessage(text: try Wire.encode(message)))
+        } catch {
+            logger.debug("send failed", metadata: ["tandem.error": "\(error)"])
+        }
+    }
+
+    /// After `timeout`, runs `expire` under the lock; the closure it returns runs outside it.
+    private func scheduleTimeout(
+        _ timeout: Duration, _ expire: @escaping @Sendable (inout State) -> (@Sendable () -> Void)?
+    ) {
+        let nanoseconds = Int(min(timeout.components.seconds, 86_400)) * 1_000_000_000
+            + Int(timeout.components.attoseconds / 1_000_000_000)
+        DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(nanoseconds)) { [self] in
+            let action = state.withLock { state in expire(&state) }
+            action?()
+        }
+    }
+
+    fileprivate func received(_ frame: WebSocketMessage) {
+        let message: ServerMessage
+        do {
+            message = try Wire.decode(ServerMessage.self, from: frame.bytes)
+        } catch {
+            logger.warning("undecodable message from the server", metadata: ["tandem.error": "\(error)"])
+            return
+        }
+        switch message {
+        case .welcome(let welcome):
+            let handshake = state.withLock { state in
+                state.welcome = welcome
+                defer { state.handshake = nil }
+                return state.handshake
+            }
+            handshake?.resume()
+        case .snapshot(let snapshot):
+            deliver(to: snapshot.target, .snapshot(snapshot))
+        case .reset(let reset):
+            deliver(to: reset.target, .reset(reason: reset.reason))
+        case .ack(let ack):
+            answer(ack.request, message)
+        case .conflict(let conflict):
+            answer(conflict.request, message)
+        case .document(let reply):
+            answer(reply.request, message)
+        case .error(let error):
+            if let request = error.request {
+                answer(request, message)
+            } else if let target = error.target {
+                let handler = state.withLock { $0.listeners.removeValue(forKey: target) }
+                handler?(.error(error))
+            } else {
+                let handshake = state.withLock { state in
+                    defer { state.handshake = nil }
+                    return state.handshake
+                }
+                if let handshake {
+                    handshake.resume(throwing: TandemError(server: error))
+                } else {
+                    logger.warning("error from the server", metadata: ["tandem.error": "\(error)"])
+                }
+            }
+        }
+    }
+
+    private func deliver(to target: String, _ event: ListenEvent) {
+        guard let handler = state.withLock({ $0.listeners[target] }) else { return }
+        handler(event)
+    }
+
+    private func answer(_ request: String, _ message: ServerMessage) {
+        guard let continuation = state.withLock({ $0.pending.removeValue(forKey: request) }) else { return }
+        if case .error(let error) = message {
+            continuation.resume(throwing: TandemError(server: error))
+        } else {
+            continuation.resume(returning: message)
+        }
+    }
+
+    fileprivate func closed(_ event: WebSocketCloseEvent) {
+        let (handshake, pending, onClose) = state.withLock { state in
+            state.closeEvent = event
+            defer {
+                state.handshake = nil
+                state.pending = [:]
+                state.listeners = [:]
+                state.onClose = nil
+            }
+            return (state.handshake, Array(state.pending.values), state.onClose)
+        }
+        if let handshake {
+            let code: TandemError.Code = event.failedToConnect ? .unreachable : .disconnected
+            handshake.resume(throwing: TandemError(code, "cannot reach the server at \(url): \(event.reason)"))
+        }
+        for continuation in pending {
+            continuation.resume(throwing: TandemError(.disconnected, "the connection to \(url) closed: \(event)"))
+        }
+        onClose?(event)
+    }
+
+    /// Forwards socket events to the connection's queue.
+    private final class Relay: WebSocketDelegate {
+        let connection = Mutex<ServerConnection?>(nil)
+
+        func webSocketDidOpen(_ socket: WebSocketConnection) {}
+
+        func webSocket(_ socket: WebSocketConnection, didReceive message: WebSocketMessage) {
+            guard let connection = connection.withLock({ $0 }) else { return }
+            connection.inbox.async { connection.received(message) }
+        }
+
+        func webSocket(_ socket: WebSocketConnection, didCloseWith event: WebSocketCloseEvent) {
+            guard let connection = connection.withLock({ $0 }) else { return }
+            self.connection.withLock { $0 = nil }
+            connection.inbox.async { connection.closed(event) }
+        }
+    }
+}
+
+/// The process-wide client event loop, made on first use.
+enum SharedClientLoop {
+    private static let loop = Mutex<WebSocketClient?>(nil)
+
+    static func get() throws -> WebSocketClient {
+        try loop.withLock { loop in
+            if let loop { return loop }
+            do {
+                let client = try WebSocketClient()
+                loop = client
+                return client
+            } catch {
+                throw TandemError(.unreachable, "cannot start the WebSocket event loop: \(error)")
+            }
+        }
+    }
+}

@@ -1,0 +1,28 @@
+import Foundation
+
+/// A folder under the system's temporary directory, removed when this object goes away.
+///
+/// For example:
+///
+/// ```swift
+/// let folder = try TemporaryDirectory()
+/// let databaseURL = folder.url.appendingPathComponent("device.sqlite")
+/// ```
+public final class TemporaryDirectory: Sendable {
+    public let url: URL
+
+    public init(prefix: String = "tandem") throws {
+        url = FileManager.default.temporaryDirectory
+            .appendingPathComponent("\(prefix)-\(UUID().uuidString.prefix(8))", isDirectory: true)
+        try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+    }
+
+    deinit {
+        try? FileManager.default.removeItem(at: url)
+    }
+
+    /// A path inside the folder.
+    public func path(_ name: String) -> String {
+        url.appendingPathComponent(name).path
+    }
+}

@@ -1,0 +1,172 @@
+import Foundation
+import Tandem
+import TandemServer
+import TandemTesting
+import TandemWire
+import Testing
+
+/// One hostile or broken input and what the protocol says must happen.
+struct BadInput: Sendable, CustomTestStringConvertible {
+    enum Expected: Sendable {
+        /// An error frame with this code; the connection stays open.
+        case error(ErrorCode, mentioning: String)
+        /// The connection is closed with this status.
+        case close(UInt16)
+    }
+
+    var name: String
+    var helloFirst = true
+    var frames: [(RawWebSocket.Opcode, [UInt8])]
+    var expected: Expected
+
+    var testDescription: String { name }
+
+    static func text(_ name: String, _ json: String, hello: Bool = true, _ expected: Expected) -> BadInput {
+        BadInput(name: name, helloFirst: hello, frames: [(.text, Array(json.utf8))], expected: expected)
+    }
+}
+
+let badInputs: [BadInput] = [
+    .text("malformed JSON", #"{"type":"write","#, .error(.badMessage, mentioning: "not valid JSON")),
+    .text("not an object", #"[1,2,3]"#, .error(.badMessage, mentioning: "expected")),
+    .text("unknown message type", #"{"type":"subscribe"}"#, .error(.badMessage, mentioning: "unknown message type")),
+    .text("missing fields", #"{"type":"write","request":"r1"}"#, .error(.badMessage, mentioning: "ops: missing")),
+    .text(
+        "invalid path",
+        #"{"type":"write","request":"r1","ops":[{"op":"create","collection":"notes/x","fields":{},"idempotencyKey":"k"}]}"#,
+        .error(.invalidPath, mentioning: "even number of segments")),
+    .text(
+        "id with SQL and path characters",
+        #"{"type":"get","request":"r1","collection":"notes","id":"x'; DROP TABLE document;--"}"#,
+        .error(.invalidPath, mentioning: "contains")),
+    .text(
+        "write to a document that does not exist",
+        #"{"type":"write","request":"r1","ops":[{"op":"update","collection":"notes","id":"ghost","fields":{"a":1},"idempotencyKey":"k"}]}"#,
+        .error(.notFound, mentioning: "does not exist")),
+    .text(
+        "document over the size limit",
+        #"{"type":"write","request":"r1","ops":[{"op":"create","collection":"notes","fields":{"blob":""# + String(repeating: "x", count: 5000)
+            + #""},"idempotencyKey":"k"}]}"#,
+        .error(.tooLarge, mentioning: "the limit is 4096")),
+    .text(
+        "more ops than allowed",
+        #"{"type":"write","request":"r1","ops":["#
+            + Array(repeating: #"{"op":"create","collection":"notes","fields":{},"idempotencyKey":"k"}"#, count: 11).joined(separator: ",")
+            + "]}",
+        .error(.tooLarge, mentioning: "at most 10 ops")),
+    .text(
+        "a message before hello", #"{"type":"listen","target":"t","collection":"notes"}"#, hello: false,
+        .error(.badMessage, mentioning: "send hello first")),
+    .text(
+        "an unsupported protocol version", #"{"type":"hello","protocol":99,"clientId":"c"}"#, hello: false,
+        .error(.unsupportedProtocol, mentioning: "protocol 1")),
+    .text("a second hello", #"{"type":"hello","protocol":1,"clientId":"c"}"#, .error(.badMessage, mentioning: "already")),
+    .text(
+        "a huge number", #"{"type":"write","request":"r1","ops":[{"op":"create","collection":"notes","fields":{"n":1e99999},"idempotencyKey":"k"}]}"#,
+        .error(.badMessage, mentioning: "")),
+    .text(
+        "deeply nested JSON", #"{"type":"write","request":"r1","ops":[{"op":"create","collection":"notes","fields":{"n":"# + String(repeating: "[", count: 5000) + "]}}]}",
+        .error(.badMessage, mentioning: "nested deeper")),
+    BadInput(name: "binary frame", frames: [(.binary, [0x7B, 0x7D])], expected: .error(.badMessage, mentioning: "binary frames")),
+    BadInput(name: "oversize message", frames: [(.text, Array(repeating: 0x20, count: 70_000))], expected: .close(1009)),
+    BadInput(name: "invalid UTF-8", frames: [(.text, [0x22, 0xFF, 0xFE, 0x22])], expected: .close(1007)),
+]
+
+@Suite("Bad input: documented errors, nothing stored, other clients unaffected")
+struct BadInputTests {
+    @Test("each bad input gets its documented answer", arguments: badInputs)
+    func badInput(_ input: BadInput) async throws {
+        let server = try TestServer { configuration in
+            configuration.limits = Limits(
+                maxMessageBytes: 64 << 10, maxOpsPerWrite: 10, maxListenersPerConnection: 5, maxDocumentBytes: 4096)
+        }
+        let bystander = try await connect(server)
+        let bystanderFeed = Feed()
+        bystander.listen(to: try path("notes"), handler: bystanderFeed.handler)
+        try await waitUntil("the bystander is current") { bystanderFeed.isCurrent }
+
+        let raw = try RawWebSocket(port: server.port)
+        if input.helloFirst {
+            try raw.send(text: #"{"type":"hello","protocol":1,"clientId":"raw"}"#)
+            #expect(try await raw.readText().contains(#""type":"welcome""#))
+        }
+        for (opcode, payload) in input.frames { try raw.sendFrame(opcode: opcode, payload: payload) }
+
+        switch input.expected {
+        case .error(let code, let fragment):
+            let reply = try await raw.readText()
+            guard case .error(let error) = try Wire.decode(ServerMessage.self, from: Array(reply.utf8)) else {
+                Issue.record("expected an error, got \(reply)")
+                return
+            }
+            #expect(error.code == code, "\(reply)")
+            #expect(fragment.isEmpty || error.message.contains(fragment), "\(error.message)")
+            // The connection stays usable.
+            if !input.helloFirst && code != .unsupportedProtocol {
+                try raw.send(text: #"{"type":"hello","protocol":1,"clientId":"raw"}"#)
+                _ = try await raw.readText()
+            } else if code == .unsupportedProtocol {
+                try raw.send(text: #"{"type":"hello","protocol":1,"clientId":"raw"}"#)
+                #expect(try await raw.readText().contains("welcome"))
+            }
+            try raw.send(text: #"{"type":"get","request":"after","collection":"notes","id":"nope"}"#)
+            let after = try await raw.readText()
+            #expect(after.contains(#""request":"after""#), "\(after)")
+        case .close(let status):
+            let close = try await raw.readClose()
+            #expect(close.closeCode == status)
+        }
+
+        // Nothing was stored, and the server still serves others.
+        #expect(try server.server.documents(in: try path("notes")).isEmpty)
+        _ = try await bystander.create("notes", ["still": "serving"])
+        try await waitUntil("the bystander hears its own write") { bystanderFeed.changes.count == 1 }
+    }
+
+    @Test("a slow consumer is disconnected without stalling the other listeners")
+    func slowConsumer() async throws {
+        let server = try TestServer { $0.maxQueuedBytesPerConnection = 256 << 10 }
+        let healthy = try await connect(server)
+        let healthyFeed = Feed()
+        healthy.listen(to: try path("firehose"), handler: healthyFeed.handler)
+
+        let stalled = try RawWebSocket(port: server.port, receiveBufferSize: 4096)
+        try stalled.send(text: #"{"type":"hello","protocol":1,"clientId":"stalled"}"#)
+        try stalled.send(text: #"{"type":"listen","target":"t","collection":"firehose"}"#)
+        try await waitUntil("both listen") { server.server.stats.liveListeners == 2 && healthyFeed.isCurrent }
+
+        let writer = try await connect(server)
+        let blob = JSONValue.string(String(repeating: "x", count: 8 << 10))
+        var written = 0
+        while server.server.stats.connections == 3 && written < 2000 {
+            let ops = try (0..<20).map { _ in WriteOp.create(in: try path("firehose"), fields: ["blob": blob], idempotencyKey: key()) }
+            _ = try await writer.write(ops)
+            written += 20
+        }
+        // The close frame cannot reach a peer that does not read: libwebsockets gives up on
+        // flushing it after its own timeout, then the connection is gone.
+        try await waitUntil("the stalled consumer is dropped") { server.server.stats.connections == 2 }
+        try await waitUntil("the healthy listener has every change") { healthyFeed.changes.count == written }
+        _ = stalled
+    }
+
+    @Test("a flood of tiny frames is answered in order without unbounded queueing")
+    func flood() async throws {
+        let server = try TestServer()
+        let raw = try RawWebSocket(port: server.port)
+        try raw.send(text: #"{"type":"hello","protocol":1,"clientId":"flood"}"#)
+        _ = try await raw.readText()
+        var frames: [UInt8] = []
+        for index in 0..<20_000 {
+            frames += RawWebSocket.frame(opcode: .text, payload: Array(#"{"type":"get","request":"\#(index)","collection":"c","id":"x"}"#.utf8))
+        }
+        try raw.sendRaw(frames)
+        var answered = 0
+        while answered < 20_000 {
+            let reply = try await raw.readText(timeout: .seconds(30))
+            #expect(reply.contains(#""request":"\#(answered)""#))
+            answered += 1
+        }
+        #expect(server.server.stats.connections == 1)
+    }
+}

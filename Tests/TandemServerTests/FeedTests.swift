@@ -1,0 +1,231 @@
+import Foundation
+import Tandem
+import TandemServer
+import TandemTesting
+import TandemWire
+import Testing
+
+@Suite("Listeners: snapshots, live changes and resume")
+struct FeedTests {
+    @Test("a listener gets the initial snapshot, then live adds, modifications and deletes in commit order")
+    func liveFeed() async throws {
+        let server = try TestServer()
+        let writer = try await connect(server)
+        let a = try await writer.create("notes", ["title": "a"])
+        let b = try await writer.create("notes", ["title": "b"])
+
+        let reader = try await connect(server)
+        let feed = Feed()
+        reader.listen(to: try path("notes"), handler: feed.handler)
+        try await waitUntil("the initial snapshot arrives") { feed.isCurrent }
+        #expect(feed.summary == ["added \(a.id) v1", "added \(b.id) v1"])
+        #expect(feed.changes.map { $0.document.fields["title"] } == ["a", "b"])
+
+        _ = try await writer.update("notes", a.id, ["title": "a2"], base: 1)
+        let c = try await writer.create("notes", ["title": "c"])
+        _ = try await writer.delete("notes", b.id, base: 1)
+        try await waitUntil("three live changes arrive") { feed.changes.count == 5 }
+        #expect(
+            feed.summary.suffix(3) == ["modified \(a.id) v2", "added \(c.id) v1", "deleted \(b.id) v2"])
+        #expect(feed.changes[2].document.fields == ["title": "a2"])
+        #expect(feed.changes[4].document.deleted)
+        let live = feed.snapshots.dropFirst()
+        #expect(live.allSatisfy { !$0.initial })
+        let sequences = feed.snapshots.compactMap { ResumeToken($0.resumeToken)?.sequence }
+        #expect(sequences == sequences.sorted())
+    }
+
+    @Test("a listener on an empty collection is current at once")
+    func emptyCollection() async throws {
+        let server = try TestServer()
+        let reader = try await connect(server)
+        let feed = Feed()
+        reader.listen(to: try path("nothing/here/yet"), handler: feed.handler)
+        try await waitUntil("current") { feed.isCurrent }
+        #expect(feed.changes.isEmpty)
+    }
+
+    @Test("a reconnecting listener receives only what changed after its token, typed added, modified or deleted")
+    func resume() async throws {
+        let server = try TestServer()
+        let writer = try await connect(server)
+        let a = try await writer.create("notes", ["title": "a"])
+        let b = try await writer.create("notes", ["title": "b"])
+
+        let first = try await connect(server)
+        let feed = Feed()
+        first.listen(to: try path("notes"), handler: feed.handler)
+        try await waitUntil("current") { feed.isCurrent }
+        let token = try #require(feed.lastToken)
+        first.close()
+
+        _ = try await writer.update("notes", a.id, ["title": "a2"], base: 1)
+        let c = try await writer.create("notes", ["title": "c"])
+        _ = try await writer.delete("notes", b.id)
+        let d = try await writer.create("notes", ["title": "short-lived"])
+        _ = try await writer.delete("notes", d.id)
+
+        let again = try await connect(server)
+        let resumed = Feed()
+        again.listen(to: try path("notes"), resumeToken: token, handler: resumed.handler)
+        try await waitUntil("current") { resumed.isCurrent }
+        #expect(resumed.summary == ["modified \(a.id) v2", "added \(c.id) v1", "deleted \(b.id) v2"])
+        #expect(resumed.resets.isEmpty)
+
+        // Resuming from the newest token brings nothing.
+        let third = Feed()
+        again.listen(to: try path("notes"), target: "second", resumeToken: resumed.lastToken, handler: third.handler)
+        try await waitUntil("current") { third.isCurrent }
+        #expect(third.changes.isEmpty)
+    }
+
+    @Test("a token older than the tombstone horizon gets reset, then the full snapshot")
+    func horizonReset() async throws {
+        let clock = ManualServerClock()
+        let server = try TestServer { configuration in
+            configuration.clock = clock.read
+            configuration.tombstoneRetention = .seconds(3600)
+        }
+        let writer = try await connect(server)
+        let a = try await writer.create("notes", ["title": "a"])
+        let b = try await writer.create("notes", ["title": "b"])
+        let reader = try await connect(server)
+        let feed = Feed()
+        reader.listen(to: try path("notes"), handler: feed.handler)
+        try await waitUntil("current") { feed.isCurrent }
+        let token = try #require(feed.lastToken)
+        reader.close()
+
+        _ = try await writer.delete("notes", b.id)
+        clock.advance(by: 2 * 3600 * 1000)
+        #expect(server.server.purgeExpired().tombstones == 1)
+
+        let again = try await connect(server)
+        let resumed = Feed()
+        again.listen(to: try path("notes"), resumeToken: token, handler: resumed.handler)
+        try await waitUntil("current") { resumed.isCurrent }
+        #expect(resumed.resets.count == 1)
+        #expect(resumed.resets.first?.contains("purged") == true)
+        #expect(resumed.summary == ["added \(a.id) v1"])
+        #expect(resumed.snapshots.allSatisfy { $0.initial })
+    }
+
+    @Test("a token from another database gets reset")
+    func foreignToken() async throws {
+        let server = try TestServer()
+        let writer = try await connect(server)
+        _ = try await writer.create("notes", ["title": "a"])
+        let feed = Feed()
+        writer.listen(to: try path("notes"), resumeToken: "SomeOtherDB.1", handler: feed.handler)
+        try await waitUntil("current") { feed.isCurrent }
+        #expect(feed.resets.count == 1)
+        #expect(feed.changes.count == 1)
+    }
+
+    @Test("a large collection arrives in pages that the client can resume between")
+    func paging() async throws {
+        let server = try TestServer { configuration in
+            configuration.snapshotPageSize = 100
+        }
+        let writer = try await connect(server)
+        for batch in 0..<10 {
+            let ops = try (0..<100).map { index in
+                WriteOp.create(in: try path("items"), fields: ["n": .int(Int64(batch * 100 + index))], idempotencyKey: key())
+            }
+            guard case .ack = try await writer.write(ops) else { throw TestFailure("batch refused") }
+        }
+        let reader = try await connect(server)
+        let feed = Feed()
+        reader.listen(to: try path("items"), handler: feed.handler)
+        try await waitUntil("current") { feed.isCurrent }
+        #expect(feed.changes.count == 1000)
+        #expect(feed.snapshots.count == 10)
+        #expect(feed.snapshots.dropLast().allSatisfy { $0.hasMore && $0.initial })
+        #expect(Set(feed.changes.map(\.document.id)).count == 1000)
+
+        // Resuming from the token of page 3 gives exactly the documents after it.
+        let middle = feed.snapshots[2].resumeToken
+        let resumed = Feed()
+        reader.listen(to: try path("items"), target: "again", resumeToken: middle, handler: resumed.handler)
+        try await waitUntil("current") { resumed.isCurrent }
+        #expect(resumed.changes.map(\.document.id) == feed.changes.dropFirst(300).map(\.document.id))
+    }
+
+    @Test("changes written during the initial load reach the listener exactly once, in order")
+    func writesDuringCatchUp() async throws {
+        let server = try TestServer { configuration in
+            configuration.snapshotPageSize = 50
+        }
+        let writer = try await connect(server)
+        let ops = try (0..<400).map { index in
+            WriteOp.create(in: try path("items"), fields: ["n": .int(Int64(index))], idempotencyKey: key())
+        }
+        _ = try await writer.write(ops)
+        let reader = try await connect(server)
+        let feed = Feed()
+        reader.listen(to: try path("items"), handler: feed.handler)
+        for index in 0..<50 { _ = try await writer.create("items", ["late": .int(Int64(index))]) }
+        try await waitUntil("all 450 seen") { Set(feed.changes.map(\.document.id)).count == 450 }
+        try await waitUntil("current") { feed.isCurrent }
+        let sequences = feed.snapshots.compactMap { ResumeToken($0.resumeToken)?.sequence }
+        #expect(sequences == sequences.sorted())
+        #expect(try server.server.documents(in: try path("items")).count == 450)
+    }
+
+    @Test("fifty listeners on one collection all receive every change, in order")
+    func fanOut() async throws {
+        let server = try TestServer()
+        let writer = try await connect(server)
+        var feeds: [Feed] = []
+        var readers: [ServerConnection] = []
+        for _ in 0..<50 {
+            let reader = try await connect(server)
+            let feed = Feed()
+            reader.listen(to: try path("shared"), handler: feed.handler)
+            feeds.append(feed)
+            readers.append(reader)
+        }
+        try await waitUntil("all current") { feeds.allSatisfy(\.isCurrent) }
+
+        var expected: [String] = []
+        for index in 0..<10 {
+            let created = try await writer.create("shared", ["n": .int(Int64(index))])
+            expected.append("added \(created.id) v1")
+            if index % 3 == 0 {
+                _ = try await writer.update("shared", created.id, ["n": .int(Int64(-index))], base: 1)
+                expected.append("modified \(created.id) v2")
+            }
+        }
+        try await waitUntil("every listener has every change") { feeds.allSatisfy { $0.changes.count == expected.count } }
+        for feed in feeds { #expect(feed.summary == expected) }
+        #expect(server.server.stats.liveListeners == 50)
+    }
+
+    @Test("unlisten stops the changes of that target only")
+    func unlisten() async throws {
+        let server = try TestServer()
+        let connection = try await connect(server)
+        let kept = Feed(), dropped = Feed()
+        connection.listen(to: try path("a"), target: "kept", handler: kept.handler)
+        connection.listen(to: try path("a"), target: "dropped", handler: dropped.handler)
+        try await waitUntil("current") { kept.isCurrent && dropped.isCurrent }
+        connection.unlisten("dropped")
+        _ = try await connection.create("a", ["x": 1])
+        try await waitUntil("kept hears it") { kept.changes.count == 1 }
+        #expect(dropped.changes.isEmpty)
+        try await waitUntil("the server forgot the listener") { server.server.stats.listeners == 1 }
+    }
+
+    @Test("a connection may not hold more listeners than the limit")
+    func tooManyListeners() async throws {
+        let server = try TestServer { $0.limits.maxListenersPerConnection = 2 }
+        let connection = try await connect(server)
+        let feeds = [Feed(), Feed(), Feed()]
+        for (index, feed) in feeds.enumerated() {
+            connection.listen(to: try path("c\(index)"), handler: feed.handler)
+        }
+        try await waitUntil("the third is refused") { feeds[2].errors.count == 1 }
+        #expect(feeds[2].errors.first?.code == .tooManyListeners)
+        #expect(feeds[0].isCurrent && feeds[1].isCurrent)
+    }
+}

@@ -1,0 +1,118 @@
+import Foundation
+import Tandem
+import TandemServer
+import TandemTesting
+import TandemWire
+import Testing
+
+@Suite("Writes: atomicity, preconditions and idempotency")
+struct WriteTests {
+    @Test("the same write sent twice creates one document and answers the same id both times")
+    func idempotentResend() async throws {
+        let server = try TestServer()
+        let connection = try await connect(server, as: "device-1")
+        let ops = [WriteOp.create(in: try path("notes"), fields: ["t": "once"], idempotencyKey: key())]
+        guard case .ack(let first) = try await connection.write(ops) else { throw TestFailure("refused") }
+        guard case .ack(let second) = try await connection.write(ops) else { throw TestFailure("refused") }
+        #expect(first == second)
+
+        // From a new connection of the same client, as after a lost acknowledgement.
+        connection.close()
+        let reconnected = try await connect(server, as: "device-1")
+        guard case .ack(let third) = try await reconnected.write(ops) else { throw TestFailure("refused") }
+        #expect(third == first)
+        #expect(try server.server.documents(in: try path("notes")).count == 1)
+
+        // Another client with the same key is another operation.
+        let other = try await connect(server, as: "device-2")
+        guard case .ack(let fourth) = try await other.write(ops) else { throw TestFailure("refused") }
+        #expect(fourth[0].id != first[0].id)
+    }
+
+    @Test("an update with a stale baseVersion gets conflict with the server's document and changes nothing")
+    func staleBaseVersion() async throws {
+        let server = try TestServer()
+        let connection = try await connect(server)
+        let created = try await connection.create("notes", ["t": "v1"])
+        guard case .ack = try await connection.update("notes", created.id, ["t": "v2"], base: 1) else {
+            throw TestFailure("first update refused")
+        }
+        let reply = try await connection.update("notes", created.id, ["t": "stale"], base: 1)
+        guard case .conflict(let op, let document) = reply else { throw TestFailure("expected a conflict, got \(reply)") }
+        #expect(op == 0)
+        #expect(document.version == 2)
+        #expect(document.fields == ["t": "v2"])
+        let stored = try #require(try server.server.document(in: try path("notes"), id: created.id))
+        #expect(stored.version == 2)
+        #expect(stored.fields == ["t": "v2"])
+    }
+
+    @Test("a write is all or nothing: one failed precondition rolls back the ops before it")
+    func atomic() async throws {
+        let server = try TestServer()
+        let connection = try await connect(server)
+        let existing = try await connection.create("notes", ["t": "x"])
+        let reply = try await connection.write([
+            .create(in: try path("notes"), fields: ["t": "new"], idempotencyKey: key()),
+            .update(in: try path("notes"), id: existing.id, fields: ["t": "y"], baseVersion: 7, idempotencyKey: key()),
+        ])
+        guard case .conflict(let op, _) = reply else { throw TestFailure("expected a conflict") }
+        #expect(op == 1)
+        #expect(try server.server.documents(in: try path("notes")).count == 1)
+    }
+
+    @Test("a proposed id is used, and proposing an existing one is a conflict")
+    func proposedID() async throws {
+        let server = try TestServer()
+        let connection = try await connect(server)
+        let first = try await connection.create("notes", ["t": 1], id: "my-id")
+        #expect(first.id.rawValue == "my-id")
+        let reply = try await connection.write([
+            .create(in: try path("notes"), id: try DocumentID("my-id"), fields: ["t": 2], idempotencyKey: key())
+        ])
+        guard case .conflict(_, let document) = reply else { throw TestFailure("expected a conflict") }
+        #expect(document.fields == ["t": 1])
+    }
+
+    @Test("server-assigned ids are 20 characters and versions count every write")
+    func versions() async throws {
+        let server = try TestServer()
+        let connection = try await connect(server)
+        let created = try await connection.create("notes", ["t": 1])
+        #expect(created.id.rawValue.count == 20)
+        #expect(created.version == 1)
+        guard case .ack(let updated) = try await connection.update("notes", created.id, ["t": 2], base: nil) else {
+            throw TestFailure("refused")
+        }
+        #expect(updated[0].version == 2)
+        guard case .ack(let deleted) = try await connection.delete("notes", created.id, base: 2) else {
+            throw TestFailure("refused")
+        }
+        #expect(deleted[0].version == 3)
+        #expect(try await connection.get(try path("notes"), created.id) == nil)
+        let tombstone = try #require(try server.server.document(in: try path("notes"), id: created.id))
+        #expect(tombstone.deleted)
+    }
+
+    @Test("an update or delete of a deleted document is a conflict showing the tombstone; no resurrection")
+    func noResurrection() async throws {
+        let server = try TestServer()
+        let connection = try await connect(server)
+        let created = try await connection.create("notes", ["t": 1])
+        _ = try await connection.delete("notes", created.id)
+        let reply = try await connection.update("notes", created.id, ["t": "late"], base: 1)
+        guard case .conflict(_, let document) = reply else { throw TestFailure("expected a conflict") }
+        #expect(document.deleted)
+        #expect(try await connection.get(try path("notes"), created.id) == nil)
+    }
+
+    @Test("get returns the stored document")
+    func get() async throws {
+        let server = try TestServer()
+        let connection = try await connect(server)
+        let created = try await connection.create("a/b/c", ["nested": ["x": [1, 2]]])
+        let document = try #require(try await connection.get(try path("a/b/c"), created.id))
+        #expect(document.fields == ["nested": ["x": [1, 2]]])
+        #expect(document.version == 1)
+    }
+}
