@@ -116,3 +116,27 @@ struct WriteTests {
         #expect(document.version == 1)
     }
 }
+
+@Suite("Durability")
+struct DurabilityTests {
+    @Test("a write acknowledged before the server is killed with SIGKILL is there after restart")
+    func survivesSIGKILL() async throws {
+        let folder = try TemporaryDirectory()
+        let process = try ServerProcess(dataDirectory: folder.url)
+        let connection = try await ServerConnection.connect(to: process.url, clientId: "durable")
+        var acknowledged: [WriteResult] = []
+        for index in 0..<20 {
+            acknowledged.append(try await connection.create("ledger", ["n": .int(Int64(index))]))
+        }
+        process.kill(SIGKILL)
+
+        try process.start()
+        let reconnected = try await ServerConnection.connect(to: process.url, clientId: "durable")
+        for (index, result) in acknowledged.enumerated() {
+            let document = try #require(try await reconnected.get(try path("ledger"), result.id))
+            #expect(document.version == result.version)
+            #expect(document.fields == ["n": .int(Int64(index))])
+        }
+        process.kill(SIGTERM)
+    }
+}

@@ -1,0 +1,105 @@
+import ArgumentParser
+import Foundation
+import Tandem
+import TandemWire
+
+/// Options every client command takes.
+struct ClientOptions: ParsableArguments {
+    @Option(name: .long, help: "The server's URL (or set TANDEM_SERVER).")
+    var server: String = ProcessInfo.processInfo.environment["TANDEM_SERVER"] ?? "ws://127.0.0.1:7878"
+
+    @Option(name: .customLong("token"), help: "A bearer token for servers with access control (or set TANDEM_TOKEN).")
+    var tokenOption: String?
+
+    /// `--token`, else `TANDEM_TOKEN`.
+    var token: String? { tokenOption ?? ProcessInfo.processInfo.environment["TANDEM_TOKEN"] }
+
+    @Option(name: .long, help: "Seconds to wait for the server.")
+    var timeout: Int = 10
+
+    func validate() throws {
+        guard server.hasPrefix("ws://") || server.hasPrefix("wss://") else {
+            throw ValidationError("--server must be a ws:// URL, like ws://127.0.0.1:7878; got '\(server)'")
+        }
+        guard timeout > 0 else { throw ValidationError("--timeout must be at least 1 second") }
+    }
+
+    /// Connects, turning failures into one line that says what to do.
+    func connect() async throws -> ServerConnection {
+        do {
+            return try await ServerConnection.connect(
+                to: server, clientId: "cli-\(DocumentID.random().rawValue.prefix(8))", token: token,
+                timeout: .seconds(timeout))
+        } catch let error as TandemError where error.code == .unreachable || error.code == .timedOut {
+            throw CLIError("\(error.message). Is `tandem serve` running? Pass --server URL to use another server.")
+        }
+    }
+}
+
+/// A failure to report as one line, with a non-zero exit.
+struct CLIError: Error, CustomStringConvertible {
+    var description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// Parses a collection path argument.
+func parseCollection(_ text: String) throws -> CollectionPath {
+    do { return try CollectionPath(text) } catch { throw ValidationError(error.message) }
+}
+
+/// Parses `COLLECTION/ID`.
+func parseDocumentPath(_ text: String) throws -> (CollectionPath, DocumentID) {
+    guard let slash = text.lastIndex(of: "/") else {
+        throw ValidationError("'\(text)' is not COLLECTION/ID, like notes/a1B2c3")
+    }
+    do {
+        return (try CollectionPath(String(text[..<slash])), try DocumentID(String(text[text.index(after: slash)...])))
+    } catch {
+        throw ValidationError(error.message)
+    }
+}
+
+/// Parses a JSON object argument.
+func parseFields(_ text: String) throws -> JSONObject {
+    do {
+        return try Wire.decodeFields(Array(text.utf8))
+    } catch {
+        throw ValidationError("the fields must be a JSON object, like '{\"title\":\"Rent\"}': \(error.message)")
+    }
+}
+
+/// Canonical one-line JSON of a value.
+func json(_ value: some Encodable) -> String {
+    (try? String(decoding: Wire.encodeCanonical(value), as: UTF8.self)) ?? "{}"
+}
+
+/// Writes a line to standard output at once (unbuffered), so that pipes see it as it happens.
+func emit(_ line: String) {
+    FileHandle.standardOutput.write(Data((line + "\n").utf8))
+}
+
+/// Prints a line to standard error.
+func note(_ line: String) {
+    FileHandle.standardError.write(Data((line + "\n").utf8))
+}
+
+extension ServerConnection.WriteReply {
+    /// The results, or a one-line error for a conflict.
+    func results(_ what: String) throws -> [WriteResult] {
+        switch self {
+        case .ack(let results): return results
+        case .conflict(_, let server):
+            if server.deleted { throw CLIError("\(what): the document was deleted (version \(server.version))") }
+            throw CLIError("\(what): the document changed meanwhile (now version \(server.version)); try again")
+        }
+    }
+}
+
+/// Runs a server request, turning server errors into one line.
+func request<T>(_ what: String, _ body: () async throws -> T) async throws -> T {
+    do {
+        return try await body()
+    } catch let error as TandemError {
+        throw CLIError("\(what): \(error.message)")
+    }
+}

@@ -1,0 +1,18 @@
+import ArgumentParser
+
+@main
+struct TandemCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "tandem",
+        abstract: "Offline-first realtime sync for SQLite apps, and its companion server.",
+        discussion: """
+            Start a server, then write and watch documents from other terminals:
+
+              tandem serve --data ./tandem-data
+              tandem watch notes
+              tandem put notes '{"title":"Rent"}'
+              tandem delete notes/ID
+            """,
+        subcommands: [ServeCommand.self, PutCommand.self, GetCommand.self, DeleteCommand.self, WatchCommand.self]
+    )
+}

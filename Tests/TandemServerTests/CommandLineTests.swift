@@ -1,0 +1,93 @@
+import Foundation
+import Synchronization
+import TandemTesting
+import Testing
+
+/// Runs the `tandem` executable and returns its exit status, standard output and error.
+func runTandem(_ arguments: [String]) throws -> (status: Int32, output: String, error: String) {
+    let process = Process()
+    process.executableURL = try ServerProcess.findExecutable()
+    process.arguments = arguments
+    let output = Pipe(), error = Pipe()
+    process.standardOutput = output
+    process.standardError = error
+    try process.run()
+    let out = output.fileHandleForReading.readDataToEndOfFile()
+    let err = error.fileHandleForReading.readDataToEndOfFile()
+    process.waitUntilExit()
+    return (process.terminationStatus, String(decoding: out, as: UTF8.self), String(decoding: err, as: UTF8.self))
+}
+
+@Suite("The tandem command")
+struct CommandLineTests {
+    @Test("put, get, delete and watch work against tandem serve")
+    func roundTrip() async throws {
+        let folder = try TemporaryDirectory()
+        let server = try ServerProcess(dataDirectory: folder.url)
+        defer { server.kill(SIGTERM) }
+
+        let watch = Process()
+        watch.executableURL = server.executable
+        watch.arguments = ["watch", "notes", "--server", server.url]
+        let watched = Pipe()
+        watch.standardOutput = watched
+        watch.standardError = Pipe()
+        try watch.run()
+
+        let put = try runTandem(["put", "notes", #"{"title":"Rent"}"#, "--server", server.url])
+        #expect(put.status == 0, "\(put.error)")
+        let parts = put.output.split(separator: " ")
+        let id = String(parts[0])
+        #expect(parts.last?.trimmingCharacters(in: .whitespacesAndNewlines) == "1")
+
+        let replaced = try runTandem(["put", "notes", #"{"title":"Rent, paid"}"#, "--id", id, "--server", server.url])
+        #expect(replaced.output == "\(id) 2\n")
+
+        let got = try runTandem(["get", "notes/\(id)", "--server", server.url])
+        #expect(got.output.contains(#""title":"Rent, paid""#))
+
+        let deleted = try runTandem(["delete", "notes/\(id)", "--server", server.url])
+        #expect(deleted.output == "deleted \(id) 3\n")
+
+        let missing = try runTandem(["get", "notes/\(id)", "--server", server.url])
+        #expect(missing.status == 1)
+        #expect(missing.error.contains("does not exist"))
+
+        // The watcher printed each change as it happened.
+        let collected = Mutex("")
+        let reader = watched.fileHandleForReading
+        DispatchQueue.global().async {
+            while case let chunk = reader.availableData, !chunk.isEmpty {
+                collected.withLock { $0 += String(decoding: chunk, as: UTF8.self) }
+            }
+        }
+        try await waitUntil("the watcher printed three changes") {
+            collected.withLock { $0.filter { $0 == "\n" }.count >= 3 }
+        }
+        let lines = collected.withLock { $0 }
+        let printed = lines.split(separator: "\n").map(String.init)
+        #expect(printed[0] == #"added \#(id) 1 {"title":"Rent"}"#)
+        #expect(printed[1] == #"modified \#(id) 2 {"title":"Rent, paid"}"#)
+        #expect(printed[2] == "deleted \(id) 3 {}")
+        kill(watch.processIdentifier, SIGINT)
+        watch.waitUntilExit()
+        #expect(watch.terminationStatus == 0)
+    }
+
+    @Test(
+        "bad arguments and an unreachable server give one line and a non-zero exit",
+        arguments: [
+            (["put", "notes/x", "{}"], "even number of segments"),
+            (["put", "notes", "[1]"], "must be a JSON object"),
+            (["get", "notes"], "is not COLLECTION/ID"),
+            (["serve", "--port", "70000"], "--port must be between 0 and 65535"),
+            (["serve", "--host", "0.0.0.0", "--port", "0"], "only listens on loopback"),
+            (["get", "notes/x", "--server", "ws://127.0.0.1:1"], "Is `tandem serve` running?"),
+            (["watch", "notes", "--server", "http://example.com"], "must be a ws:// URL"),
+        ])
+    func badArguments(arguments: [String], message: String) throws {
+        let result = try runTandem(arguments)
+        #expect(result.status != 0)
+        #expect(result.error.contains(message), "\(result.error)")
+    }
+}
