@@ -52,7 +52,10 @@ let package = Package(
         ),
         .target(
             name: "TandemTesting",
-            dependencies: ["Tandem", "TandemServer", "TandemWire"]
+            dependencies: [
+                "Tandem", "TandemServer", "TandemWire",
+                .product(name: "GRDB", package: "GRDB.swift"),
+            ]
         ),
         .executableTarget(
             name: "tandem",

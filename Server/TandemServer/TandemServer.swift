@@ -105,6 +105,11 @@ public final class TandemServer: Sendable {
         try core.queue.sync { try core.store.document(in: collection, id: id) }
     }
 
+    /// Every collection holding at least one live document.
+    public func collections() throws -> [CollectionPath] {
+        try core.queue.sync { try core.store.collections() }
+    }
+
     /// Every live document of the collection, in the order of their last write.
     public func documents(in collection: CollectionPath) throws -> [Document] {
         try core.queue.sync { try core.store.documents(in: collection) }

@@ -108,6 +108,14 @@ final class DocumentStore {
         }
     }
 
+    /// Every collection with a live document.
+    func collections() throws -> [CollectionPath] {
+        try database.read { db in
+            try String.fetchAll(db, sql: "SELECT DISTINCT collection FROM document WHERE deleted = 0 ORDER BY collection")
+                .compactMap { try? CollectionPath($0) }
+        }
+    }
+
     /// The collection's last sequence and purge horizon (0, 0 for a collection never written).
     func feedBounds(of collection: CollectionPath) throws -> (last: Int64, horizon: Int64) {
         try database.read { db in try Self.bounds(db, collection) }

@@ -32,7 +32,7 @@ public final class ServerConnection: Sendable {
     private struct State {
         var welcome: ServerMessage.Welcome?
         var handshake: CheckedContinuation<Void, any Error>?
-        var pending: [String: CheckedContinuation<ServerMessage, any Error>] = [:]
+        var pending: [String: @Sendable (Result<ServerMessage, any Error>) -> Void] = [:]
         var listeners: [String: @Sendable (ListenEvent) -> Void] = [:]
         var nextRequest = 1
         var closeEvent: WebSocketCloseEvent?
@@ -117,12 +117,43 @@ public final class ServerConnection: Sendable {
     /// - Throws: ``TandemError``: `.server` with the server's error (`not-found`,
     ///   `too-large`, …), `.disconnected`, `.timedOut`.
     public func write(_ ops: [WriteOp], timeout: Duration = .seconds(30)) async throws -> WriteReply {
-        let reply = try await request(timeout: timeout) { .write(.init(request: $0, ops: ops)) }
-        switch reply {
-        case .ack(let ack): return .ack(ack.results)
-        case .conflict(let conflict): return .conflict(op: conflict.op, server: conflict.server)
-        default: throw TandemError(.server, "unexpected answer to a write: \(reply)")
+        try await withCheckedThrowingContinuation { continuation in
+            write(ops, timeout: timeout) { continuation.resume(with: $0) }
         }
+    }
+
+    /// Applies ops on the server and calls `completion` with the answer, on the connection's
+    /// queue.
+    public func write(
+        _ ops: [WriteOp], timeout: Duration = .seconds(30),
+        completion: @escaping @Sendable (Result<WriteReply, any Error>) -> Void
+    ) {
+        request(timeout: timeout, { .write(.init(request: $0, ops: ops)) }) { result in
+            completion(
+                result.flatMap { reply in
+                    switch reply {
+                    case .ack(let ack): .success(.ack(ack.results))
+                    case .conflict(let conflict): .success(.conflict(op: conflict.op, server: conflict.server))
+                    default: .failure(TandemError(.server, "unexpected answer to a write: \(reply)"))
+                    }
+                })
+        }
+    }
+
+    /// Applies ops and waits for the answer, blocking the calling thread.
+    ///
+    /// For code that runs on its own serial queue and must not let anything else run until
+    /// the answer is handled, like the sync service's push barrier. Never call it from the
+    /// connection's own queue or from Swift concurrency's cooperative pool.
+    public func writeAndWait(_ ops: [WriteOp], timeout: Duration = .seconds(30)) -> Result<WriteReply, any Error> {
+        let done = DispatchSemaphore(value: 0)
+        let box = Mutex<Result<WriteReply, any Error>?>(nil)
+        write(ops, timeout: timeout) { result in
+            box.withLock { $0 = result }
+            done.signal()
+        }
+        done.wait()
+        return box.withLock { $0! }
     }
 
     /// The document, or nil when it does not exist.
@@ -177,25 +208,30 @@ public final class ServerConnection: Sendable {
     // MARK: - Plumbing
 
     private func request(
-        timeout: Duration, _ make: (String) -> ClientMessage
-    ) async throws -> ServerMessage {
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<ServerMessage, any Error>) in
-            let id: String? = state.withLock { state in
-                if let event = state.closeEvent {
-                    continuation.resume(throwing: TandemError(.disconnected, "the connection to \(url) is closed: \(event)"))
-                    return nil
-                }
-                let id = "r\(state.nextRequest)"
-                state.nextRequest += 1
-                state.pending[id] = continuation
-                return id
-            }
-            guard let id else { return }
-            sendRaw(make(id))
-            scheduleTimeout(timeout) { state in
-                guard let continuation = state.pending.removeValue(forKey: id) else { return nil }
-                return { continuation.resume(throwing: TandemError(.timedOut, "no answer from \(self.url) within \(timeout)")) }
-            }
+        timeout: Duration, _ make: (String) -> ClientMessage,
+        completion: @escaping @Sendable (Result<ServerMessage, any Error>) -> Void
+    ) {
+        let id: String? = state.withLock { state in
+            if state.closeEvent != nil { return nil }
+            let id = "r\(state.nextRequest)"
+            state.nextRequest += 1
+            state.pending[id] = completion
+            return id
+        }
+        guard let id else {
+            completion(.failure(TandemError(.disconnected, "the connection to \(url) is closed")))
+            return
+        }
+        sendRaw(make(id))
+        scheduleTimeout(timeout) { state in
+            guard let completion = state.pending.removeValue(forKey: id) else { return nil }
+            return { completion(.failure(TandemError(.timedOut, "no answer from \(self.url) within \(timeout)"))) }
+        }
+    }
+
+    private func request(timeout: Duration, _ make: (String) -> ClientMessage) async throws -> ServerMessage {
+        try await withCheckedThrowingContinuation { continuation in
+            request(timeout: timeout, make) { continuation.resume(with: $0) }
         }
     }
 
@@ -271,11 +307,11 @@ public final class ServerConnection: Sendable {
     }
 
     private func answer(_ request: String, _ message: ServerMessage) {
-        guard let continuation = state.withLock({ $0.pending.removeValue(forKey: request) }) else { return }
+        guard let completion = state.withLock({ $0.pending.removeValue(forKey: request) }) else { return }
         if case .error(let error) = message {
-            continuation.resume(throwing: TandemError(server: error))
+            completion(.failure(TandemError(server: error)))
         } else {
-            continuation.resume(returning: message)
+            completion(.success(message))
         }
     }
 
@@ -294,8 +330,8 @@ public final class ServerConnection: Sendable {
             let code: TandemError.Code = event.failedToConnect ? .unreachable : .disconnected
             handshake.resume(throwing: TandemError(code, "cannot reach the server at \(url): \(event.reason)"))
         }
-        for continuation in pending {
-            continuation.resume(throwing: TandemError(.disconnected, "the connection to \(url) closed: \(event)"))
+        for completion in pending {
+            completion(.failure(TandemError(.disconnected, "the connection to \(url) closed: \(event)")))
         }
         onClose?(event)
     }

@@ -1,0 +1,161 @@
+import Foundation
+import GRDB
+import TandemWire
+
+extension SyncService {
+    // MARK: - Connection
+
+    /// Opens a connection; on failure, tries again after a backoff.
+    func connect() {
+        let generation = state.withLock { state -> Int in
+            state.generation += 1
+            return state.generation
+        }
+        Task { [weak self] in
+            guard let self else { return }
+            do {
+                let connection = try await ServerConnection.connect(
+                    to: serverURL, clientId: clientId, token: configuration.token, client: configuration.webSocketClient,
+                    timeout: .seconds(10), logger: logger,
+                    onClose: { [weak self] event in self?.connectionClosed(generation: generation, reason: "\(event)") })
+                let current = state.withLock { state -> Bool in
+                    guard state.running, state.generation == generation else { return false }
+                    state.connection = connection
+                    state.listening = [:]
+                    state.reconnectAttempt = 0
+                    state.status.isConnected = true
+                    return true
+                }
+                guard current else {
+                    connection.close()
+                    return
+                }
+                guard connection.isOpen else {
+                    connectionClosed(generation: generation, reason: "closed during the handshake")
+                    return
+                }
+                logger.debug("connected", metadata: ["tandem.client": "\(clientId)", "tandem.server": "\(serverURL)"])
+                publishStatus()
+                queue.addOperation { [weak self] in self?.refreshListeners() }
+                schedulePush(after: .zero)
+            } catch {
+                let retry = state.withLock { $0.running && $0.generation == generation }
+                if retry {
+                    noteError("cannot connect: \(error)")
+                    scheduleReconnect()
+                }
+            }
+        }
+    }
+
+    private func connectionClosed(generation: Int, reason: String) {
+        let reconnect = state.withLock { state -> Bool in
+            guard state.generation == generation, state.connection != nil else { return false }
+            state.connection = nil
+            state.listening = [:]
+            state.status.isConnected = false
+            return state.running
+        }
+        guard reconnect else { return }
+        noteError("disconnected: \(reason)")
+        publishStatus()
+        scheduleReconnect()
+    }
+
+    private func scheduleReconnect() {
+        let backoff = Backoff(initial: configuration.reconnectDelay, cap: configuration.maxReconnectDelay)
+        let attempt = state.withLock { state -> Int in
+            defer { state.reconnectAttempt += 1 }
+            return state.reconnectAttempt
+        }
+        let delay = backoff.delay(attempt: attempt, random: Double.random(in: 0...1))
+        let task = Task { [weak self] in
+            try? await Task.sleep(for: delay)
+            guard !Task.isCancelled, let self, self.state.withLock({ $0.running }) else { return }
+            self.connect()
+        }
+        state.withLock { $0.reconnect = task }
+    }
+
+    // MARK: - Listeners
+
+    /// Opens a listener for every collection that should be listened to and is not, closes
+    /// those that should no longer be (a parent stopped being shared or went away).
+    /// Runs on the sync queue.
+    func refreshListeners() {
+        guard let connection = state.withLock({ $0.running ? $0.connection : nil }), connection.isOpen else { return }
+        let generation = state.withLock { $0.generation }
+        do {
+            let (desired, tokens) = try database.read { db in
+                let desired = try store.desiredListeners(db)
+                var tokens: [CollectionPath: String] = [:]
+                for path in desired.keys { tokens[path] = try store.resumeToken(for: path, db) }
+                return (desired, tokens)
+            }
+            let (open, close) = state.withLock { state -> ([(CollectionPath, ListenerTarget)], [CollectionPath]) in
+                let open = desired.filter { state.listening[$0.key] == nil }.map { ($0.key, $0.value) }
+                let close = state.listening.keys.filter { desired[$0] == nil }
+                for (path, target) in open { state.listening[path] = target }
+                for path in close { state.listening[path] = nil }
+                return (open, close)
+            }
+            for path in close { connection.unlisten(path.rawValue) }
+            for (path, target) in open {
+                connection.listen(to: path, target: path.rawValue, resumeToken: tokens[path]) { [weak self] event in
+                    self?.listenerEvent(event, path: path, target: target, generation: generation)
+                }
+            }
+        } catch {
+            noteError("cannot read the listeners: \(error)")
+        }
+    }
+
+    /// A listener's event, on the connection's queue: queue the work.
+    private func listenerEvent(
+        _ event: ServerConnection.ListenEvent, path: CollectionPath, target: ListenerTarget, generation: Int
+    ) {
+        switch event {
+        case .snapshot(let snapshot):
+            configuration.hooks.snapshotReceived?(snapshot)
+            enqueueApply { [weak self] in self?.apply(snapshot, path: path, target: target) }
+        case .reset(let reason):
+            logger.info("listener reset", metadata: ["tandem.collection": "\(path)", "tandem.reason": "\(reason)"])
+            enqueueApply { [weak self] in
+                guard let self else { return }
+                do { try ownWrite { db in try store.beginReset(path, db) } } catch {
+                    noteError("cannot reset \(path): \(error)")
+                }
+            }
+        case .error(let error):
+            state.withLock { state in
+                if state.generation == generation { state.listening[path] = nil }
+            }
+            noteError("listening to \(path) was refused: \(error.message)")
+        }
+    }
+
+    /// Listener work goes on the sync queue, behind any push barrier, except with
+    /// `Serialization.none`, where it runs on its own queue, concurrently with pushes.
+    private func enqueueApply(_ work: @escaping @Sendable () -> Void) {
+        switch configuration.serialization {
+        case .barrier: queue.addOperation(work)
+        case .none: applyQueue.addOperation(work)
+        }
+    }
+
+    /// Applies a snapshot and stores its resume token in one transaction.
+    private func apply(_ snapshot: ServerMessage.Snapshot, path: CollectionPath, target: ListenerTarget) {
+        configuration.hooks.beforeApply?(snapshot)
+        do {
+            let outcome = try ownWrite { db in try store.apply(snapshot, collection: path, target: target, db) }
+            configuration.hooks.afterApply?(snapshot)
+            for failure in outcome.failures { noteError("cannot apply \(failure)") }
+            if parentTables.contains(target.table) && outcome.inserted + outcome.deleted > 0 {
+                refreshListeners()
+            }
+        } catch {
+            noteError("cannot apply a snapshot of \(path): \(error)")
+        }
+        refreshStatus()
+    }
+}

@@ -1,0 +1,317 @@
+import Foundation
+import GRDB
+import TandemWire
+
+/// What applying a snapshot did.
+struct ApplyOutcome: Sendable {
+    var inserted = 0
+    var updated = 0
+    var deleted = 0
+    /// Changes that could not be applied (a value the table refuses), with the reason. The
+    /// rest of the snapshot is applied and its token stored.
+    var failures: [String] = []
+}
+
+extension LocalStore {
+    /// Applies one snapshot and stores its resume token, in the caller's transaction.
+    ///
+    /// Each change finds its row through the `serverId` index. A change whose version the row
+    /// already has is the echo of this device's own write and changes nothing. A change for a
+    /// row with unpushed local changes goes through the conflict policy.
+    func apply(
+        _ snapshot: ServerMessage.Snapshot, collection: CollectionPath, target: ListenerTarget, _ db: Database
+    ) throws -> ApplyOutcome {
+        var outcome = ApplyOutcome()
+        guard let model = byName[target.table] else { return outcome }
+        let resetting = try Bool.fetchOne(
+            db.cachedStatement(sql: "SELECT resetting FROM tandem_listener WHERE collection = ?"),
+            arguments: [collection.rawValue]) ?? false
+        for change in snapshot.changes {
+            do {
+                try db.inSavepoint {
+                    try applyChange(change, model, collection, target.parentRowId, &outcome, db)
+                    return .commit
+                }
+            } catch {
+                outcome.failures.append("\(collection)/\(change.document.id): \(error)")
+            }
+            if resetting {
+                try db.cachedStatement(sql: "INSERT OR IGNORE INTO tandem_reset_seen (collection, serverId) VALUES (?, ?)")
+                    .execute(arguments: [collection.rawValue, change.document.id.rawValue])
+            }
+        }
+        try storeResumeToken(snapshot.resumeToken, for: collection, db)
+        if resetting && snapshot.initial && !snapshot.hasMore {
+            outcome.deleted += try finishReset(model, collection, target.parentRowId, db)
+        }
+        return outcome
+    }
+
+    private func applyChange(
+        _ change: Change, _ model: TableModel, _ collection: CollectionPath, _ parentRowId: Int64?,
+        _ outcome: inout ApplyOutcome, _ db: Database
+    ) throws {
+        let document = change.document
+        let serverId = document.id.rawValue
+        let local = try Row.fetchOne(
+            db.cachedStatement(sql: "SELECT id, isDirty, updatedAt FROM \(model.quotedName) WHERE serverId = ?"),
+            arguments: [serverId])
+
+        if change.kind == .deleted || document.deleted {
+            // A remote delete removes the local row, unpushed edits included.
+            if let local {
+                try removeRow(model, id: local[0], db)
+                outcome.deleted += 1
+            } else {
+                try db.cachedStatement(sql: "DELETE FROM tandem_row WHERE tableName = ? AND serverId = ?")
+                    .execute(arguments: [model.name, serverId])
+                try db.cachedStatement(sql: "DELETE FROM tandem_deferred WHERE collection = ? AND serverId = ?")
+                    .execute(arguments: [collection.rawValue, serverId])
+            }
+            return
+        }
+
+        if let local {
+            let rowId: Int64 = local[0]
+            let knownVersion = try Int64.fetchOne(
+                db.cachedStatement(sql: "SELECT serverVersion FROM tandem_row WHERE tableName = ? AND rowId = ?"),
+                arguments: [model.name, rowId]) ?? 0
+            guard document.version > knownVersion else { return }  // an echo of our own write, or older
+            let isDirty: Bool = local[1]
+            if isDirty {
+                switch policy.resolve(Conflict(localUpdatedAt: local[2], remote: document)) {
+                case .keepLocal:
+                    try db.cachedStatement(
+                        sql: """
+                            UPDATE tandem_row SET serverVersion = ?, serverFields = ?, idempotencyKey = NULL
+                            WHERE tableName = ? AND rowId = ?
+                            """
+                    ).execute(arguments: [document.version, Self.fieldsText(document.fields), model.name, rowId])
+                    return
+                case .takeRemote:
+                    break
+                }
+            }
+            try overwrite(model, rowId: rowId, with: document, collection: collection, db)
+            outcome.updated += 1
+            return
+        }
+
+        // Deleted here and not pushed yet: the delete wins; it goes out at this version.
+        if try Bool.fetchOne(
+            db.cachedStatement(
+                sql: "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE tableName = ? AND serverId = ? AND pendingOp = 'delete')"),
+            arguments: [model.name, serverId]) ?? false
+        {
+            try db.cachedStatement(
+                sql: """
+                    UPDATE tandem_row SET serverVersion = ?, idempotencyKey = NULL
+                    WHERE tableName = ? AND serverId = ? AND pendingOp = 'delete'
+                    """
+            ).execute(arguments: [document.version, model.name, serverId])
+            return
+        }
+        if try insert(document, into: model, parentRowId: parentRowId, collection: collection, db) {
+            outcome.inserted += 1
+        }
+    }
+
+    /// Replaces a row's synced columns with the server's document and marks it clean.
+    func overwrite(_ model: TableModel, rowId: Int64, with document: Document, collection: CollectionPath, _ db: Database)
+        throws
+    {
+        let incoming = try incomingValues(model, document, db)
+        var assignments = incoming.columns.map { "\(SQL.quote($0)) = ?" }
+        assignments += ["updatedAt = ?", "isDirty = 0", "localRevision = localRevision + 1"]
+        var arguments = StatementArguments(incoming.values)
+        arguments += [Self.updatedAt(of: document), rowId]
+        try db.cachedStatement(sql: "UPDATE \(model.quotedName) SET \(assignments.joined(separator: ", ")) WHERE id = ?")
+            .execute(arguments: arguments)
+        try recordSynced(model, rowId: rowId, document, collection, db)
+        try recordMissingReferences(model, rowId: rowId, incoming.missing, db)
+    }
+
+    /// Inserts a row for a document. A document whose required reference has not arrived yet
+    /// is kept aside and inserted when the referenced row arrives.
+    ///
+    /// - Returns: false when the document was deferred.
+    private func insert(
+        _ document: Document, into model: TableModel, parentRowId: Int64?, collection: CollectionPath, _ db: Database
+    ) throws -> Bool {
+        let incoming = try incomingValues(model, document, db)
+        if let waiting = incoming.missing.first(where: { !model.optionalReferences.contains($0.column) }) {
+            try db.cachedStatement(
+                sql: """
+                    INSERT OR REPLACE INTO tandem_deferred
+                        (collection, serverId, tableName, parentRowId, document, waitingTable, waitingServerId)
+                    VALUES (?, ?, ?, ?, ?, ?, ?)
+                    """
+            ).execute(arguments: [
+                collection.rawValue, document.id.rawValue, model.name, parentRowId,
+                String(decoding: try Wire.encode(document), as: UTF8.self), waiting.table, waiting.serverId,
+            ])
+            return false
+        }
+        var columns = incoming.columns
+        var values = incoming.values
+        if let foreignKey = model.foreignKey {
+            columns.append(foreignKey)
+            values.append(parentRowId.databaseValue)
+        }
+        columns += ["serverId", "isDirty", "updatedAt", "isShared", "localRevision"]
+        values += [document.id.rawValue.databaseValue, 0.databaseValue, Self.updatedAt(of: document).databaseValue,
+                   1.databaseValue, 1.databaseValue]
+        let placeholders = Array(repeating: "?", count: columns.count).joined(separator: ", ")
+        try db.cachedStatement(
+            sql: "INSERT INTO \(model.quotedName) (\(columns.map(SQL.quote).joined(separator: ", "))) VALUES (\(placeholders))"
+        ).execute(arguments: StatementArguments(values))
+        let rowId = db.lastInsertedRowID
+        try recordSynced(model, rowId: rowId, document, collection, db)
+        try recordMissingReferences(model, rowId: rowId, incoming.missing, db)
+        try resolveWaiting(model, serverId: document.id.rawValue, localId: rowId, db)
+        return true
+    }
+
+    /// A reference whose target row is not here yet.
+    struct MissingReference {
+        var column: String
+        var table: String
+        var serverId: String
+    }
+
+    /// The document's fields as column values, references translated to local ids.
+    private func incomingValues(_ model: TableModel, _ document: Document, _ db: Database) throws
+        -> (columns: [String], values: [DatabaseValue], missing: [MissingReference])
+    {
+        var columns: [String] = []
+        var values: [DatabaseValue] = []
+        var missing: [MissingReference] = []
+        for column in model.fieldColumns {
+            guard let value = document.fields[column] else { continue }
+            if let target = model.references[column], let targetModel = byName[target], let serverId = value.stringValue {
+                if let localId = try localId(targetModel, serverId: serverId, db) {
+                    columns.append(column)
+                    values.append(localId.databaseValue)
+                } else {
+                    missing.append(MissingReference(column: column, table: target, serverId: serverId))
+                    if model.optionalReferences.contains(column) {
+                        columns.append(column)
+                        values.append(.null)
+                    }
+                }
+                continue
+            }
+            columns.append(column)
+            values.append(FieldCoding.database(value))
+        }
+        return (columns, values, missing)
+    }
+
+    private func recordSynced(
+        _ model: TableModel, rowId: Int64, _ document: Document, _ collection: CollectionPath, _ db: Database
+    ) throws {
+        try db.cachedStatement(
+            sql: """
+                INSERT INTO tandem_row (tableName, rowId, serverId, collection, serverVersion, serverFields, state)
+                VALUES (?, ?, ?, ?, ?, ?, 'synced')
+                ON CONFLICT (tableName, rowId) DO UPDATE SET serverId = excluded.serverId,
+                    collection = excluded.collection, serverVersion = excluded.serverVersion,
+                    serverFields = excluded.serverFields, pendingOp = NULL, idempotencyKey = NULL,
+                    pushedRevision = NULL, attempts = 0, state = 'synced', lastError = NULL
+                """
+        ).execute(arguments: [
+            model.name, rowId, document.id.rawValue, collection.rawValue, document.version,
+            Self.fieldsText(document.fields),
+        ])
+    }
+
+    private func recordMissingReferences(_ model: TableModel, rowId: Int64, _ missing: [MissingReference], _ db: Database)
+        throws
+    {
+        for reference in missing where model.optionalReferences.contains(reference.column) {
+            try db.cachedStatement(
+                sql: """
+                    INSERT OR REPLACE INTO tandem_reference (tableName, rowId, columnName, targetTable, targetServerId)
+                    VALUES (?, ?, ?, ?, ?)
+                    """
+            ).execute(arguments: [model.name, rowId, reference.column, reference.table, reference.serverId])
+        }
+    }
+
+    /// A row of `model` now has `serverId` here: fills in the references that waited for it
+    /// and inserts the documents that were deferred until it arrived.
+    func resolveWaiting(_ model: TableModel, serverId: String, localId: Int64, _ db: Database) throws {
+        let waiting = try Row.fetchAll(
+            db.cachedStatement(
+                sql: "SELECT tableName, rowId, columnName FROM tandem_reference WHERE targetTable = ? AND targetServerId = ?"),
+            arguments: [model.name, serverId])
+        for row in waiting {
+            guard let referencing = byName[row[0] as String] else { continue }
+            let column: String = row[2]
+            try db.execute(
+                sql: """
+                    UPDATE \(referencing.quotedName) SET \(SQL.quote(column)) = ?, localRevision = localRevision + 1
+                    WHERE id = ?
+                    """, arguments: [localId, row[1] as Int64])
+        }
+        try db.cachedStatement(sql: "DELETE FROM tandem_reference WHERE targetTable = ? AND targetServerId = ?")
+            .execute(arguments: [model.name, serverId])
+
+        let deferred = try Row.fetchAll(
+            db.cachedStatement(
+                sql: """
+                    SELECT collection, serverId, tableName, parentRowId, document FROM tandem_deferred
+                    WHERE waitingTable = ? AND waitingServerId = ?
+                    """),
+            arguments: [model.name, serverId])
+        for row in deferred {
+            try db.cachedStatement(sql: "DELETE FROM tandem_deferred WHERE collection = ? AND serverId = ?")
+                .execute(arguments: [row[0] as String, row[1] as String])
+            guard let child = byName[row[2] as String], let collection = try? CollectionPath(row[0] as String),
+                let document = try? Wire.decode(Document.self, from: Array((row[4] as String).utf8))
+            else { continue }
+            var outcome = ApplyOutcome()
+            try applyChange(Change(.added, document), child, collection, row[3], &outcome, db)
+        }
+    }
+
+    // MARK: - Reset
+
+    /// The server could not resume this listener: remember which documents the full snapshot
+    /// brings, so that rows it does not bring can be dropped when it ends.
+    func beginReset(_ collection: CollectionPath, _ db: Database) throws {
+        try db.execute(
+            sql: """
+                INSERT INTO tandem_listener (collection, resumeToken, resetting) VALUES (?, NULL, 1)
+                ON CONFLICT (collection) DO UPDATE SET resumeToken = NULL, resetting = 1
+                """, arguments: [collection.rawValue])
+        try db.execute(sql: "DELETE FROM tandem_reset_seen WHERE collection = ?", arguments: [collection.rawValue])
+    }
+
+    /// Drops the clean rows of the collection that the full snapshot did not bring.
+    private func finishReset(_ model: TableModel, _ collection: CollectionPath, _ parentRowId: Int64?, _ db: Database) throws
+        -> Int
+    {
+        var condition = "serverId IS NOT NULL AND isDirty = 0"
+        var arguments: StatementArguments = []
+        if let foreignKey = model.foreignKey {
+            condition += " AND \(SQL.quote(foreignKey)) = ?"
+            arguments += [parentRowId]
+        }
+        arguments += [collection.rawValue]
+        let gone = try Int64.fetchAll(
+            db,
+            sql: """
+                SELECT id FROM \(model.quotedName) WHERE \(condition)
+                AND serverId NOT IN (SELECT serverId FROM tandem_reset_seen WHERE collection = ?)
+                """, arguments: arguments)
+        for id in gone { try removeRow(model, id: id, db) }
+        try db.execute(sql: "DELETE FROM tandem_reset_seen WHERE collection = ?", arguments: [collection.rawValue])
+        try db.execute(sql: "UPDATE tandem_listener SET resetting = 0 WHERE collection = ?", arguments: [collection.rawValue])
+        return gone.count
+    }
+
+    static func updatedAt(of document: Document) -> Int64 {
+        document.fields["updatedAt"]?.intValue ?? document.updateTime
+    }
+}

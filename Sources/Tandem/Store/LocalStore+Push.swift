@@ -1,0 +1,308 @@
+import Foundation
+import GRDB
+import TandemWire
+
+/// One op of a push, with what its write-back needs.
+struct PreparedPush: Sendable {
+    var table: String
+    var rowId: Int64
+    var op: WriteOp
+    /// The row's `localRevision` when the op was built: if it differs at write-back, the row
+    /// changed during the push and stays dirty.
+    var revision: Int64
+    /// A reference went out as null because its target has no server id yet: push again.
+    var incomplete: Bool
+}
+
+extension LocalStore {
+    /// Builds the next batch of ops and records, before anything is sent, the idempotency
+    /// key of each: a resend after a lost answer must carry the same key, even after a crash.
+    ///
+    /// Filed deletes come first, then dirty rows table by table, parents before children (a
+    /// child's collection needs its parent's server id, so it waits for the parent's create).
+    func preparePush(maxOps: Int, maxBytes: Int, _ db: Database) throws -> [PreparedPush] {
+        var prepared: [PreparedPush] = []
+        var bytes = 0
+        let deletes = try Row.fetchAll(
+            db,
+            sql: """
+                SELECT tableName, rowId, serverId, collection, serverVersion, idempotencyKey FROM tandem_row
+                WHERE pendingOp = 'delete' AND state != 'failed' LIMIT ?
+                """, arguments: [maxOps])
+        for row in deletes {
+            let table: String = row[0], rowId: Int64 = row[1]
+            guard let serverId = try? DocumentID(row[2] as String? ?? ""),
+                let collection = try? CollectionPath(row[3] as String? ?? "")
+            else {
+                try forget(table, rowId, db)
+                continue
+            }
+            let key = try key(row[5], table, rowId, db)
+            let version: Int64 = row[4]
+            prepared.append(
+                PreparedPush(
+                    table: table, rowId: rowId,
+                    op: .delete(in: collection, id: serverId, baseVersion: version > 0 ? version : nil, idempotencyKey: key),
+                    revision: 0, incomplete: false))
+        }
+
+        var memo: [String: CollectionPath?] = [:]
+        for model in tables where prepared.count < maxOps && bytes < maxBytes {
+            let foreignKey = model.foreignKey.map { "t.\(SQL.quote($0))" } ?? "NULL"
+            let fields = model.fieldColumns.map { "t.\(SQL.quote($0))" }
+            let columns = (["t.id", "t.localRevision", "t.updatedAt", "t.serverId", foreignKey] + fields).joined(separator: ", ")
+            let rows = try Row.fetchCursor(
+                db.cachedStatement(
+                    sql: """
+                        SELECT \(columns) FROM \(model.quotedName) AS t
+                        WHERE t.isDirty = 1 AND \(syncsCondition(model, alias: "t")) AND NOT EXISTS (
+                            SELECT 1 FROM tandem_row m WHERE m.tableName = ? AND m.rowId = t.id AND m.state = 'failed')
+                        LIMIT ?
+                        """), arguments: [model.name, maxOps - prepared.count])
+            while let row = try rows.next() {
+                let rowId: Int64 = row[0]
+                let revision: Int64 = row[1]
+                let updatedAt: Int64 = row[2]
+                let serverId: String? = row[3]
+                guard let collection = try collection(of: model, parentRowId: row[4], db, memo: &memo) else { continue }
+                var document: JSONObject = ["updatedAt": .int(updatedAt)]
+                var incomplete = false
+                for (index, column) in model.fieldColumns.enumerated() {
+                    let value = row[5 + index] as DatabaseValue
+                    if let target = model.references[column], let targetId = Int64.fromDatabaseValue(value) {
+                        let (reference, pending) = try outgoingReference(target, targetId, db)
+                        document[column] = reference
+                        incomplete = incomplete || pending
+                    } else {
+                        document[column] = FieldCoding.json(value)
+                    }
+                    bytes += Self.estimatedSize(document[column]!)
+                }
+                let meta = try Row.fetchOne(
+                    db.cachedStatement(
+                        sql: "SELECT serverVersion, idempotencyKey, collection FROM tandem_row WHERE tableName = ? AND rowId = ?"),
+                    arguments: [model.name, rowId])
+                if let serverId, let known: String = meta?[2], known != collection.rawValue {
+                    try fail(
+                        model.name, rowId,
+                        "the row moved to another parent (\(known) → \(collection)); Tandem cannot move documents: "
+                            + "delete the row and insert a new one", db)
+                    _ = serverId
+                    continue
+                }
+                let key = try key(meta?[1], model.name, rowId, db)
+                let op: WriteOp
+                if let serverId, let id = try? DocumentID(serverId) {
+                    op = .update(in: collection, id: id, fields: document, baseVersion: meta?[0], idempotencyKey: key)
+                } else {
+                    op = .create(in: collection, fields: document, idempotencyKey: key)
+                }
+                try db.cachedStatement(
+                    sql: """
+                        INSERT INTO tandem_row (tableName, rowId, serverId, collection, pendingOp, idempotencyKey, pushedRevision)
+                        VALUES (?, ?, ?, ?, ?, ?, ?)
+                        ON CONFLICT (tableName, rowId) DO UPDATE SET collection = excluded.collection,
+                            pendingOp = excluded.pendingOp, idempotencyKey = excluded.idempotencyKey,
+                            pushedRevision = excluded.pushedRevision
+                        """
+                ).execute(arguments: [
+                    model.name, rowId, serverId, collection.rawValue, op.kind.rawValue, key.rawValue, revision,
+                ])
+                prepared.append(PreparedPush(table: model.name, rowId: rowId, op: op, revision: revision, incomplete: incomplete))
+                bytes += 64
+                if bytes >= maxBytes { break }
+            }
+        }
+        return prepared
+    }
+
+    /// The server id for a reference to the row `localId` of `table`. When the target has no
+    /// server id yet the reference goes out as null; `pending` says whether it will get one
+    /// (it syncs), in which case the row must be pushed again with the real id.
+    private func outgoingReference(_ table: String, _ localId: Int64, _ db: Database) throws -> (JSONValue, pending: Bool) {
+        if let serverId = try serverId(table, localId: localId, db) { return (.string(serverId), false) }
+        guard let model = byName[table] else { return (.null, false) }
+        let syncs = try Bool.fetchOne(
+            db,
+            sql: "SELECT EXISTS (SELECT 1 FROM \(model.quotedName) AS r WHERE r.id = ? AND \(syncsCondition(model, alias: "r")))",
+            arguments: [localId]) ?? false
+        return (.null, syncs)
+    }
+
+    /// The key already recorded for a row's pending op, or a new one.
+    private func key(_ recorded: String?, _ table: String, _ rowId: Int64, _ db: Database) throws -> ClientName {
+        if let recorded, let key = try? ClientName(recorded) { return key }
+        let key = try! ClientName(UUID().uuidString)
+        try db.cachedStatement(sql: "UPDATE tandem_row SET idempotencyKey = ? WHERE tableName = ? AND rowId = ?")
+            .execute(arguments: [key.rawValue, table, rowId])
+        return key
+    }
+
+    private static func estimatedSize(_ value: JSONValue) -> Int {
+        switch value {
+        case .string(let string): string.utf8.count + 8
+        case .array, .object: ((try? Wire.encode(value))?.count ?? 64) + 8
+        default: 16
+        }
+    }
+
+    // MARK: - Answers
+
+    /// Writes an `ack` back: server ids and versions, and `isDirty = 0` only for rows that did
+    /// not change while their push was in flight.
+    ///
+    /// - Returns: A description of each duplicate found: a create whose server id another
+    ///   local row already holds. That can only happen when a listener applied the server's
+    ///   echo of the create before this write-back, the race the sync queue's barrier exists
+    ///   to prevent.
+    func recordAcknowledgement(_ pushes: [PreparedPush], _ results: [WriteResult], _ db: Database) throws -> [String] {
+        var duplicates: [String] = []
+        for (push, result) in zip(pushes, results) {
+            guard let model = byName[push.table] else { continue }
+            let fieldsJSON = String(decoding: (try? Wire.encodeCanonical(push.op.fields ?? [:])) ?? [], as: UTF8.self)
+            switch push.op.kind {
+            case .delete:
+                try forget(push.table, push.rowId, db)
+                continue
+            case .create, .update:
+                break
+            }
+            guard
+                let current = try Int64.fetchOne(
+                    db.cachedStatement(sql: "SELECT localRevision FROM \(model.quotedName) WHERE id = ?"),
+                    arguments: [push.rowId])
+            else {
+                // Deleted while its push was in flight: the document exists now, so delete it.
+                try db.cachedStatement(
+                    sql: """
+                        UPDATE tandem_row SET serverId = ?, serverVersion = ?, serverFields = ?, pendingOp = 'delete',
+                            idempotencyKey = CASE WHEN pendingOp = 'delete' THEN idempotencyKey ELSE NULL END,
+                            pushedRevision = NULL, attempts = 0, state = 'pending'
+                        WHERE tableName = ? AND rowId = ?
+                        """
+                ).execute(arguments: [result.id.rawValue, result.version, fieldsJSON, model.name, push.rowId])
+                continue
+            }
+            if push.op.kind == .create, let other = try localId(model, serverId: result.id.rawValue, db), other != push.rowId {
+                let message =
+                    "duplicate: the server's document \(result.id) was already inserted as row \(other) by the listener "
+                    + "before this push's write-back"
+                try fail(model.name, push.rowId, message, db)
+                duplicates.append("\(model.name) row \(push.rowId): \(message)")
+                continue
+            }
+            let clean = current == push.revision && !push.incomplete
+            try db.cachedStatement(
+                sql: "UPDATE \(model.quotedName) SET serverId = ?, isDirty = ?, localRevision = localRevision + 1 WHERE id = ?"
+            ).execute(arguments: [result.id.rawValue, clean ? 0 : 1, push.rowId])
+            try db.cachedStatement(
+                sql: """
+                    UPDATE tandem_row SET serverId = ?, serverVersion = ?, serverFields = ?, pendingOp = NULL,
+                        idempotencyKey = NULL, pushedRevision = NULL, attempts = 0, state = ?, lastError = NULL
+                    WHERE tableName = ? AND rowId = ?
+                    """
+            ).execute(arguments: [
+                result.id.rawValue, result.version, fieldsJSON, clean ? "synced" : "pending", model.name, push.rowId,
+            ])
+            if push.op.kind == .create {
+                try resolveWaiting(model, serverId: result.id.rawValue, localId: push.rowId, db)
+            }
+        }
+        return duplicates
+    }
+
+    /// Settles a `conflict` answer for one op with the conflict policy. The other ops of the
+    /// batch were not applied; they go out again, with the same keys, in the next batch.
+    func resolvePushConflict(_ push: PreparedPush, server: Document, _ db: Database) throws {
+        guard let model = byName[push.table] else { return }
+        let collection = push.op.collection
+        let exists = try Bool.fetchOne(
+            db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM \(model.quotedName) WHERE id = ?)"),
+            arguments: [push.rowId]) ?? false
+        if server.deleted {
+            // A remote delete wins over local edits (and completes a local delete).
+            if exists { try removeRow(model, id: push.rowId, db) } else { try forget(model.name, push.rowId, db) }
+            return
+        }
+        switch push.op.kind {
+        case .delete:
+            // A local delete wins over a remote edit: delete again, at the server's version.
+            try rebase(model.name, push.rowId, on: server, db)
+        case .create:
+            try fail(model.name, push.rowId, "the server refused the create: a document \(server.id) exists", db)
+        case .update:
+            guard exists else {
+                try rebase(model.name, push.rowId, on: server, db)
+                return
+            }
+            let updatedAt = try Int64.fetchOne(
+                db.cachedStatement(sql: "SELECT updatedAt FROM \(model.quotedName) WHERE id = ?"), arguments: [push.rowId]) ?? 0
+            switch policy.resolve(Conflict(localUpdatedAt: updatedAt, remote: server)) {
+            case .keepLocal:
+                try rebase(model.name, push.rowId, on: server, db)
+            case .takeRemote:
+                try overwrite(model, rowId: push.rowId, with: server, collection: collection, db)
+            }
+        }
+    }
+
+    /// Makes the server's document the base of the row's next push (which stays pending).
+    private func rebase(_ table: String, _ rowId: Int64, on server: Document, _ db: Database) throws {
+        try db.cachedStatement(
+            sql: """
+                UPDATE tandem_row SET serverVersion = ?, serverFields = ?, idempotencyKey = NULL,
+                    pendingOp = CASE WHEN pendingOp = 'delete' THEN 'delete' ELSE NULL END
+                WHERE tableName = ? AND rowId = ?
+                """
+        ).execute(arguments: [server.version, Self.fieldsText(server.fields), table, rowId])
+    }
+
+    /// A refusal that resending cannot fix: the row is `failed` at once.
+    func fail(_ table: String, _ rowId: Int64, _ message: String, _ db: Database) throws {
+        try db.cachedStatement(
+            sql: """
+                INSERT INTO tandem_row (tableName, rowId, state, lastError) VALUES (?, ?, 'failed', ?)
+                ON CONFLICT (tableName, rowId) DO UPDATE SET state = 'failed', lastError = excluded.lastError,
+                    idempotencyKey = NULL
+                """
+        ).execute(arguments: [table, rowId, message])
+    }
+
+    /// A failure that may pass (the connection dropped, the server had an internal error):
+    /// one more attempt counted, `failed` once `maxAttempts` are used up. Keys are kept, since
+    /// the server may have applied the ops.
+    func countFailedAttempt(_ pushes: [PreparedPush], _ message: String, maxAttempts: Int, _ db: Database) throws {
+        for push in pushes {
+            try db.cachedStatement(
+                sql: """
+                    UPDATE tandem_row SET attempts = attempts + 1, lastError = ?,
+                        state = CASE WHEN attempts + 1 >= ? THEN 'failed' ELSE state END
+                    WHERE tableName = ? AND rowId = ?
+                    """
+            ).execute(arguments: [message, maxAttempts, push.table, push.rowId])
+        }
+    }
+
+    /// `not-found` for an op: the document is gone from the server. For an update that is a
+    /// remote delete; for a delete, the work is done.
+    func recordNotFound(_ push: PreparedPush, _ db: Database) throws {
+        guard let model = byName[push.table] else { return }
+        if push.op.kind == .update,
+            try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM \(model.quotedName) WHERE id = ?)", arguments: [push.rowId])
+                ?? false
+        {
+            try removeRow(model, id: push.rowId, db)
+        } else {
+            try forget(model.name, push.rowId, db)
+        }
+    }
+
+    /// Drops a row's bookkeeping.
+    func forget(_ table: String, _ rowId: Int64, _ db: Database) throws {
+        try db.cachedStatement(sql: "DELETE FROM tandem_row WHERE tableName = ? AND rowId = ?").execute(arguments: [table, rowId])
+    }
+
+    static func fieldsText(_ fields: JSONObject) -> String {
+        String(decoding: (try? Wire.encodeCanonical(fields)) ?? Array("{}".utf8), as: UTF8.self)
+    }
+}

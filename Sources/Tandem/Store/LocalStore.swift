@@ -1,0 +1,213 @@
+import Foundation
+import GRDB
+import TandemWire
+
+/// Tandem's access to the app's database: which rows wait to be pushed, what the server's
+/// answers change, how documents become rows.
+///
+/// Every method runs inside a transaction its caller opened (one per push answer, one per
+/// snapshot), so that a change and its bookkeeping commit together.
+struct LocalStore: Sendable {
+    /// In push order: parents before children.
+    let tables: [TableModel]
+    let byName: [String: TableModel]
+    let policy: ConflictPolicy
+
+    init(tables: [TableModel], policy: ConflictPolicy) {
+        self.tables = tables
+        self.byName = Dictionary(uniqueKeysWithValues: tables.map { ($0.name, $0) })
+        self.policy = policy
+    }
+
+    // MARK: - Where rows go
+
+    /// The collection a row of `model` belongs to, given its parent's local id; nil while the
+    /// parent (or an ancestor) has no server id or is not shared.
+    func collection(of model: TableModel, parentRowId: Int64?, _ db: Database, memo: inout [String: CollectionPath?]) throws
+        -> CollectionPath?
+    {
+        if let root = model.rootCollection { return root }
+        guard let parentName = model.parentTable, let parent = byName[parentName], let parentRowId else { return nil }
+        let key = "\(parentName)#\(parentRowId)"
+        if let known = memo[key] { return known }
+        var result: CollectionPath?
+        let columns = "serverId, isShared, " + (parent.foreignKey.map { SQL.quote($0) } ?? "NULL")
+        if let row = try Row.fetchOne(
+            db.cachedStatement(sql: "SELECT \(columns) FROM \(parent.quotedName) WHERE id = ?"), arguments: [parentRowId]),
+            let serverId: String = row[0], parent.parentTable != nil || row[1] == true,
+            let parentCollection = try collection(of: parent, parentRowId: row[2], db, memo: &memo),
+            case .nested(_, _, let name) = model.definition.location
+        {
+            result = try? CollectionPath("\(parentCollection.rawValue)/\(serverId)/\(name)")
+        }
+        memo[key] = result
+        return result
+    }
+
+    /// A SQL condition true for rows of `model` (as `alias`) that sync: shared root rows, and
+    /// nested rows whose parent has a server id and syncs.
+    ///
+    /// With `waitingForParents`, nested rows whose parent will sync but has no server id yet
+    /// count too: they are pending, not local-only.
+    func syncsCondition(_ model: TableModel, alias: String, waitingForParents: Bool = false) -> String {
+        guard let parentName = model.parentTable, let parent = byName[parentName], let foreignKey = model.foreignKey else {
+            return "\(alias).isShared = 1"
+        }
+        let parentAlias = alias + "p"
+        let hasServerId = waitingForParents ? "" : "AND \(parentAlias).serverId IS NOT NULL "
+        return """
+            EXISTS (SELECT 1 FROM \(parent.quotedName) AS \(parentAlias) WHERE \(parentAlias).id = \(alias).\(SQL.quote(foreignKey)) \
+            \(hasServerId)AND \(syncsCondition(parent, alias: parentAlias, waitingForParents: waitingForParents)))
+            """
+    }
+
+    /// The collections that should be listened to now, with the table and parent row each
+    /// one fills.
+    func desiredListeners(_ db: Database) throws -> [CollectionPath: ListenerTarget] {
+        var result: [CollectionPath: ListenerTarget] = [:]
+        var memo: [String: CollectionPath?] = [:]
+        for model in tables {
+            if let root = model.rootCollection {
+                result[root] = ListenerTarget(table: model.name, parentRowId: nil)
+                continue
+            }
+            guard let parentName = model.parentTable, let parent = byName[parentName] else { continue }
+            let fk = parent.foreignKey.map { ", \(SQL.quote($0))" } ?? ", NULL"
+            let rows = try Row.fetchAll(
+                db,
+                sql: """
+                    SELECT t.id\(fk) FROM \(parent.quotedName) AS t
+                    WHERE t.serverId IS NOT NULL AND \(syncsCondition(parent, alias: "t"))
+                    """)
+            for row in rows {
+                let parentRowId: Int64 = row[0]
+                if let path = try collection(of: model, parentRowId: parentRowId, db, memo: &memo) {
+                    result[path] = ListenerTarget(table: model.name, parentRowId: parentRowId)
+                }
+            }
+        }
+        return result
+    }
+
+    // MARK: - Mapping
+
+    /// The local id of the row of `table` with this server id (through the unique index).
+    func localId(_ table: TableModel, serverId: String, _ db: Database) throws -> Int64? {
+        try Int64.fetchOne(
+            db.cachedStatement(sql: "SELECT id FROM \(table.quotedName) WHERE serverId = ?"), arguments: [serverId])
+    }
+
+    /// The server id of the row of `table` with this local id.
+    func serverId(_ table: String, localId: Int64, _ db: Database) throws -> String? {
+        guard let model = byName[table] else { return nil }
+        return try String.fetchOne(
+            db.cachedStatement(sql: "SELECT serverId FROM \(model.quotedName) WHERE id = ?"), arguments: [localId])
+    }
+
+    // MARK: - Counts
+
+    /// Rows waiting to be pushed (dirty shared rows and filed deletes), failed ones excluded.
+    /// Rows that do not sync (not shared) are local-only, not pending.
+    func pendingCount(_ db: Database) throws -> Int {
+        var count = 0
+        for model in tables {
+            count += try Int.fetchOne(
+                db,
+                sql: """
+                    SELECT COUNT(*) FROM \(model.quotedName) AS t
+                    WHERE t.isDirty = 1 AND \(syncsCondition(model, alias: "t", waitingForParents: true)) AND NOT EXISTS (
+                        SELECT 1 FROM tandem_row m WHERE m.tableName = ? AND m.rowId = t.id AND m.state = 'failed')
+                    """, arguments: [model.name]) ?? 0
+        }
+        count += try Int.fetchOne(
+            db, sql: "SELECT COUNT(*) FROM tandem_row WHERE pendingOp = 'delete' AND state != 'failed'") ?? 0
+        return count
+    }
+
+    func failedCount(_ db: Database) throws -> Int {
+        try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tandem_row WHERE state = 'failed'") ?? 0
+    }
+
+    // MARK: - Listener tokens
+
+    func resumeToken(for collection: CollectionPath, _ db: Database) throws -> String? {
+        try String.fetchOne(
+            db.cachedStatement(sql: "SELECT resumeToken FROM tandem_listener WHERE collection = ?"),
+            arguments: [collection.rawValue])
+    }
+
+    func storeResumeToken(_ token: String, for collection: CollectionPath, _ db: Database) throws {
+        try db.cachedStatement(
+            sql: """
+                INSERT INTO tandem_listener (collection, resumeToken) VALUES (?, ?)
+                ON CONFLICT (collection) DO UPDATE SET resumeToken = excluded.resumeToken
+                """
+        ).execute(arguments: [collection.rawValue, token])
+    }
+
+    // MARK: - Row helpers
+
+    /// Deletes a row as Tandem: `isDeleted` first, so the delete trigger does not file it for
+    /// pushing, then the row and its bookkeeping.
+    func removeRow(_ model: TableModel, id: Int64, _ db: Database) throws {
+        try db.cachedStatement(
+            sql: "UPDATE \(model.quotedName) SET isDeleted = 1, localRevision = localRevision + 1 WHERE id = ?"
+        ).execute(arguments: [id])
+        try db.cachedStatement(sql: "DELETE FROM \(model.quotedName) WHERE id = ?").execute(arguments: [id])
+        try db.cachedStatement(sql: "DELETE FROM tandem_row WHERE tableName = ? AND rowId = ?")
+            .execute(arguments: [model.name, id])
+        try db.cachedStatement(sql: "DELETE FROM tandem_reference WHERE tableName = ? AND rowId = ?")
+            .execute(arguments: [model.name, id])
+    }
+}
+
+/// What a listener's changes fill: a table, and for nested tables the parent row.
+struct ListenerTarget: Hashable, Sendable {
+    var table: String
+    var parentRowId: Int64?
+}
+
+extension LocalStore {
+    /// Every synced row with a server id, as the document a push would send.
+    func localDocuments(_ db: Database) throws -> [CollectionPath: [DocumentID: JSONObject]] {
+        var result: [CollectionPath: [DocumentID: JSONObject]] = [:]
+        var memo: [String: CollectionPath?] = [:]
+        for model in tables {
+            let foreignKey = model.foreignKey.map { "t.\(SQL.quote($0))" } ?? "NULL"
+            let columns = (["t.serverId", "t.updatedAt", foreignKey] + model.fieldColumns.map { "t.\(SQL.quote($0))" })
+                .joined(separator: ", ")
+            let rows = try Row.fetchAll(
+                db,
+                sql: """
+                    SELECT \(columns) FROM \(model.quotedName) AS t
+                    WHERE t.serverId IS NOT NULL AND \(syncsCondition(model, alias: "t"))
+                    """)
+            for row in rows {
+                guard let id = try? DocumentID(row[0] as String),
+                    let collection = try collection(of: model, parentRowId: row[2], db, memo: &memo)
+                else { continue }
+                var fields: JSONObject = ["updatedAt": .int(row[1])]
+                for (index, column) in model.fieldColumns.enumerated() {
+                    let value = row[3 + index] as DatabaseValue
+                    if let target = model.references[column], let targetId = Int64.fromDatabaseValue(value) {
+                        fields[column] = try serverId(target, localId: targetId, db).map(JSONValue.string) ?? .null
+                    } else {
+                        fields[column] = FieldCoding.json(value)
+                    }
+                }
+                result[collection, default: [:]][id] = fields
+            }
+        }
+        return result
+    }
+
+    func unsyncedRowCount(_ db: Database) throws -> Int {
+        var count = 0
+        for model in tables {
+            count += try Int.fetchOne(
+                db, sql: "SELECT COUNT(*) FROM \(model.quotedName) AS t WHERE t.serverId IS NULL AND \(syncsCondition(model, alias: "t"))")
+                ?? 0
+        }
+        return count
+    }
+}

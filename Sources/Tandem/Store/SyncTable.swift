@@ -1,0 +1,116 @@
+import GRDB
+import TandemWire
+
+/// How one of the app's tables syncs: the collection its rows go to, which columns point at
+/// other synced rows, which columns stay on the device.
+///
+/// A table syncs either to a fixed collection (a *root* table, such as `accounts`), or to a
+/// collection under each row of a parent table (a *nested* table: the entries of account
+/// `A1` go to `accounts/A1/entries`). Rows of a root table sync while their `isShared`
+/// column is 1; rows of a nested table sync while their parent does.
+///
+/// For example:
+///
+/// ```swift
+/// extension Account: SyncableRecord {
+///     static let syncTable = SyncTable.root(Account.self, collection: "accounts")
+/// }
+///
+/// extension Entry: SyncableRecord {
+///     static let syncTable = SyncTable
+///         .nested(Entry.self, under: Account.self, foreignKey: "accountId", collection: "entries")
+///         .referencing("linkedEntryId", Entry.self)
+/// }
+/// ```
+///
+/// Every other column (except `id` and Tandem's sync columns) becomes a field of the
+/// document, under the column's name.
+public struct SyncTable: Sendable, Hashable {
+    public enum Location: Sendable, Hashable {
+        /// All rows go to one collection.
+        case root(collection: String)
+        /// Each row goes to `<parent's collection>/<parent's serverId>/<name>`.
+        case nested(parent: String, foreignKey: String, name: String)
+    }
+
+    /// A column holding the local id of another synced row. On the wire it carries that
+    /// row's server id.
+    public struct Reference: Sendable, Hashable {
+        public var column: String
+        public var table: String
+    }
+
+    /// The table's name.
+    public var name: String
+    public var location: Location
+    public var references: [Reference] = []
+    /// Columns that never leave the device.
+    public var localColumns: Set<String> = []
+
+    public init(name: String, location: Location) {
+        self.name = name
+        self.location = location
+    }
+
+    /// A table whose shared rows sync to `collection`.
+    public static func root(_ table: String, collection: String) -> SyncTable {
+        SyncTable(name: table, location: .root(collection: collection))
+    }
+
+    /// A table whose rows sync under their parent row's document.
+    ///
+    /// - Parameters:
+    ///   - foreignKey: The column holding the parent row's local id.
+    ///   - collection: The collection's name under the parent document.
+    public static func nested(_ table: String, under parent: String, foreignKey: String, collection: String) -> SyncTable {
+        SyncTable(name: table, location: .nested(parent: parent, foreignKey: foreignKey, name: collection))
+    }
+
+    public static func root<Record: TableRecord>(_ record: Record.Type, collection: String) -> SyncTable {
+        root(Record.databaseTableName, collection: collection)
+    }
+
+    public static func nested<Record: TableRecord, Parent: TableRecord>(
+        _ record: Record.Type, under parent: Parent.Type, foreignKey: String, collection: String
+    ) -> SyncTable {
+        nested(Record.databaseTableName, under: Parent.databaseTableName, foreignKey: foreignKey, collection: collection)
+    }
+
+    /// Declares that `column` holds the local id of a row of `table`.
+    public func referencing(_ column: String, _ table: String) -> SyncTable {
+        var copy = self
+        copy.references.append(Reference(column: column, table: table))
+        return copy
+    }
+
+    public func referencing<Target: TableRecord>(_ column: String, _ target: Target.Type) -> SyncTable {
+        referencing(column, Target.databaseTableName)
+    }
+
+    /// Declares columns that stay on the device.
+    public func keepingLocal(_ columns: String...) -> SyncTable {
+        var copy = self
+        copy.localColumns.formUnion(columns)
+        return copy
+    }
+
+    var parentTable: String? {
+        if case .nested(let parent, _, _) = location { parent } else { nil }
+    }
+
+    var foreignKey: String? {
+        if case .nested(_, let foreignKey, _) = location { foreignKey } else { nil }
+    }
+}
+
+/// A GRDB record type whose table syncs.
+///
+/// The table needs an `id INTEGER PRIMARY KEY AUTOINCREMENT` column; Tandem adds its sync
+/// columns (`serverId`, `isDirty`, `updatedAt`, `isDeleted`, `isShared`, `localRevision`)
+/// when the ``SyncService`` opens the database. Leave the sync columns out of the record's
+/// encoded columns, apart from `isShared`, which the app sets on root rows it wants to share:
+/// they are Tandem's to write, and Tandem refuses an update that would put back a stale
+/// `serverId` or `localRevision`.
+public protocol SyncableRecord: TableRecord {
+    static var syncTable: SyncTable { get }
+}

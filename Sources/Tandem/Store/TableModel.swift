@@ -1,0 +1,37 @@
+import GRDB
+import TandemWire
+
+/// A registered ``SyncTable`` checked against the database schema: which columns become
+/// document fields, which are references, where rows go.
+struct TableModel: Sendable {
+    let definition: SyncTable
+    /// Columns copied into documents (references included, the parent foreign key not).
+    let fieldColumns: [String]
+    /// Reference column → target table.
+    let references: [String: String]
+    /// Reference columns that accept NULL: a missing target is filled in when it arrives.
+    let optionalReferences: Set<String>
+    /// For root tables, the collection.
+    let rootCollection: CollectionPath?
+
+    var name: String { definition.name }
+    var quotedName: String { SQL.quote(name) }
+    var parentTable: String? { definition.parentTable }
+    var foreignKey: String? { definition.foreignKey }
+
+    /// Columns whose change marks a row dirty: the fields and the parent foreign key.
+    var trackedColumns: [String] { fieldColumns + (foreignKey.map { [$0] } ?? []) }
+}
+
+/// Small SQL helpers.
+enum SQL {
+    /// `"name"`, with embedded quotes doubled.
+    static func quote(_ identifier: String) -> String {
+        "\"" + identifier.replacingOccurrences(of: "\"", with: "\"\"") + "\""
+    }
+
+    /// `'text'`, with embedded quotes doubled.
+    static func literal(_ text: String) -> String {
+        "'" + text.replacingOccurrences(of: "'", with: "''") + "'"
+    }
+}

@@ -1,0 +1,51 @@
+import GRDB
+import Synchronization
+
+/// Notices commits in which the app (not Tandem) changed synced tables, so that the push
+/// starts soon after a local write.
+///
+/// GRDB calls transaction observers on the database writer's queue, one transaction at a
+/// time; `isTandemWriting`, `changed` and `parentsChanged` are only touched there.
+final class LocalChangeObserver: TransactionObserver, @unchecked Sendable {
+    private let tables: Set<String>
+    private let parents: Set<String>
+    /// Set by Tandem for the duration of its own write closures.
+    var isTandemWriting = false
+    private var changed = false
+    private var parentsChanged = false
+    private let onCommit = Mutex<(@Sendable (_ parentsChanged: Bool) -> Void)?>(nil)
+
+    init(tables: Set<String>, parents: Set<String>) {
+        self.tables = tables
+        self.parents = parents
+    }
+
+    func setOnCommit(_ action: @escaping @Sendable (_ parentsChanged: Bool) -> Void) {
+        onCommit.withLock { $0 = action }
+    }
+
+    func observes(eventsOfKind eventKind: DatabaseEventKind) -> Bool {
+        tables.contains(eventKind.tableName)
+    }
+
+    func databaseDidChange(with event: DatabaseEvent) {
+        guard !isTandemWriting else { return }
+        changed = true
+        if parents.contains(event.tableName) { parentsChanged = true }
+    }
+
+    func databaseDidCommit(_ db: Database) {
+        defer {
+            changed = false
+            parentsChanged = false
+        }
+        guard changed else { return }
+        let parentsChanged = self.parentsChanged
+        onCommit.withLock { $0 }?(parentsChanged)
+    }
+
+    func databaseDidRollback(_ db: Database) {
+        changed = false
+        parentsChanged = false
+    }
+}

@@ -1,0 +1,58 @@
+import Logging
+import TandemSocket
+
+/// How a ``SyncService`` pushes, retries and resolves conflicts.
+///
+/// For example:
+///
+/// ```swift
+/// var configuration = SyncConfiguration()
+/// configuration.pushDelay = .zero          // push as soon as a local change commits
+/// configuration.pushInterval = .seconds(10)
+/// ```
+public struct SyncConfiguration: Sendable {
+    /// How often dirty rows are pushed even if nothing new was written. Default: 30 s.
+    public var pushInterval: Duration = .seconds(30)
+    /// How long after a local change the push starts, so that a burst of writes goes out in
+    /// one batch. Zero pushes at once. Default: 50 ms.
+    public var pushDelay: Duration = .milliseconds(50)
+    /// The most ops in one `write` message (the server's own limit applies too). Default: 500.
+    public var maxBatchSize = 500
+    /// Failed attempts (timeouts, dropped connections, server errors) after which a row is
+    /// `failed` and no longer pushed until ``SyncService/retryFailed()``. Refusals that cannot
+    /// succeed (`permission-denied`, `invalid-path`, `too-large`) fail a row at once.
+    /// Default: 5.
+    public var maxAttempts = 5
+    /// How long to wait for the server's answer to a write. Default: 30 s.
+    public var requestTimeout: Duration = .seconds(30)
+    /// Reconnection backoff: the first delay, doubled after each failure up to the cap, with
+    /// random jitter of up to half the delay. Defaults: 250 ms, 30 s.
+    public var reconnectDelay: Duration = .milliseconds(250)
+    public var maxReconnectDelay: Duration = .seconds(30)
+    /// How conflicts are settled. Default: ``ConflictPolicy/lastWriteWins``.
+    public var conflictPolicy = ConflictPolicy.lastWriteWins
+    /// Whether listener changes wait for pushes (see ``Serialization``). Default: `.barrier`.
+    public var serialization = Serialization.barrier
+    /// The clock for `updatedAt`.
+    public var clock: any SyncClock = SystemClock()
+    /// Test seams; empty in production.
+    public var hooks = SyncHooks()
+    /// The WebSocket event loop; by default one shared by the process.
+    public var webSocketClient: WebSocketClient?
+    /// A bearer token for servers with access control.
+    public var token: String?
+    public var logger = Logger(label: "tandem.sync")
+
+    public init() {}
+}
+
+/// How the listener's changes are ordered against pushes.
+public enum Serialization: String, Sendable, CaseIterable {
+    /// One queue: a push (send, answer, write-back) is a barrier that listener changes wait
+    /// for. The server's echo of a create is applied after the create's server id is stored,
+    /// so it is recognized. This is Tandem's design.
+    case barrier
+    /// Listener changes run on their own queue, concurrently with pushes. Only for showing
+    /// the race the barrier prevents: the echo of a create can be inserted as a second row.
+    case none
+}

@@ -1,0 +1,32 @@
+import TandemWire
+
+/// Points inside the sync engine where a test can watch or hold the engine, to force an
+/// interleaving that would otherwise depend on timing.
+///
+/// Hooks run synchronously on the engine's threads: a hook that blocks (see
+/// `TandemTesting.Checkpoint`) holds the engine exactly there. For example, holding the
+/// pusher between the server's acknowledgement and the write-back, while the listener's echo
+/// arrives:
+///
+/// ```swift
+/// let afterAck = Checkpoint()
+/// configuration.hooks.afterAck = afterAck.hook
+/// ```
+public struct SyncHooks: Sendable {
+    /// Before a `write` is sent, with its ops.
+    public var beforeSend: (@Sendable ([WriteOp]) -> Void)?
+    /// After the server acknowledged a write, before the answer is written back to SQLite.
+    /// The push barrier is still held.
+    public var afterAck: (@Sendable ([WriteResult]) -> Void)?
+    /// Consulted when an acknowledgement arrives: returning true drops it and the connection,
+    /// as if the network failed after the server applied the write.
+    public var dropAcknowledgement: (@Sendable () -> Bool)?
+    /// A snapshot arrived and is being queued for applying (on the connection's queue).
+    public var snapshotReceived: (@Sendable (ServerMessage.Snapshot) -> Void)?
+    /// Before a snapshot is applied, on the queue that applies it.
+    public var beforeApply: (@Sendable (ServerMessage.Snapshot) -> Void)?
+    /// After a snapshot and its resume token were committed.
+    public var afterApply: (@Sendable (ServerMessage.Snapshot) -> Void)?
+
+    public init() {}
+}

@@ -1,0 +1,338 @@
+import Dispatch
+import Foundation
+import GRDB
+import Logging
+import Synchronization
+import TandemSocket
+import TandemWire
+
+/// Keeps the app's synced tables and the server in step: pushes local changes, applies the
+/// server's, over one reconnecting WebSocket connection.
+///
+/// Everything that touches sync state runs on one `OperationQueue` with
+/// `maxConcurrentOperationCount = 1`, the *sync queue*:
+///
+/// - A push is a **barrier block**: it sends the dirty rows, waits for the server's answer,
+///   and writes the answer back (server ids, versions, `isDirty = 0` for rows that did not
+///   change meanwhile) before any later operation runs.
+/// - Each listener snapshot is an ordinary operation on the same queue: it finds rows by
+///   server id and inserts, updates or deletes them, storing the resume token in the same
+///   transaction.
+///
+/// So the server's echo of a document this device just created is applied after the create's
+/// server id is stored, and is recognized instead of inserted a second time.
+///
+/// For example:
+///
+/// ```swift
+/// let service = try SyncService(
+///     database: dbQueue, serverURL: "ws://127.0.0.1:7878", clientId: deviceId,
+///     records: [Account.self, Entry.self])
+/// service.start()
+/// try await dbQueue.write { db in try Entry(accountId: 1, title: "Rent", amount: -1200).insert(db) }
+/// try await service.syncNow()
+/// ```
+public final class SyncService: Sendable {
+    public let clientId: String
+    public let serverURL: String
+    public let configuration: SyncConfiguration
+    let database: any DatabaseWriter
+    let store: LocalStore
+    let queue: OperationQueue
+    /// Where listener snapshots are applied with `Serialization.none`; unused otherwise.
+    let applyQueue: OperationQueue
+    let observer: LocalChangeObserver
+    let state = Mutex(State())
+    let logger: Logger
+    let parentTables: Set<String>
+
+    struct State {
+        var running = false
+        var connection: ServerConnection?
+        /// Grows with every connection attempt; callbacks of older connections are ignored.
+        var generation = 0
+        var reconnectAttempt = 0
+        var listening: [CollectionPath: ListenerTarget] = [:]
+        var pushScheduled = false
+        var status = SyncStatus()
+        var watchers: [Int: AsyncStream<SyncStatus>.Continuation] = [:]
+        var nextWatcher = 0
+        var periodicPush: Task<Void, Never>?
+        var reconnect: Task<Void, Never>?
+    }
+
+    /// Prepares the database for syncing: adds Tandem's columns, triggers and tables, and
+    /// registers `tandem_now()`. Create the service before the app writes synced tables in a
+    /// new process: the triggers call that function.
+    ///
+    /// - Throws: ``TandemError`` `.invalidArgument` for a table that does not exist, has no
+    ///   `id` primary key, or references an unregistered table; `.database` when the schema
+    ///   cannot be changed.
+    public init(
+        database: any DatabaseWriter, serverURL: String, clientId: String, tables: [SyncTable],
+        configuration: SyncConfiguration = .init()
+    ) throws {
+        do { _ = try ClientName(clientId, field: "clientId") } catch {
+            throw TandemError(.invalidArgument, error.message)
+        }
+        self.database = database
+        self.serverURL = serverURL
+        self.clientId = clientId
+        self.configuration = configuration
+        self.logger = configuration.logger
+        let clock = configuration.clock
+        let models: [TableModel]
+        do {
+            models = try database.writeWithoutTransaction { db in
+                db.add(function: DatabaseFunction("tandem_now", argumentCount: 0, pure: false) { _ in clock.now() })
+                var models: [TableModel] = []
+                try db.inTransaction {
+                    models = try SyncSchema.install(db, tables: tables)
+                    return .commit
+                }
+                return models
+            }
+        } catch let error as TandemError {
+            throw error
+        } catch {
+            throw TandemError(.database, "cannot prepare the database for syncing: \(error)")
+        }
+        store = LocalStore(tables: models, policy: configuration.conflictPolicy)
+        parentTables = Set(models.compactMap(\.parentTable))
+        observer = LocalChangeObserver(tables: Set(models.map(\.name)), parents: parentTables)
+        queue = OperationQueue()
+        queue.name = "tandem.sync.\(clientId)"
+        queue.maxConcurrentOperationCount = 1
+        applyQueue = OperationQueue()
+        applyQueue.name = "tandem.apply.\(clientId)"
+        applyQueue.maxConcurrentOperationCount = 1
+        let observer = self.observer
+        database.writeWithoutTransaction { db in db.add(transactionObserver: observer, extent: .observerLifetime) }
+        observer.setOnCommit { [weak self] parentsChanged in self?.localChangesCommitted(parentsChanged: parentsChanged) }
+        refreshStatus()
+    }
+
+    /// Syncs the tables of these record types (see ``SyncableRecord``).
+    public convenience init(
+        database: any DatabaseWriter, serverURL: String, clientId: String, records: [any SyncableRecord.Type],
+        configuration: SyncConfiguration = .init()
+    ) throws {
+        try self.init(
+            database: database, serverURL: serverURL, clientId: clientId, tables: records.map { $0.syncTable },
+            configuration: configuration)
+    }
+
+    deinit {
+        let (tasks, connection) = state.withLock { ($0.running ? [$0.periodicPush, $0.reconnect] : [], $0.connection) }
+        tasks.forEach { $0?.cancel() }
+        connection?.close()
+    }
+
+    // MARK: - Lifecycle
+
+    /// Connects (and keeps reconnecting), listens, and pushes local changes. Local writes work
+    /// whether or not the service runs; they are pushed once it is connected.
+    public func start() {
+        let started = state.withLock { state -> Bool in
+            guard !state.running else { return false }
+            state.running = true
+            state.reconnectAttempt = 0
+            return true
+        }
+        guard started else { return }
+        connect()
+        let interval = configuration.pushInterval
+        let task = Task { [weak self] in
+            while !Task.isCancelled {
+                try? await Task.sleep(for: interval)
+                self?.schedulePush(after: .zero)
+            }
+        }
+        state.withLock { $0.periodicPush = task }
+    }
+
+    /// Disconnects and stops pushing. Waits for the operation running now; queued listener
+    /// changes are applied first unless `discardingQueuedWork`, which drops them as a crash
+    /// would (their resume tokens were not stored, so they come again after restarting).
+    public func stop(discardingQueuedWork: Bool = false) async {
+        let (connection, tasks) = state.withLock { state -> (ServerConnection?, [Task<Void, Never>?]) in
+            let result = (state.connection, [state.periodicPush, state.reconnect])
+            state.running = false
+            state.generation += 1
+            state.connection = nil
+            state.listening = [:]
+            state.periodicPush = nil
+            state.reconnect = nil
+            state.pushScheduled = false
+            state.status.isConnected = false
+            return result
+        }
+        tasks.forEach { $0?.cancel() }
+        connection?.close()
+        if discardingQueuedWork {
+            queue.cancelAllOperations()
+            applyQueue.cancelAllOperations()
+        }
+        await withCheckedContinuation { continuation in
+            queue.addBarrierBlock { continuation.resume() }
+        }
+        await withCheckedContinuation { continuation in
+            applyQueue.addBarrierBlock { continuation.resume() }
+        }
+        publishStatus()
+    }
+
+    /// Pushes every local change now and waits until the answers are written back.
+    ///
+    /// - Parameter connectionWait: How long to wait for a connection that is being made.
+    /// - Throws: ``TandemError`` `.stopped` when the service is not started, `.disconnected`
+    ///   when there is no connection or it dropped during the push, `.timedOut`; the changes
+    ///   stay pending and go out later.
+    @discardableResult
+    public func syncNow(connectionWait: Duration = .seconds(5)) async throws -> SyncReport {
+        let deadline = ContinuousClock.now + connectionWait
+        while true {
+            let (running, connected) = state.withLock { ($0.running, $0.connection?.isOpen ?? false) }
+            guard running else { throw TandemError(.stopped, "the sync service is stopped; call start() first") }
+            if connected || ContinuousClock.now >= deadline { break }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        return try await withCheckedThrowingContinuation { continuation in
+            queue.addBarrierBlock { [self] in
+                continuation.resume(with: Result { try push() })
+            }
+        }
+    }
+
+    // MARK: - Status
+
+    /// What the service is doing now.
+    public var status: SyncStatus { state.withLock { $0.status } }
+
+    /// The current status, then every change of it.
+    public func statusUpdates() -> AsyncStream<SyncStatus> {
+        let (stream, continuation) = AsyncStream.makeStream(of: SyncStatus.self, bufferingPolicy: .bufferingNewest(1))
+        let id = state.withLock { state -> Int in
+            state.nextWatcher += 1
+            state.watchers[state.nextWatcher] = continuation
+            continuation.yield(state.status)
+            return state.nextWatcher
+        }
+        continuation.onTermination = { [weak self] _ in
+            _ = self?.state.withLock { $0.watchers.removeValue(forKey: id) }
+        }
+        return stream
+    }
+
+    /// Rows whose push failed for good, with the reason.
+    public func failedRecords() throws -> [FailedRecord] {
+        try database.read { db in
+            try Row.fetchAll(
+                db, sql: "SELECT tableName, rowId, serverId, attempts, lastError FROM tandem_row WHERE state = 'failed'"
+            ).map { row in
+                FailedRecord(table: row[0], rowId: row[1], serverId: row[2], attempts: row[3], error: row[4] ?? "")
+            }
+        }
+    }
+
+    /// Makes failed rows pending again and pushes them.
+    public func retryFailed() throws {
+        try ownWrite { db in
+            try db.execute(sql: "UPDATE tandem_row SET state = 'pending', attempts = 0, lastError = NULL WHERE state = 'failed'")
+        }
+        refreshStatus()
+        schedulePush(after: .zero)
+    }
+
+    func refreshStatus() {
+        do {
+            let (pending, failed) = try database.read { db in (try store.pendingCount(db), try store.failedCount(db)) }
+            updateStatus { status in
+                status.pendingCount = pending
+                status.failedCount = failed
+            }
+        } catch {
+            logger.error("reading the sync status failed", metadata: ["tandem.error": "\(error)"])
+        }
+    }
+
+    func updateStatus(_ change: (inout SyncStatus) -> Void) {
+        let (changed, status, watchers) = state.withLock { state in
+            let before = state.status
+            change(&state.status)
+            return (before != state.status, state.status, Array(state.watchers.values))
+        }
+        if changed { watchers.forEach { $0.yield(status) } }
+    }
+
+    func publishStatus() {
+        refreshStatus()
+        let (status, watchers) = state.withLock { ($0.status, Array($0.watchers.values)) }
+        watchers.forEach { $0.yield(status) }
+    }
+
+    func noteError(_ message: String) {
+        logger.warning("\(message)", metadata: ["tandem.client": "\(clientId)"])
+        updateStatus { $0.lastError = message }
+    }
+
+    // MARK: - Writes
+
+    /// Writes as Tandem: changes made here are not mistaken for the app's local changes.
+    func ownWrite<T>(_ body: (Database) throws -> T) throws -> T {
+        let observer = self.observer
+        return try database.write { db in
+            observer.isTandemWriting = true
+            defer { observer.isTandemWriting = false }
+            return try body(db)
+        }
+    }
+
+    private func localChangesCommitted(parentsChanged: Bool) {
+        schedulePush(after: configuration.pushDelay)
+        if parentsChanged {
+            queue.addOperation { [weak self] in self?.refreshListeners() }
+        }
+        DispatchQueue.global().async { [weak self] in self?.refreshStatus() }
+    }
+
+    /// Queues a push after `delay`, unless one is queued already.
+    func schedulePush(after delay: Duration) {
+        let schedule = state.withLock { state -> Bool in
+            guard state.running, !state.pushScheduled else { return false }
+            state.pushScheduled = true
+            return true
+        }
+        guard schedule else { return }
+        let enqueue: @Sendable () -> Void = { [weak self] in
+            guard let self else { return }
+            queue.addBarrierBlock { [weak self] in _ = try? self?.push() }
+        }
+        if delay <= .zero {
+            enqueue()
+        } else {
+            DispatchQueue.global().asyncAfter(deadline: .now() + delay.dispatchInterval, execute: enqueue)
+        }
+    }
+}
+
+extension Duration {
+    var dispatchInterval: DispatchTimeInterval {
+        .nanoseconds(Int(components.seconds) * 1_000_000_000 + Int(components.attoseconds / 1_000_000_000))
+    }
+}
+
+extension SyncService {
+    /// What this device holds of the server's data, as documents: for every synced row with a
+    /// server id, its collection, id and fields as a push would send them.
+    ///
+    /// A diagnostic for tests and tools that compare a device with the server.
+    public func localDocuments() throws -> [CollectionPath: [DocumentID: JSONObject]] {
+        try database.read { db in try store.localDocuments(db) }
+    }
+
+    /// Synced rows that have no server id yet.
+    public func unsyncedRowCount() throws -> Int {
+        try database.read { db in try store.unsyncedRowCount(db) }
+    }
+}

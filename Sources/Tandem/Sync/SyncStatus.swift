@@ -1,0 +1,39 @@
+/// What the sync service is doing, as the app shows it.
+public struct SyncStatus: Sendable, Equatable, CustomStringConvertible {
+    /// Connected to the server (welcome received).
+    public var isConnected = false
+    /// Local changes not pushed yet (dirty rows and deletes), failed ones excluded.
+    public var pendingCount = 0
+    /// Rows whose push failed for good; see ``SyncService/failedRecords()``.
+    public var failedCount = 0
+    /// The last problem met, if any.
+    public var lastError: String?
+
+    public init() {}
+
+    public var description: String {
+        "\(isConnected ? "connected" : "offline"), \(pendingCount) pending, \(failedCount) failed"
+            + (lastError.map { ", last error: \($0)" } ?? "")
+    }
+}
+
+/// A row whose push failed for good.
+public struct FailedRecord: Sendable, Equatable {
+    public var table: String
+    /// The local id (the row may be gone when it was a delete that failed).
+    public var rowId: Int64
+    public var serverId: String?
+    public var attempts: Int
+    public var error: String
+}
+
+/// What one ``SyncService/syncNow()`` did.
+public struct SyncReport: Sendable, Equatable {
+    /// Ops the server acknowledged.
+    public var pushed = 0
+    /// Conflicts settled by the conflict policy.
+    public var conflicts = 0
+    /// Rows still waiting (because they changed during the push, or a reference was pending).
+    public var pending = 0
+    public var failed = 0
+}

@@ -1,0 +1,123 @@
+import Foundation
+import Tandem
+import TandemServer
+import TandemWire
+
+/// How one device compares with the server.
+public struct DeviceComparison: Sendable, CustomStringConvertible {
+    public var name: String
+    /// Synced documents the device holds.
+    public var documents: Int
+    /// Rows not pushed yet (dirty rows and deletes), failed ones excluded.
+    public var pending: Int
+    /// Rows whose push failed for good.
+    public var failed: Int
+    /// Synced rows without a server id: after quiet, duplicates of rows that made it.
+    public var duplicates: Int
+    /// Server documents the device does not have.
+    public var missing: [String]
+    /// Documents the device has that the server does not (or has deleted).
+    public var extra: [String]
+    /// Documents whose fields differ from the server's.
+    public var different: [String]
+
+    public var matchesServer: Bool {
+        pending == 0 && failed == 0 && duplicates == 0 && missing.isEmpty && extra.isEmpty && different.isEmpty
+    }
+
+    public var description: String {
+        "\(name): \(documents) documents, \(pending) pending, \(failed) failed, \(duplicates) duplicates, "
+            + "\(missing.count) missing, \(extra.count) extra, \(different.count) different"
+    }
+}
+
+/// Compares devices with the server and with each other.
+public struct ConvergenceReport: Sendable {
+    public var devices: [DeviceComparison]
+    /// Live documents on the server, in the collections compared.
+    public var serverDocuments: Int
+    public var isConverged: Bool { devices.allSatisfy(\.matchesServer) }
+
+    /// The first differences, for a failure message.
+    public var firstDifferences: [String] {
+        var lines: [String] = []
+        for device in devices {
+            lines += device.missing.prefix(3).map { "\(device.name) misses \($0)" }
+            lines += device.extra.prefix(3).map { "\(device.name) has extra \($0)" }
+            lines += device.different.prefix(3).map { "\(device.name) differs on \($0)" }
+            if device.duplicates > 0 { lines.append("\(device.name) has \(device.duplicates) duplicate rows") }
+            if device.failed > 0 { lines.append("\(device.name) has \(device.failed) failed rows") }
+            if device.pending > 0 { lines.append("\(device.name) has \(device.pending) pending rows") }
+        }
+        return lines
+    }
+}
+
+public enum Convergence {
+    /// Compares what each device holds with the server's live documents, in the collections
+    /// each device syncs (every collection the server holds that the device also knows of,
+    /// plus the ones it knows of).
+    public static func compare(server: TandemServer, devices: [(name: String, service: SyncService)]) throws
+        -> ConvergenceReport
+    {
+        var serverDocuments: [CollectionPath: [DocumentID: JSONObject]] = [:]
+        for collection in try server.collections() {
+            for document in try server.documents(in: collection) {
+                serverDocuments[collection, default: [:]][document.id] = document.fields
+            }
+        }
+        var comparisons: [DeviceComparison] = []
+        for (name, service) in devices {
+            let local = try service.localDocuments()
+            let status = service.status
+            var comparison = DeviceComparison(
+                name: name, documents: local.values.map(\.count).reduce(0, +), pending: status.pendingCount,
+                failed: try service.failedRecords().count, duplicates: try service.unsyncedRowCount(), missing: [],
+                extra: [], different: [])
+            for (collection, documents) in serverDocuments {
+                let mine = local[collection] ?? [:]
+                for (id, fields) in documents {
+                    guard let held = mine[id] else {
+                        comparison.missing.append("\(collection)/\(id)")
+                        continue
+                    }
+                    if held != fields { comparison.different.append("\(collection)/\(id)") }
+                }
+            }
+            for (collection, documents) in local {
+                for id in documents.keys where serverDocuments[collection]?[id] == nil {
+                    comparison.extra.append("\(collection)/\(id)")
+                }
+            }
+            comparisons.append(comparison)
+        }
+        return ConvergenceReport(devices: comparisons, serverDocuments: serverDocuments.values.map(\.count).reduce(0, +))
+    }
+
+    /// Pushes on every device and waits until they all match the server, up to `timeout`.
+    ///
+    /// - Returns: The last comparison, converged or not (check ``ConvergenceReport/isConverged``).
+    @discardableResult
+    public static func waitUntilQuiet(
+        server: TandemServer, devices: [(name: String, service: SyncService)], timeout: Duration = .seconds(60),
+        progress: ((ConvergenceReport) -> Void)? = nil
+    ) async throws -> ConvergenceReport {
+        let deadline = ContinuousClock.now + timeout
+        var report = try compare(server: server, devices: devices)
+        while !report.isConverged && ContinuousClock.now < deadline {
+            for device in devices { _ = try? await device.service.syncNow() }
+            try await Task.sleep(for: .milliseconds(20))
+            report = try compare(server: server, devices: devices)
+            progress?(report)
+        }
+        return report
+    }
+}
+
+extension Convergence {
+    public static func waitUntilQuiet(server: TestServer, devices: [TestDevice], timeout: Duration = .seconds(60))
+        async throws -> ConvergenceReport
+    {
+        try await waitUntilQuiet(server: server.server, devices: devices.map { ($0.name, $0.service) }, timeout: timeout)
+    }
+}

@@ -1,0 +1,124 @@
+import Foundation
+import GRDB
+import Synchronization
+import Tandem
+import TandemWire
+
+/// A device for tests: its own SQLite file in a temporary folder, the app's tables, and a
+/// ``SyncService`` connected to a test server.
+///
+/// For example:
+///
+/// ```swift
+/// let server = try TestServer()
+/// let phone = try TestDevice(name: "phone", serverURL: server.url)   // the cash-flow model
+/// phone.service.start()
+/// try await phone.database.write { db in … }
+/// ```
+public final class TestDevice: Sendable {
+    public let name: String
+    public let folder: TemporaryDirectory
+    public let database: DatabaseQueue
+    public let serverURL: String
+    private let tables: [SyncTable]
+    private let current: Mutex<SyncService>
+    private let configure: @Sendable (inout SyncConfiguration) -> Void
+
+    /// - Parameters:
+    ///   - tables: What syncs; by default the cash-flow model's tables.
+    ///   - schema: Creates the app's tables; by default the cash-flow model's.
+    ///   - configure: Adjusts the sync configuration (hooks, clock, delays). Pushes start
+    ///     without delay unless it says otherwise.
+    public init(
+        name: String, serverURL: String, tables: [SyncTable] = CashFlow.tables,
+        schema: (Database) throws -> Void = CashFlow.createTables,
+        configure: @escaping @Sendable (inout SyncConfiguration) -> Void = { _ in }
+    ) throws {
+        self.name = name
+        self.serverURL = serverURL
+        self.tables = tables
+        self.configure = configure
+        folder = try TemporaryDirectory(prefix: "tandem-\(name)")
+        database = try DatabaseQueue(path: folder.path("\(name).sqlite"))
+        try database.write(schema)
+        current = Mutex(try Self.makeService(name, database, serverURL, tables, configure))
+    }
+
+    private static func makeService(
+        _ name: String, _ database: DatabaseQueue, _ serverURL: String, _ tables: [SyncTable],
+        _ configure: (inout SyncConfiguration) -> Void
+    ) throws -> SyncService {
+        var configuration = SyncConfiguration()
+        configuration.pushDelay = .zero
+        configuration.reconnectDelay = .milliseconds(50)
+        configuration.maxReconnectDelay = .milliseconds(500)
+        configuration.logger.logLevel = .critical
+        configure(&configuration)
+        return try SyncService(
+            database: database, serverURL: serverURL, clientId: name, tables: tables, configuration: configuration)
+    }
+
+    /// The device's sync service (a new one after ``restart(discardingQueuedWork:)``).
+    public var service: SyncService { current.withLock { $0 } }
+
+    /// Stops the service and starts a new one on the same database, as an app relaunch does.
+    /// With `discardingQueuedWork`, queued listener changes are dropped, as a crash would.
+    public func restart(discardingQueuedWork: Bool = false) async throws {
+        await service.stop(discardingQueuedWork: discardingQueuedWork)
+        let fresh = try Self.makeService(name, database, serverURL, tables, configure)
+        current.withLock { $0 = fresh }
+        fresh.start()
+    }
+
+    /// Every synced document on this device (see ``SyncService/localDocuments()``).
+    public func documents() throws -> [CollectionPath: [DocumentID: JSONObject]] {
+        try service.localDocuments()
+    }
+
+    // MARK: - Cash-flow helpers
+
+    @discardableResult
+    public func addAccount(_ name: String, shared: Bool = true) throws -> CashFlow.Account {
+        try database.write { db in
+            var account = CashFlow.Account(name: name, isShared: shared)
+            try account.insert(db)
+            return account
+        }
+    }
+
+    @discardableResult
+    public func addEntry(_ title: String, amount: Int64, account: Int64, linkedTo: Int64? = nil) throws -> CashFlow.Entry {
+        try database.write { db in
+            var entry = CashFlow.Entry(accountId: account, title: title, amount: amount, linkedEntryId: linkedTo)
+            try entry.insert(db)
+            return entry
+        }
+    }
+
+    public func entries() throws -> [CashFlow.Entry] {
+        try database.read { db in try CashFlow.Entry.order(Column("id")).fetchAll(db) }
+    }
+
+    public func accounts() throws -> [CashFlow.Account] {
+        try database.read { db in try CashFlow.Account.order(Column("id")).fetchAll(db) }
+    }
+
+    /// The local row for a server id.
+    public func entry(serverId: String) throws -> CashFlow.Entry? {
+        try database.read { db in try CashFlow.Entry.filter(Column("serverId") == serverId).fetchOne(db) }
+    }
+
+    /// The server id of a local entry row.
+    public func serverId(ofEntry id: Int64) throws -> String? {
+        try database.read { db in try String.fetchOne(db, sql: "SELECT serverId FROM entry WHERE id = ?", arguments: [id]) }
+    }
+
+    public func serverId(ofAccount id: Int64) throws -> String? {
+        try database.read { db in try String.fetchOne(db, sql: "SELECT serverId FROM account WHERE id = ?", arguments: [id]) }
+    }
+
+    /// Whether a row is dirty (has unpushed changes).
+    public func isDirty(entry id: Int64) throws -> Bool {
+        try database.read { db in try Bool.fetchOne(db, sql: "SELECT isDirty FROM entry WHERE id = ?", arguments: [id]) ?? false }
+    }
+}
