@@ -55,6 +55,7 @@ let package = Package(
             dependencies: [
                 "Tandem", "TandemServer", "TandemWire",
                 .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .executableTarget(

@@ -25,15 +25,18 @@ public final class Checkpoint: Sendable {
     private let gate = DispatchSemaphore(value: 0)
 
     private struct State {
+        var skip: Int
         var remaining: Int
         var waiting = 0
         var reached = 0
         var released = false
     }
 
-    /// - Parameter times: How many arrivals to hold; later ones pass.
-    public init(times: Int = 1) {
-        state = Mutex(State(remaining: times))
+    /// - Parameters:
+    ///   - skip: How many arrivals to let through before holding.
+    ///   - times: How many arrivals to hold; later ones pass.
+    public init(skip: Int = 0, times: Int = 1) {
+        state = Mutex(State(skip: skip, remaining: times))
     }
 
     /// Called from a hook, on the engine's thread: waits here until ``release()``, unless
@@ -41,6 +44,10 @@ public final class Checkpoint: Sendable {
     public func pause() {
         let hold = state.withLock { state -> Bool in
             state.reached += 1
+            if state.skip > 0 {
+                state.skip -= 1
+                return false
+            }
             guard state.remaining > 0, !state.released else { return false }
             state.remaining -= 1
             state.waiting += 1

@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import Logging
 import Synchronization
 import Tandem
 import TandemWire
@@ -20,28 +21,26 @@ public final class TestDevice: Sendable {
     public let folder: TemporaryDirectory
     public let database: DatabaseQueue
     public let serverURL: String
-    private let tables: [SyncTable]
+    public let model: DeviceModel
     private let current: Mutex<SyncService>
     private let configure: @Sendable (inout SyncConfiguration) -> Void
 
     /// - Parameters:
-    ///   - tables: What syncs; by default the cash-flow model's tables.
-    ///   - schema: Creates the app's tables; by default the cash-flow model's.
+    ///   - model: The app's tables and what syncs; by default the cash-flow model.
     ///   - configure: Adjusts the sync configuration (hooks, clock, delays). Pushes start
     ///     without delay unless it says otherwise.
     public init(
-        name: String, serverURL: String, tables: [SyncTable] = CashFlow.tables,
-        schema: (Database) throws -> Void = CashFlow.createTables,
+        name: String, serverURL: String, model: DeviceModel = .cashFlow,
         configure: @escaping @Sendable (inout SyncConfiguration) -> Void = { _ in }
     ) throws {
         self.name = name
         self.serverURL = serverURL
-        self.tables = tables
+        self.model = model
         self.configure = configure
         folder = try TemporaryDirectory(prefix: "tandem-\(name)")
         database = try DatabaseQueue(path: folder.path("\(name).sqlite"))
-        try database.write(schema)
-        current = Mutex(try Self.makeService(name, database, serverURL, tables, configure))
+        try database.write(model.createTables)
+        current = Mutex(try Self.makeService(name, database, serverURL, model.tables, configure))
     }
 
     private static func makeService(
@@ -52,7 +51,7 @@ public final class TestDevice: Sendable {
         configuration.pushDelay = .zero
         configuration.reconnectDelay = .milliseconds(50)
         configuration.maxReconnectDelay = .milliseconds(500)
-        configuration.logger.logLevel = .critical
+        configuration.logger.logLevel = ProcessInfo.processInfo.environment["TANDEM_TEST_LOG"].flatMap { Logger.Level(rawValue: $0) } ?? .critical
         configure(&configuration)
         return try SyncService(
             database: database, serverURL: serverURL, clientId: name, tables: tables, configuration: configuration)
@@ -65,7 +64,7 @@ public final class TestDevice: Sendable {
     /// With `discardingQueuedWork`, queued listener changes are dropped, as a crash would.
     public func restart(discardingQueuedWork: Bool = false) async throws {
         await service.stop(discardingQueuedWork: discardingQueuedWork)
-        let fresh = try Self.makeService(name, database, serverURL, tables, configure)
+        let fresh = try Self.makeService(name, database, serverURL, model.tables, configure)
         current.withLock { $0 = fresh }
         fresh.start()
     }
@@ -121,4 +120,18 @@ public final class TestDevice: Sendable {
     public func isDirty(entry id: Int64) throws -> Bool {
         try database.read { db in try Bool.fetchOne(db, sql: "SELECT isDirty FROM entry WHERE id = ?", arguments: [id]) ?? false }
     }
+}
+
+/// An app's tables, as a test device creates them, and what of them syncs.
+public struct DeviceModel: Sendable {
+    public var tables: [SyncTable]
+    public var createTables: @Sendable (Database) throws -> Void
+
+    public init(tables: [SyncTable], createTables: @escaping @Sendable (Database) throws -> Void) {
+        self.tables = tables
+        self.createTables = createTables
+    }
+
+    /// The demo's cash-flow book (see ``CashFlow``).
+    public static let cashFlow = DeviceModel(tables: CashFlow.tables, createTables: CashFlow.createTables)
 }

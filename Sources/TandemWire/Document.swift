@@ -10,6 +10,10 @@
 /// Times are milliseconds since 1970 on the server's clock. `version` is 1 on create and grows
 /// by one with every write, delete included. A deleted document (a tombstone) keeps its id
 /// and version, with empty fields.
+///
+/// `createKey` is the idempotency key of the `create` op that made the document. It lets the
+/// client that created it recognize the document as its own when the acknowledgement was
+/// lost and the document reaches it through a listener first.
 public struct Document: Sendable, Hashable, Codable {
     public var id: DocumentID
     public var version: Int64
@@ -17,9 +21,11 @@ public struct Document: Sendable, Hashable, Codable {
     public var createTime: Int64
     public var updateTime: Int64
     public var deleted: Bool
+    public var createKey: String?
 
     public init(
-        id: DocumentID, version: Int64, fields: JSONObject, createTime: Int64, updateTime: Int64, deleted: Bool = false
+        id: DocumentID, version: Int64, fields: JSONObject, createTime: Int64, updateTime: Int64, deleted: Bool = false,
+        createKey: String? = nil
     ) {
         self.id = id
         self.version = version
@@ -27,10 +33,11 @@ public struct Document: Sendable, Hashable, Codable {
         self.createTime = createTime
         self.updateTime = updateTime
         self.deleted = deleted
+        self.createKey = createKey
     }
 
     private enum CodingKeys: String, CodingKey {
-        case id, version, fields, createTime, updateTime, deleted
+        case id, version, fields, createTime, updateTime, deleted, createKey
     }
 
     public init(from decoder: any Decoder) throws {
@@ -41,6 +48,7 @@ public struct Document: Sendable, Hashable, Codable {
         createTime = try container.decodeIfPresent(Int64.self, forKey: .createTime) ?? 0
         updateTime = try container.decodeIfPresent(Int64.self, forKey: .updateTime) ?? 0
         deleted = try container.decodeIfPresent(Bool.self, forKey: .deleted) ?? false
+        createKey = try container.decodeIfPresent(String.self, forKey: .createKey)
     }
 }
 

@@ -65,7 +65,9 @@ final class DocumentStore {
                         updateTime INTEGER NOT NULL,
                         deleted INTEGER NOT NULL DEFAULT 0,
                         sequence INTEGER NOT NULL,
-                        createSequence INTEGER NOT NULL
+                        createSequence INTEGER NOT NULL,
+                        -- The idempotency key of the create that made the document.
+                        createKey TEXT
                     );
                     CREATE UNIQUE INDEX document_id ON document(collection, id);
                     CREATE UNIQUE INDEX document_feed ON document(collection, sequence);
@@ -101,7 +103,7 @@ final class DocumentStore {
             try Row.fetchAll(
                 db,
                 sql: """
-                    SELECT id, fields, version, createTime, updateTime, deleted, sequence, createSequence
+                    SELECT id, fields, version, createTime, updateTime, deleted, sequence, createSequence, createKey
                     FROM document WHERE collection = ? AND deleted = 0 ORDER BY sequence
                     """, arguments: [collection.rawValue]
             ).map { try StoredDocument(row: $0).document }
@@ -132,7 +134,7 @@ final class DocumentStore {
             let (last, horizon) = try Self.bounds(db, collection)
             let statement = try db.cachedStatement(
                 sql: """
-                    SELECT id, fields, version, createTime, updateTime, deleted, sequence, createSequence
+                    SELECT id, fields, version, createTime, updateTime, deleted, sequence, createSequence, createKey
                     FROM document WHERE collection = ? AND sequence > ? ORDER BY sequence LIMIT ?
                     """)
             let rows = try Row.fetchCursor(statement, arguments: [collection.rawValue, position, limit])
@@ -168,7 +170,7 @@ final class DocumentStore {
     static func fetchDocument(_ db: Database, _ collection: CollectionPath, _ id: DocumentID) throws -> StoredDocument? {
         let statement = try db.cachedStatement(
             sql: """
-                SELECT id, fields, version, createTime, updateTime, deleted, sequence, createSequence
+                SELECT id, fields, version, createTime, updateTime, deleted, sequence, createSequence, createKey
                 FROM document WHERE collection = ? AND id = ?
                 """)
         return try Row.fetchOne(statement, arguments: [collection.rawValue, id.rawValue]).map(StoredDocument.init(row:))
@@ -219,6 +221,7 @@ struct StoredDocument {
     var deleted: Bool
     var sequence: Int64
     var createSequence: Int64
+    var createKey: String?
 
     init(row: Row) throws {
         id = try DocumentID(row[0])
@@ -229,6 +232,7 @@ struct StoredDocument {
         deleted = row[5]
         sequence = row[6]
         createSequence = row[7]
+        createKey = row[8]
     }
 
     var fieldsBytes: Int { fieldsJSON.utf8.count }
@@ -237,7 +241,8 @@ struct StoredDocument {
         get throws {
             let fields = deleted ? [:] : try Wire.decodeFields(fieldsJSON.utf8)
             return Document(
-                id: id, version: version, fields: fields, createTime: createTime, updateTime: updateTime, deleted: deleted)
+                id: id, version: version, fields: fields, createTime: createTime, updateTime: updateTime, deleted: deleted,
+                createKey: createKey)
         }
     }
 

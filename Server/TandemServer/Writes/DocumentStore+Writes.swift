@@ -54,22 +54,24 @@ extension DocumentStore {
                     let isCreate = op.kind == .create
                     let createTime = isCreate ? updateTime : existing!.createTime
                     let createSequence = isCreate ? sequence : existing!.createSequence
+                    let createKey = isCreate ? op.idempotencyKey.rawValue : existing!.createKey
                     let deleted = op.kind == .delete
 
                     try db.cachedStatement(
                         sql: """
                             INSERT INTO document
-                                (collection, id, fields, version, createTime, updateTime, deleted, sequence, createSequence)
-                            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                (collection, id, fields, version, createTime, updateTime, deleted, sequence, createSequence,
+                                createKey)
+                            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                             ON CONFLICT (collection, id) DO UPDATE SET
                                 fields = excluded.fields, version = excluded.version,
                                 createTime = excluded.createTime, updateTime = excluded.updateTime,
                                 deleted = excluded.deleted, sequence = excluded.sequence,
-                                createSequence = excluded.createSequence
+                                createSequence = excluded.createSequence, createKey = excluded.createKey
                             """
                     ).execute(arguments: [
                         op.collection.rawValue, id.rawValue, prepared.fieldsJSON, version, createTime, updateTime,
-                        deleted, sequence, createSequence,
+                        deleted, sequence, createSequence, createKey,
                     ])
                     try db.cachedStatement(
                         sql: """
@@ -83,7 +85,7 @@ extension DocumentStore {
                     results.append(WriteResult(id: id, version: version, updateTime: updateTime))
                     let document = Document(
                         id: id, version: version, fields: deleted ? [:] : op.fields ?? [:], createTime: createTime,
-                        updateTime: updateTime, deleted: deleted)
+                        updateTime: updateTime, deleted: deleted, createKey: createKey)
                     let kind: Change.Kind = isCreate ? .added : deleted ? .deleted : .modified
                     changes.append(
                         CommittedChange(

@@ -36,8 +36,10 @@ extension SyncService {
                 }
                 logger.debug("connected", metadata: ["tandem.client": "\(clientId)", "tandem.server": "\(serverURL)"])
                 publishStatus()
+                // Push before pull: changes made offline (and creates whose answer was lost)
+                // go out before the listeners bring the server's state.
+                queue.addBarrierBlock { [weak self] in _ = try? self?.push() }
                 queue.addOperation { [weak self] in self?.refreshListeners() }
-                schedulePush(after: .zero)
             } catch {
                 let retry = state.withLock { $0.running && $0.generation == generation }
                 if retry {
@@ -46,6 +48,22 @@ extension SyncService {
                 }
             }
         }
+    }
+
+    /// Drops a connection at once and forgets the work it queued, then reconnects.
+    func dropConnection(_ connection: ServerConnection) {
+        let reconnect = state.withLock { state -> Bool in
+            guard state.connection === connection else { return false }
+            state.connection = nil
+            state.listening = [:]
+            state.generation += 1
+            state.status.isConnected = false
+            return state.running
+        }
+        connection.abort()
+        guard reconnect else { return }
+        publishStatus()
+        scheduleReconnect()
     }
 
     private func connectionClosed(generation: Int, reason: String) {
@@ -92,8 +110,10 @@ extension SyncService {
                 for path in desired.keys { tokens[path] = try store.resumeToken(for: path, db) }
                 return (desired, tokens)
             }
+            // Opened in path order, so that the order snapshots arrive in is reproducible.
             let (open, close) = state.withLock { state -> ([(CollectionPath, ListenerTarget)], [CollectionPath]) in
                 let open = desired.filter { state.listening[$0.key] == nil }.map { ($0.key, $0.value) }
+                    .sorted { $0.0 < $1.0 }
                 let close = state.listening.keys.filter { desired[$0] == nil }
                 for (path, target) in open { state.listening[path] = target }
                 for path in close { state.listening[path] = nil }
@@ -117,10 +137,12 @@ extension SyncService {
         switch event {
         case .snapshot(let snapshot):
             configuration.hooks.snapshotReceived?(snapshot)
-            enqueueApply { [weak self] in self?.apply(snapshot, path: path, target: target) }
+            enqueueApply(generation) { [weak self] in
+                self?.apply(snapshot, path: path, target: target, generation: generation)
+            }
         case .reset(let reason):
             logger.info("listener reset", metadata: ["tandem.collection": "\(path)", "tandem.reason": "\(reason)"])
-            enqueueApply { [weak self] in
+            enqueueApply(generation) { [weak self] in
                 guard let self else { return }
                 do { try ownWrite { db in try store.beginReset(path, db) } } catch {
                     noteError("cannot reset \(path): \(error)")
@@ -136,16 +158,26 @@ extension SyncService {
 
     /// Listener work goes on the sync queue, behind any push barrier, except with
     /// `Serialization.none`, where it runs on its own queue, concurrently with pushes.
-    private func enqueueApply(_ work: @escaping @Sendable () -> Void) {
+    ///
+    /// Work from a connection that is gone (the service stopped or reconnected since) is
+    /// dropped: its changes were not stored, so the next listener brings them again from the
+    /// stored resume token.
+    private func enqueueApply(_ generation: Int, _ work: @escaping @Sendable () -> Void) {
+        let guarded: @Sendable () -> Void = { [weak self] in
+            guard let self, state.withLock({ $0.running && $0.generation == generation }) else { return }
+            work()
+        }
         switch configuration.serialization {
-        case .barrier: queue.addOperation(work)
-        case .none: applyQueue.addOperation(work)
+        case .barrier: queue.addOperation(guarded)
+        case .none: applyQueue.addOperation(guarded)
         }
     }
 
     /// Applies a snapshot and stores its resume token in one transaction.
-    private func apply(_ snapshot: ServerMessage.Snapshot, path: CollectionPath, target: ListenerTarget) {
+    private func apply(_ snapshot: ServerMessage.Snapshot, path: CollectionPath, target: ListenerTarget, generation: Int) {
         configuration.hooks.beforeApply?(snapshot)
+        // Stopped while the hook held us: as after a crash, nothing of this snapshot is stored.
+        guard state.withLock({ $0.running && $0.generation == generation }) else { return }
         do {
             let outcome = try ownWrite { db in try store.apply(snapshot, collection: path, target: target, db) }
             configuration.hooks.afterApply?(snapshot)

@@ -97,6 +97,8 @@ extension LocalStore {
             return
         }
 
+        if try adoptOwnCreate(document, model, collection, &outcome, db) { return }
+
         // Deleted here and not pushed yet: the delete wins; it goes out at this version.
         if try Bool.fetchOne(
             db.cachedStatement(
@@ -114,6 +116,70 @@ extension LocalStore {
         if try insert(document, into: model, parentRowId: parentRowId, collection: collection, db) {
             outcome.inserted += 1
         }
+    }
+
+    /// Recognizes the document of one of this device's own creates whose acknowledgement never
+    /// arrived (the connection dropped after the server applied it): the document carries the
+    /// create's idempotency key, which is still recorded on the row. The row takes the server
+    /// id instead of the document being inserted a second time.
+    ///
+    /// - Returns: true when the document was this device's own.
+    private func adoptOwnCreate(
+        _ document: Document, _ model: TableModel, _ collection: CollectionPath, _ outcome: inout ApplyOutcome,
+        _ db: Database
+    ) throws -> Bool {
+        guard recognizesOwnCreates, let key = document.createKey,
+            let pending = try Row.fetchOne(
+                db.cachedStatement(
+                    sql: """
+                        SELECT rowId, pushedRevision FROM tandem_row
+                        WHERE tableName = ? AND pendingOp = 'create' AND idempotencyKey = ?
+                        """),
+                arguments: [model.name, key])
+        else { return false }
+        let rowId: Int64 = pending[0]
+        let pushedRevision: Int64? = pending[1]
+        let serverId = document.id.rawValue
+        guard
+            let row = try Row.fetchOne(
+                db.cachedStatement(sql: "SELECT localRevision, updatedAt FROM \(model.quotedName) WHERE id = ?"),
+                arguments: [rowId])
+        else {
+            // Deleted here meanwhile: the document must go.
+            try db.cachedStatement(
+                sql: """
+                    UPDATE tandem_row SET serverId = ?, collection = ?, serverVersion = ?, pendingOp = 'delete',
+                        idempotencyKey = NULL, pushedRevision = NULL, state = 'pending'
+                    WHERE tableName = ? AND rowId = ?
+                    """
+            ).execute(arguments: [serverId, collection.rawValue, document.version, model.name, rowId])
+            return true
+        }
+        try db.cachedStatement(
+            sql: "UPDATE \(model.quotedName) SET serverId = ?, localRevision = localRevision + 1 WHERE id = ?"
+        ).execute(arguments: [serverId, rowId])
+        let localRevision: Int64 = row[0]
+        if localRevision == pushedRevision {
+            // Unchanged since the create went out: the server's document is the truth.
+            try overwrite(model, rowId: rowId, with: document, collection: collection, db)
+        } else {
+            try db.cachedStatement(
+                sql: """
+                    UPDATE tandem_row SET serverId = ?, collection = ?, serverVersion = ?, serverFields = ?,
+                        pendingOp = NULL, idempotencyKey = NULL, pushedRevision = NULL, attempts = 0,
+                        state = 'pending', lastError = NULL
+                    WHERE tableName = ? AND rowId = ?
+                    """
+            ).execute(arguments: [
+                serverId, collection.rawValue, document.version, Self.fieldsText(document.fields), model.name, rowId,
+            ])
+            if policy.resolve(Conflict(localUpdatedAt: row[1], remote: document)) == .takeRemote {
+                try overwrite(model, rowId: rowId, with: document, collection: collection, db)
+            }
+        }
+        try resolveWaiting(model, serverId: serverId, localId: rowId, db)
+        outcome.updated += 1
+        return true
     }
 
     /// Replaces a row's synced columns with the server's document and marks it clean.

@@ -67,17 +67,22 @@ extension LocalStore {
                 guard let collection = try collection(of: model, parentRowId: row[4], db, memo: &memo) else { continue }
                 var document: JSONObject = ["updatedAt": .int(updatedAt)]
                 var incomplete = false
+                var waitsForTarget = false
                 for (index, column) in model.fieldColumns.enumerated() {
                     let value = row[5 + index] as DatabaseValue
                     if let target = model.references[column], let targetId = Int64.fromDatabaseValue(value) {
                         let (reference, pending) = try outgoingReference(target, targetId, db)
                         document[column] = reference
+                        // An optional reference goes out as null and again once the target has a
+                        // server id; a required one makes the row wait for its target.
+                        if pending && !model.optionalReferences.contains(column) { waitsForTarget = true }
                         incomplete = incomplete || pending
                     } else {
                         document[column] = FieldCoding.json(value)
                     }
                     bytes += Self.estimatedSize(document[column]!)
                 }
+                if waitsForTarget { continue }
                 let meta = try Row.fetchOne(
                     db.cachedStatement(
                         sql: "SELECT serverVersion, idempotencyKey, collection FROM tandem_row WHERE tableName = ? AND rowId = ?"),

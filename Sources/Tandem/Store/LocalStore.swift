@@ -12,11 +12,16 @@ struct LocalStore: Sendable {
     let tables: [TableModel]
     let byName: [String: TableModel]
     let policy: ConflictPolicy
+    /// Whether a listener's document carrying the key of one of this device's unanswered
+    /// creates is taken as that row's document (see `adoptOwnCreate`). Off only with
+    /// `Serialization.none`, which shows what happens without Tandem's guards.
+    let recognizesOwnCreates: Bool
 
-    init(tables: [TableModel], policy: ConflictPolicy) {
+    init(tables: [TableModel], policy: ConflictPolicy, recognizesOwnCreates: Bool = true) {
         self.tables = tables
         self.byName = Dictionary(uniqueKeysWithValues: tables.map { ($0.name, $0) })
         self.policy = policy
+        self.recognizesOwnCreates = recognizesOwnCreates
     }
 
     // MARK: - Where rows go

@@ -52,7 +52,8 @@ public enum Serialization: String, Sendable, CaseIterable {
     /// for. The server's echo of a create is applied after the create's server id is stored,
     /// so it is recognized. This is Tandem's design.
     case barrier
-    /// Listener changes run on their own queue, concurrently with pushes. Only for showing
-    /// the race the barrier prevents: the echo of a create can be inserted as a second row.
+    /// Listener changes run on their own queue, concurrently with pushes, and documents are
+    /// not matched to this device's unanswered creates by their key. Only for showing the
+    /// race Tandem prevents: the echo of a create can be inserted as a second row.
     case none
 }

@@ -30,7 +30,9 @@ extension SyncService {
             switch connection.writeAndWait(batch.map(\.op), timeout: configuration.requestTimeout) {
             case .success(.ack(let results)):
                 if configuration.hooks.dropAcknowledgement?() == true {
-                    connection.abort()
+                    // As if the network failed before the answer: nothing that came after it on
+                    // this connection (the listener's echo included) is seen either.
+                    dropConnection(connection)
                     try ownWrite { db in
                         try store.countFailedAttempt(batch, "the acknowledgement was lost", maxAttempts: configuration.maxAttempts, db)
                     }

@@ -97,7 +97,9 @@ public final class SyncService: Sendable {
         } catch {
             throw TandemError(.database, "cannot prepare the database for syncing: \(error)")
         }
-        store = LocalStore(tables: models, policy: configuration.conflictPolicy)
+        store = LocalStore(
+            tables: models, policy: configuration.conflictPolicy,
+            recognizesOwnCreates: configuration.serialization == .barrier)
         parentTables = Set(models.compactMap(\.parentTable))
         observer = LocalChangeObserver(tables: Set(models.map(\.name)), parents: parentTables)
         queue = OperationQueue()
@@ -205,6 +207,9 @@ public final class SyncService: Sendable {
     }
 
     // MARK: - Status
+
+    /// True between ``start()`` and ``stop(discardingQueuedWork:)``.
+    public var isRunning: Bool { state.withLock { $0.running } }
 
     /// What the service is doing now.
     public var status: SyncStatus { state.withLock { $0.status } }

@@ -1,0 +1,355 @@
+import Foundation
+import GRDB
+import Synchronization
+import Tandem
+import TandemTesting
+import TandemWire
+import Testing
+
+/// The races the sync queue's barrier exists for, forced with checkpoints instead of timing.
+@Suite("Race conditions, forced at the hooks")
+struct RaceTests {
+    /// Creates an account on a device held after the server's ack, waits until the listener's
+    /// echo of it has arrived, then lets the write-back go.
+    private func createWithEchoBeforeWriteBack(_ serialization: Serialization) async throws
+        -> (device: TestDevice, serverId: DocumentID, server: TestServer)
+    {
+        let server = try TestServer()
+        let afterAck = Checkpoint()
+        let acknowledged = Seen<DocumentID>()
+        let received = Seen<ServerMessage.Snapshot>()
+        let applied = Seen<ServerMessage.Snapshot>()
+        let device = try TestDevice(name: "phone", serverURL: server.url) { configuration in
+            configuration.serialization = serialization
+            configuration.hooks.afterAck = { results in
+                results.forEach { acknowledged.append($0.id) }
+                afterAck.pause()
+            }
+            configuration.hooks.snapshotReceived = { received.append($0) }
+            configuration.hooks.afterApply = { applied.append($0) }
+        }
+        device.service.start()
+        try await device.waitUntilConnected()
+        try await waitUntil("the accounts listener is current") { applied.count >= 1 }
+
+        try device.addAccount("Household")
+        try await afterAck.reached()
+        let serverId = try #require(acknowledged.all.first)
+        try await waitUntil("the echo of the create has arrived") { received.all.contains { $0.contains(serverId) } }
+        if serialization == .none {
+            try await waitUntil("the echo was applied, concurrently with the held push") {
+                applied.all.contains { $0.contains(serverId) }
+            }
+        } else {
+            #expect(!applied.all.contains { $0.contains(serverId) }, "the echo must wait behind the push barrier")
+            #expect(try device.accountCount() == 1)
+        }
+        afterAck.release()
+        try await device.service.syncNow()
+        try await waitUntil("the echo was applied") { applied.all.contains { $0.contains(serverId) } }
+        return (device, serverId, server)
+    }
+
+    @Test("duplicate-creation race: with the barrier, the echo finds the row by its new server id")
+    func echoAfterWriteBack() async throws {
+        let (device, serverId, server) = try await createWithEchoBeforeWriteBack(.barrier)
+        #expect(try device.accountCount() == 1)
+        #expect(try device.serverId(ofAccount: device.accounts()[0].id!) == serverId.rawValue)
+        #expect(try device.service.unsyncedRowCount() == 0)
+        #expect(try serverDocuments(server, "accounts").count == 1)
+    }
+
+    @Test("duplicate-creation race: without the barrier the echo is inserted a second time (the test catches it)")
+    func echoWithoutBarrier() async throws {
+        let (device, serverId, server) = try await createWithEchoBeforeWriteBack(.none)
+        #expect(try device.accountCount() == 2, "the race produces a duplicate row")
+        #expect(try device.service.unsyncedRowCount() == 1)
+        let failures = try device.service.failedRecords()
+        #expect(failures.count == 1)
+        #expect(failures.first?.error.contains("duplicate") == true)
+        #expect(try serverDocuments(server, "accounts").map(\.id) == [serverId])
+    }
+
+    @Test("an edit made while its push is in flight is not lost: the row stays dirty and goes out on the new base")
+    func editDuringPush() async throws {
+        let server = try TestServer()
+        let afterAck = Checkpoint()
+        let device = try TestDevice(name: "phone", serverURL: server.url) { configuration in
+            configuration.hooks.afterAck = { _ in afterAck.pause() }
+        }
+        device.service.start()
+        try await device.waitUntilConnected()
+        let account = try device.addAccount("Househld")
+        try await afterAck.reached()
+        try await device.database.write { db in
+            try db.execute(sql: "UPDATE account SET name = 'Household' WHERE id = ?", arguments: [account.id!])
+        }
+        afterAck.release()
+
+        try await waitUntil("the server has the edit") { try serverDocuments(server, "accounts").first?.version == 2 }
+        let document = try #require(try serverDocuments(server, "accounts").first)
+        #expect(document.fields["name"] == "Household")
+        try await waitUntil("the row is clean") {
+            try await device.database.read { db in
+                try Bool.fetchOne(db, sql: "SELECT isDirty FROM account WHERE id = ?", arguments: [account.id!]) == false
+            }
+        }
+        #expect(try device.serverId(ofAccount: account.id!) == document.id.rawValue)
+    }
+
+    @Test("a lost acknowledgement: the resend with the same idempotency key yields the same server id and one document")
+    func lostAcknowledgement() async throws {
+        let server = try TestServer()
+        let drops = Mutex(1)
+        let keys = Seen<String>()
+        let device = try TestDevice(name: "phone", serverURL: server.url) { configuration in
+            configuration.hooks.beforeSend = { ops in ops.forEach { keys.append($0.idempotencyKey.rawValue) } }
+            configuration.hooks.dropAcknowledgement = {
+                drops.withLock { remaining in
+                    defer { remaining = max(0, remaining - 1) }
+                    return remaining > 0
+                }
+            }
+        }
+        device.service.start()
+        try await device.waitUntilConnected()
+        let account = try device.addAccount("Household")
+        try await waitUntil("the row has its server id after the resend") {
+            try device.serverId(ofAccount: account.id!) != nil
+        }
+        let documents = try serverDocuments(server, "accounts")
+        #expect(documents.count == 1)
+        #expect(try device.serverId(ofAccount: account.id!) == documents.first?.id.rawValue)
+        #expect(keys.count >= 2)
+        #expect(Set(keys.all).count == 1, "the resend reused the first key")
+    }
+
+    @Test("a create whose acknowledgement was lost is recognized by its key when its document arrives through the listener")
+    func lostAcknowledgementAdoptedFromListener() async throws {
+        let server = try TestServer()
+        let drops = Mutex(1)
+        let device = try TestDevice(name: "phone", serverURL: server.url) { configuration in
+            // One lost answer exhausts the attempts: the row is failed and not pushed again, so
+            // its document first comes back through the listener.
+            configuration.maxAttempts = 1
+            configuration.hooks.dropAcknowledgement = {
+                drops.withLock { remaining in
+                    defer { remaining = max(0, remaining - 1) }
+                    return remaining > 0
+                }
+            }
+        }
+        device.service.start()
+        try await device.waitUntilConnected()
+        let account = try device.addAccount("Household")
+        try await waitUntil("the listener's document gave the row its server id") {
+            try device.serverId(ofAccount: account.id!) != nil
+        }
+        #expect(try device.accountCount() == 1)
+        #expect(try serverDocuments(server, "accounts").map(\.id.rawValue) == [try device.serverId(ofAccount: account.id!)])
+        #expect(try device.service.failedRecords().isEmpty)
+        let report = try await Convergence.waitUntilQuiet(server: server, devices: [device])
+        #expect(report.isConverged, "\(report.firstDifferences)")
+    }
+
+    @Test("snapshots that arrive before the first push completes are applied after it, without duplicates")
+    func snapshotBeforeFirstPush() async throws {
+        let server = try TestServer()
+        let laptop = try TestDevice(name: "laptop", serverURL: server.url)
+        laptop.service.start()
+
+        let afterAck = Checkpoint()
+        let received = Seen<ServerMessage.Snapshot>()
+        let phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
+            configuration.hooks.afterAck = { _ in afterAck.pause() }
+            configuration.hooks.snapshotReceived = { received.append($0) }
+        }
+        phone.service.start()
+        try await waitUntil("the phone listens") { received.count >= 1 }
+
+        // The phone's first push is held after its ack; meanwhile the laptop's account and the
+        // echo of the phone's own reach the phone's listener.
+        try phone.addAccount("Holiday")
+        try await afterAck.reached()
+        let household = try laptop.addAccount("Household")
+        try laptop.addEntry("Rent", amount: -100, account: household.id!)
+        try await waitUntil("both accounts arrived during the push") {
+            received.all.filter { $0.target == "accounts" }.flatMap(\.changes).count >= 2
+        }
+        #expect(try phone.accountCount() == 1, "nothing is applied while the push holds the barrier")
+        afterAck.release()
+
+        let report = try await Convergence.waitUntilQuiet(server: server, devices: [laptop, phone])
+        #expect(report.isConverged, "\(report.firstDifferences)")
+        #expect(try phone.accountCount() == 2)
+        #expect(try phone.entries().count == 1)
+        #expect(try phone.service.unsyncedRowCount() == 0)
+    }
+
+    @Test("changes made offline are pushed before the listeners resume, then everything converges")
+    func offlineChangesPushedFirst() async throws {
+        let server = try TestServer()
+        let laptop = try TestDevice(name: "laptop", serverURL: server.url)
+        laptop.service.start()
+        let household = try laptop.addAccount("Household")
+        try laptop.addEntry("Rent", amount: -100, account: household.id!)
+        _ = try await Convergence.waitUntilQuiet(server: server, devices: [laptop])
+
+        let order = Seen<String>()
+        let phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
+            configuration.hooks.beforeSend = { _ in order.append("push") }
+            configuration.hooks.snapshotReceived = { _ in order.append("snapshot") }
+        }
+        try phone.addAccount("Holiday")
+        phone.service.start()
+        let report = try await Convergence.waitUntilQuiet(server: server, devices: [laptop, phone])
+        #expect(report.isConverged, "\(report.firstDifferences)")
+        #expect(order.all.first == "push")
+        #expect(try phone.accountCount() == 2)
+    }
+
+    @Test("a remote delete removes a row with unpushed local edits; it is not resurrected")
+    func remoteDeleteOfDirtyRow() async throws {
+        let server = try TestServer()
+        let phone = try TestDevice(name: "phone", serverURL: server.url)
+        let laptop = try TestDevice(name: "laptop", serverURL: server.url)
+        phone.service.start()
+        laptop.service.start()
+        let account = try phone.addAccount("Household")
+        let rent = try phone.addEntry("Rent", amount: -100, account: account.id!)
+        _ = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
+
+        await laptop.service.stop()
+        let onLaptop = try laptop.entries()[0]
+        try await laptop.database.write { db in
+            try db.execute(sql: "UPDATE entry SET amount = -200 WHERE id = ?", arguments: [onLaptop.id!])
+        }
+        #expect(try laptop.isDirty(entry: onLaptop.id!))
+        _ = try await phone.database.write { db in try CashFlow.Entry.deleteOne(db, key: rent.id!) }
+        try await phone.service.syncNow()
+
+        laptop.service.start()
+        let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
+        #expect(report.isConverged, "\(report.firstDifferences)")
+        #expect(try laptop.entries().isEmpty)
+        #expect(try phone.entries().isEmpty)
+        let accountServerId = try #require(try phone.serverId(ofAccount: account.id!))
+        #expect(try serverDocuments(server, "accounts/\(accountServerId)/entries").isEmpty)
+    }
+
+    @Test("a local delete of a row modified remotely wins; the remote edit does not bring it back")
+    func localDeleteOfRemotelyModifiedRow() async throws {
+        let server = try TestServer()
+        let phone = try TestDevice(name: "phone", serverURL: server.url)
+        let laptop = try TestDevice(name: "laptop", serverURL: server.url)
+        phone.service.start()
+        laptop.service.start()
+        let account = try phone.addAccount("Household")
+        let rent = try phone.addEntry("Rent", amount: -100, account: account.id!)
+        _ = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
+
+        await phone.service.stop()
+        _ = try await phone.database.write { db in try CashFlow.Entry.deleteOne(db, key: rent.id!) }
+        try await laptop.database.write { db in try db.execute(sql: "UPDATE entry SET amount = -300") }
+        try await laptop.service.syncNow()
+
+        phone.service.start()
+        let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
+        #expect(report.isConverged, "\(report.firstDifferences)")
+        #expect(try phone.entries().isEmpty)
+        #expect(try laptop.entries().isEmpty)
+    }
+
+    @Test("a child that arrives before its parent is kept and inserted when the parent arrives")
+    func childBeforeParent() async throws {
+        // Wallets and bills are both top-level collections, so their snapshots arrive
+        // separately; "bills" sorts first, so the phone hears of the bill before its wallet.
+        let tables = [
+            SyncTable.root("wallet", collection: "wallets"),
+            SyncTable.root("bill", collection: "bills").referencing("walletId", "wallet"),
+        ]
+        let model = DeviceModel(tables: tables) { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE wallet (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, isShared INTEGER NOT NULL DEFAULT 1);
+                    CREATE TABLE bill (id INTEGER PRIMARY KEY AUTOINCREMENT, walletId INTEGER NOT NULL REFERENCES wallet(id),
+                        title TEXT NOT NULL, isShared INTEGER NOT NULL DEFAULT 1);
+                    """)
+        }
+        let server = try TestServer()
+        let laptop = try TestDevice(name: "laptop", serverURL: server.url, model: model)
+        laptop.service.start()
+        try await laptop.database.write { db in
+            try db.execute(sql: "INSERT INTO wallet (name) VALUES ('Cash')")
+            try db.execute(sql: "INSERT INTO bill (walletId, title) VALUES (?, 'Groceries')", arguments: [db.lastInsertedRowID])
+        }
+        _ = try await Convergence.waitUntilQuiet(server: server, devices: [laptop])
+
+        let billApplied = Checkpoint()
+        let phone = try TestDevice(name: "phone", serverURL: server.url, model: model) { configuration in
+            configuration.hooks.afterApply = { snapshot in if snapshot.target == "bills" { billApplied.pause() } }
+        }
+        phone.service.start()
+        try await billApplied.reached()
+        let heldBack = try await phone.database.read { db in
+            (try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM bill")!, try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tandem_deferred")!)
+        }
+        #expect(heldBack.0 == 0, "the bill waits for its wallet")
+        #expect(heldBack.1 == 1, "the bill is kept")
+        billApplied.release()
+
+        let report = try await Convergence.waitUntilQuiet(server: server, devices: [laptop, phone])
+        #expect(report.isConverged, "\(report.firstDifferences)")
+        let linked = try phone.database.read { db in
+            try Row.fetchOne(db, sql: "SELECT bill.title, wallet.name FROM bill JOIN wallet ON wallet.id = bill.walletId")
+        }
+        #expect(linked?["title"] == "Groceries")
+        #expect(linked?["name"] == "Cash")
+    }
+
+    @Test("the resume token is stored with the changes: a client killed between two snapshots misses and repeats nothing")
+    func resumeTokenWithChanges() async throws {
+        let server = try TestServer()
+        let phone = try TestDevice(name: "phone", serverURL: server.url)
+        phone.service.start()
+        let account = try phone.addAccount("Household")
+        _ = try await Convergence.waitUntilQuiet(server: server, devices: [phone])
+
+        // The laptop applies the first live snapshot of entries and is held before the second.
+        let secondLive = Checkpoint(skip: 1)
+        let applied = Seen<ServerMessage.Snapshot>()
+        let laptop = try TestDevice(name: "laptop", serverURL: server.url) { configuration in
+            configuration.hooks.beforeApply = { snapshot in
+                if !snapshot.initial && snapshot.target.hasSuffix("/entries") { secondLive.pause() }
+            }
+            configuration.hooks.afterApply = { applied.append($0) }
+        }
+        laptop.service.start()
+        _ = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
+
+        let first = try phone.addEntry("First", amount: 1, account: account.id!)
+        try await phone.service.syncNow()
+        try await waitUntil("the laptop applied the first") { try laptop.entries().map(\.title) == ["First"] }
+        let firstId = try #require(try phone.serverId(ofEntry: first.id!))
+        try phone.addEntry("Second", amount: 2, account: account.id!)
+        try await phone.service.syncNow()
+        try await secondLive.reached()
+
+        // Kill the laptop while the second snapshot is uncommitted: the service stops, its
+        // queued work is dropped, and the held snapshot is abandoned before its transaction.
+        let killedService = laptop.service
+        let restart = Task { try await laptop.restart(discardingQueuedWork: true) }
+        try await waitUntil("the laptop's service is stopped") { !killedService.isRunning }
+        secondLive.release()
+        try await restart.value
+        #expect(try laptop.entries().map(\.title) == ["First"], "the second snapshot was not committed")
+        let appliedBeforeRestart = applied.count
+
+        let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
+        #expect(report.isConverged, "\(report.firstDifferences)")
+        #expect(try laptop.entries().map(\.title).sorted() == ["First", "Second"])
+        let afterRestart = applied.all.dropFirst(appliedBeforeRestart)
+        #expect(!afterRestart.contains { $0.contains(try! DocumentID(firstId)) }, "the first change came only once")
+        #expect(afterRestart.contains { snapshot in snapshot.changes.contains { $0.document.fields["title"] == "Second" } })
+    }
+}
