@@ -229,3 +229,32 @@ struct FeedTests {
         #expect(feeds[0].isCurrent && feeds[1].isCurrent)
     }
 }
+
+@Suite("Resume after one's own create")
+struct OwnCreateResumeTests {
+    @Test("a client resuming from a token older than its own create hears of that document's delete")
+    func deleteOfOwnCreate() async throws {
+        let server = try TestServer()
+        let creator = try await connect(server, as: "creator")
+        let feed = Feed()
+        creator.listen(to: try path("notes"), handler: feed.handler)
+        try await waitUntil("current") { feed.isCurrent }
+        let token = try #require(feed.lastToken)
+        creator.close()
+
+        // The creator learns the id from its ack, but goes away before the echo is stored.
+        let again = try await connect(server, as: "creator")
+        let mine = try await again.create("notes", ["t": "mine"])
+        again.close()
+        let other = try await connect(server, as: "other")
+        let theirs = try await other.create("notes", ["t": "theirs"])
+        _ = try await other.delete("notes", mine.id)
+        _ = try await other.delete("notes", theirs.id)
+
+        let resumed = try await connect(server, as: "creator")
+        let resumedFeed = Feed()
+        resumed.listen(to: try path("notes"), resumeToken: token, handler: resumedFeed.handler)
+        try await waitUntil("current") { resumedFeed.isCurrent }
+        #expect(resumedFeed.summary == ["deleted \(mine.id) v2"], "its own document's delete, not the other one's")
+    }
+}

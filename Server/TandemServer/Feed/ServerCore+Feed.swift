@@ -76,8 +76,8 @@ extension ServerCore {
         let page: FeedPage
         do {
             page = try store.page(
-                of: listener.collection, after: listener.position, limit: configuration.snapshotPageSize,
-                maxBytes: configuration.snapshotPageBytes)
+                of: listener.collection, after: listener.position, for: listener.session.clientId?.rawValue,
+                limit: configuration.snapshotPageSize, maxBytes: configuration.snapshotPageBytes)
         } catch {
             listener.session.send(internalError(error, target: listener.target))
             return

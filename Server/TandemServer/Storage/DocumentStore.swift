@@ -66,8 +66,9 @@ final class DocumentStore {
                         deleted INTEGER NOT NULL DEFAULT 0,
                         sequence INTEGER NOT NULL,
                         createSequence INTEGER NOT NULL,
-                        -- The idempotency key of the create that made the document.
-                        createKey TEXT
+                        -- The idempotency key and client of the create that made the document.
+                        createKey TEXT,
+                        createClient TEXT
                     );
                     CREATE UNIQUE INDEX document_id ON document(collection, id);
                     CREATE UNIQUE INDEX document_feed ON document(collection, sequence);
@@ -103,7 +104,7 @@ final class DocumentStore {
             try Row.fetchAll(
                 db,
                 sql: """
-                    SELECT id, fields, version, createTime, updateTime, deleted, sequence, createSequence, createKey
+                    SELECT id, fields, version, createTime, updateTime, deleted, sequence, createSequence, createKey, createClient
                     FROM document WHERE collection = ? AND deleted = 0 ORDER BY sequence
                     """, arguments: [collection.rawValue]
             ).map { try StoredDocument(row: $0).document }
@@ -126,15 +127,17 @@ final class DocumentStore {
     /// One page of a collection's change feed: the documents written after `position`, in
     /// sequence order, typed relative to `position` as the protocol says.
     ///
-    /// A document created after `position` and deleted since is skipped: the listener never
-    /// saw it. The page holds at most `limit` rows and stops once `maxBytes` of fields are in
+    /// A document created after `position` and deleted since is skipped (see
+    /// `StoredDocument.change(after:for:)`). The page holds at most `limit` rows and stops once `maxBytes` of fields are in
     /// it (one row at least), so a page of big documents still fits in a frame.
-    func page(of collection: CollectionPath, after position: Int64, limit: Int, maxBytes: Int) throws -> FeedPage {
+    func page(
+        of collection: CollectionPath, after position: Int64, for client: String?, limit: Int, maxBytes: Int
+    ) throws -> FeedPage {
         try database.read { db in
             let (last, horizon) = try Self.bounds(db, collection)
             let statement = try db.cachedStatement(
                 sql: """
-                    SELECT id, fields, version, createTime, updateTime, deleted, sequence, createSequence, createKey
+                    SELECT id, fields, version, createTime, updateTime, deleted, sequence, createSequence, createKey, createClient
                     FROM document WHERE collection = ? AND sequence > ? ORDER BY sequence LIMIT ?
                     """)
             let rows = try Row.fetchCursor(statement, arguments: [collection.rawValue, position, limit])
@@ -146,7 +149,7 @@ final class DocumentStore {
                 let stored = try StoredDocument(row: row)
                 reached = stored.sequence
                 count += 1
-                if let change = try stored.change(after: position) {
+                if let change = try stored.change(after: position, for: client) {
                     changes.append(change)
                     bytes += stored.fieldsBytes + 160
                 }
@@ -170,7 +173,7 @@ final class DocumentStore {
     static func fetchDocument(_ db: Database, _ collection: CollectionPath, _ id: DocumentID) throws -> StoredDocument? {
         let statement = try db.cachedStatement(
             sql: """
-                SELECT id, fields, version, createTime, updateTime, deleted, sequence, createSequence, createKey
+                SELECT id, fields, version, createTime, updateTime, deleted, sequence, createSequence, createKey, createClient
                 FROM document WHERE collection = ? AND id = ?
                 """)
         return try Row.fetchOne(statement, arguments: [collection.rawValue, id.rawValue]).map(StoredDocument.init(row:))
@@ -222,6 +225,7 @@ struct StoredDocument {
     var sequence: Int64
     var createSequence: Int64
     var createKey: String?
+    var createClient: String?
 
     init(row: Row) throws {
         id = try DocumentID(row[0])
@@ -233,6 +237,7 @@ struct StoredDocument {
         sequence = row[6]
         createSequence = row[7]
         createKey = row[8]
+        createClient = row[9]
     }
 
     var fieldsBytes: Int { fieldsJSON.utf8.count }
@@ -246,10 +251,16 @@ struct StoredDocument {
         }
     }
 
-    /// How a listener positioned at `position` sees this row; nil when it should not see it.
-    func change(after position: Int64) throws -> Change? {
+    /// How a listener of `client` positioned at `position` sees this row; nil when it should
+    /// not see it.
+    ///
+    /// A document created after the position and deleted since is skipped, since the listener
+    /// never saw it, unless `client` created it: that client may know it from the
+    /// acknowledgement of its create, and must hear of the delete.
+    func change(after position: Int64, for client: String?) throws -> Change? {
         if deleted {
-            return createSequence > position ? nil : Change(.deleted, try document)
+            let mayKnowIt = createSequence <= position || (client != nil && createClient == client)
+            return mayKnowIt ? Change(.deleted, try document) : nil
         }
         return Change(createSequence > position ? .added : .modified, try document)
     }

@@ -55,23 +55,25 @@ extension DocumentStore {
                     let createTime = isCreate ? updateTime : existing!.createTime
                     let createSequence = isCreate ? sequence : existing!.createSequence
                     let createKey = isCreate ? op.idempotencyKey.rawValue : existing!.createKey
+                    let createClient = isCreate ? clientId.rawValue : existing!.createClient
                     let deleted = op.kind == .delete
 
                     try db.cachedStatement(
                         sql: """
                             INSERT INTO document
                                 (collection, id, fields, version, createTime, updateTime, deleted, sequence, createSequence,
-                                createKey)
-                            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                createKey, createClient)
+                            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                             ON CONFLICT (collection, id) DO UPDATE SET
                                 fields = excluded.fields, version = excluded.version,
                                 createTime = excluded.createTime, updateTime = excluded.updateTime,
                                 deleted = excluded.deleted, sequence = excluded.sequence,
-                                createSequence = excluded.createSequence, createKey = excluded.createKey
+                                createSequence = excluded.createSequence, createKey = excluded.createKey,
+                                createClient = excluded.createClient
                             """
                     ).execute(arguments: [
                         op.collection.rawValue, id.rawValue, prepared.fieldsJSON, version, createTime, updateTime,
-                        deleted, sequence, createSequence, createKey,
+                        deleted, sequence, createSequence, createKey, createClient,
                     ])
                     try db.cachedStatement(
                         sql: """

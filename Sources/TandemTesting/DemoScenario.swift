@@ -1,0 +1,195 @@
+import Foundation
+import GRDB
+import Tandem
+import TandemServer
+import TandemWire
+
+/// The demo: an embedded server and several devices sharing a cash-flow book. Devices create,
+/// edit and delete entries at random (seeded), go offline and come back, then sync until
+/// quiet; the result compares every device with the server.
+///
+/// `tandem demo` runs it and prints the result; the convergence tests run it too.
+///
+/// For example:
+///
+/// ```swift
+/// var options = DemoOptions()
+/// options.devices = 3
+/// options.operations = 200
+/// let result = try await DemoScenario.run(options) { print($0) }
+/// assert(result.report.isConverged)
+/// ```
+public enum DemoScenario {
+    public static func run(
+        _ options: DemoOptions, progress: @escaping @Sendable (DemoProgress) -> Void = { _ in }
+    ) async throws -> DemoResult {
+        let started = ContinuousClock.now
+        var random = SeededGenerator(seed: options.seed)
+        let server = try TestServer()
+        defer { server.stop() }
+
+        let ackDelay = options.ackDelay
+        let devices = try (1...options.devices).map { index in
+            try TestDevice(name: "device-\(index)", serverURL: server.url) { configuration in
+                configuration.serialization = options.serialization
+                configuration.pushDelay = .milliseconds(2)
+                configuration.pushInterval = .seconds(2)
+                if ackDelay > .zero {
+                    configuration.hooks.afterAck = { _ in Thread.sleep(forTimeInterval: ackDelay.seconds) }
+                }
+            }
+        }
+        defer {
+            for device in devices { device.service.stopWithoutWaiting() }
+        }
+        for device in devices { device.service.start() }
+
+        // The first device opens the book: two shared accounts and a private one.
+        progress(DemoProgress(phase: "sharing accounts", done: 0, total: options.operations, online: devices.count, pending: 0))
+        try devices[0].addAccount("Household")
+        try devices[0].addAccount("Holiday")
+        try devices[0].addAccount("Private", shared: false)
+        try await waitUntil("every device has the shared accounts", timeout: .seconds(30)) {
+            try devices.allSatisfy { try sharedAccounts($0).count == 2 }
+        }
+
+        var counts: [String: Int] = [:]
+        var online = Array(repeating: true, count: devices.count)
+        let round = max(1, options.operations / 10)
+        for step in 0..<options.operations {
+            if step % round == 0 && step > 0 {
+                for (index, device) in devices.enumerated() {
+                    let offline = Double.random(in: 0..<1, using: &random) < options.offlineFraction
+                    if offline && online[index] {
+                        await device.service.stop()
+                        counts["offline", default: 0] += 1
+                    } else if !offline && !online[index] {
+                        device.service.start()
+                    }
+                    online[index] = !offline
+                }
+            }
+            let device = devices[Int.random(in: 0..<devices.count, using: &random)]
+            let kind = try perform(on: device, random: &random)
+            counts[kind, default: 0] += 1
+            if step % 5 == 4 { try await Task.sleep(for: .milliseconds(2)) }
+            if step % 10 == 9 || step == options.operations - 1 {
+                progress(
+                    DemoProgress(
+                        phase: "editing", done: step + 1, total: options.operations, online: online.filter { $0 }.count,
+                        pending: devices.map { $0.service.status.pendingCount }.reduce(0, +)))
+            }
+        }
+
+        for (index, device) in devices.enumerated() where !online[index] { device.service.start() }
+        let report = try await Convergence.waitUntilQuiet(
+            server: server.server, devices: devices.map { ($0.name, $0.service) }, timeout: options.quietTimeout
+        ) { report in
+            progress(
+                DemoProgress(
+                    phase: "syncing until quiet", done: options.operations, total: options.operations, online: devices.count,
+                    pending: report.devices.map(\.pending).reduce(0, +)))
+        }
+        for device in devices { await device.service.stop() }
+        let collections = try server.server.collections()
+        let entries = try collections.filter { $0.rawValue.hasSuffix("/entries") }
+            .map { try server.server.documents(in: $0).count }.reduce(0, +)
+        return DemoResult(
+            report: report, entries: entries, operations: counts, elapsed: ContinuousClock.now - started,
+            options: options)
+    }
+
+    private static func sharedAccounts(_ device: TestDevice) throws -> [Int64] {
+        try device.database.read { db in
+            try Int64.fetchAll(db, sql: "SELECT id FROM account WHERE isShared = 1 ORDER BY id")
+        }
+    }
+
+    /// One random local write; returns its kind.
+    private static func perform(on device: TestDevice, random: inout SeededGenerator) throws -> String {
+        let accounts = try sharedAccounts(device)
+        let entries = try device.database.read { db in
+            try Int64.fetchAll(
+                db, sql: "SELECT entry.id FROM entry JOIN account ON account.id = entry.accountId WHERE account.isShared = 1")
+        }
+        let roll = Double.random(in: 0..<1, using: &random)
+        let account = accounts[Int.random(in: 0..<accounts.count, using: &random)]
+        let amount = Int64.random(in: -50_000...50_000, using: &random)
+        let title = titles[Int.random(in: 0..<titles.count, using: &random)]
+        if entries.isEmpty || roll < 0.40 {
+            try device.addEntry(title, amount: amount, account: account)
+            return "create"
+        }
+        let entry = entries[Int.random(in: 0..<entries.count, using: &random)]
+        if roll < 0.50 {
+            let other = accounts[Int.random(in: 0..<accounts.count, using: &random)]
+            try device.database.write { db in
+                var out = CashFlow.Entry(accountId: account, title: "Transfer out", amount: -abs(amount))
+                try out.insert(db)
+                var into = CashFlow.Entry(accountId: other, title: "Transfer in", amount: abs(amount), linkedEntryId: out.id)
+                try into.insert(db)
+                try db.execute(sql: "UPDATE entry SET linkedEntryId = ? WHERE id = ?", arguments: [into.id, out.id])
+            }
+            return "transfer"
+        }
+        if roll < 0.80 {
+            try device.database.write { db in
+                if Bool.random(using: &random) {
+                    try db.execute(sql: "UPDATE entry SET title = ? WHERE id = ?", arguments: [title, entry])
+                } else {
+                    try db.execute(sql: "UPDATE entry SET amount = ? WHERE id = ?", arguments: [amount, entry])
+                }
+            }
+            return "edit"
+        }
+        _ = try device.database.write { db in try db.execute(sql: "DELETE FROM entry WHERE id = ?", arguments: [entry]) }
+        return "delete"
+    }
+
+    private static let titles = [
+        "Rent", "Groceries", "Salary", "Electricity", "Train", "Books", "Dinner", "Insurance", "Gift", "Coffee",
+    ]
+}
+
+public struct DemoOptions: Sendable {
+    public var devices = 3
+    public var operations = 300
+    public var seed: UInt64 = 1
+    /// The share of devices offline at any time (re-drawn ten times per run).
+    public var offlineFraction = 0.3
+    public var serialization = Serialization.barrier
+    /// A pause between a push's acknowledgement and its write-back, to widen the window of
+    /// the race that `Serialization.none` leaves open.
+    public var ackDelay: Duration = .zero
+    public var quietTimeout: Duration = .seconds(120)
+
+    public init() {}
+}
+
+public struct DemoProgress: Sendable, CustomStringConvertible {
+    public var phase: String
+    public var done: Int
+    public var total: Int
+    public var online: Int
+    public var pending: Int
+
+    public var description: String { "\(phase): \(done)/\(total) operations, \(online) online, \(pending) pending" }
+}
+
+public struct DemoResult: Sendable {
+    public var report: ConvergenceReport
+    /// Entries on the server at the end.
+    public var entries: Int
+    /// How many operations of each kind were made (create, transfer, edit, delete, offline).
+    public var operations: [String: Int]
+    public var elapsed: Duration
+    public var options: DemoOptions
+
+    public var duplicates: Int { report.devices.map(\.duplicates).reduce(0, +) }
+    /// Server documents missing on some device.
+    public var lost: Int { report.devices.map(\.missing.count).reduce(0, +) }
+}
+
+extension Duration {
+    var seconds: Double { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
+}

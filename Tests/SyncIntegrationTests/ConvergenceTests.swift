@@ -1,0 +1,49 @@
+import Foundation
+import Tandem
+import TandemTesting
+import Testing
+
+@Suite("Convergence")
+struct ConvergenceTests {
+    @Test("local writes succeed with the server down; on reconnect everything converges")
+    func offline() async throws {
+        let server = try TestServer()
+        let phone = try TestDevice(name: "phone", serverURL: server.url)
+        let laptop = try TestDevice(name: "laptop", serverURL: server.url)
+        phone.service.start()
+        laptop.service.start()
+        let account = try phone.addAccount("Household")
+        _ = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
+
+        server.stop()
+        try await waitUntil("the phone notices") { !phone.service.status.isConnected }
+        for index in 0..<10 { try phone.addEntry("Offline \(index)", amount: Int64(index), account: account.id!) }
+        try laptop.addEntry("Also offline", amount: 1, account: try laptop.accounts()[0].id!)
+        #expect(try phone.entries().count == 10)
+        try await waitUntil("the phone counts them pending") { phone.service.status.pendingCount == 10 }
+        await #expect(throws: TandemError.self) { try await phone.service.syncNow(connectionWait: .milliseconds(50)) }
+
+        try server.start()
+        let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
+        #expect(report.isConverged, "\(report.firstDifferences)")
+        #expect(try laptop.entries().count == 11)
+        #expect(try phone.entries().count == 11)
+    }
+
+    @Test(
+        "three devices and two hundred seeded random operations with random disconnects converge",
+        arguments: [UInt64(1), 2, 3])
+    func randomRun(seed: UInt64) async throws {
+        var options = DemoOptions()
+        options.devices = 3
+        options.operations = 200
+        options.seed = seed
+        options.offlineFraction = 0.3
+        let result = try await DemoScenario.run(options)
+        #expect(result.report.isConverged, "seed \(seed): \(result.report.firstDifferences)")
+        #expect(result.duplicates == 0)
+        #expect(result.lost == 0)
+        #expect((result.operations["offline"] ?? 0) > 0, "the run took devices offline")
+        #expect(result.entries > 0)
+    }
+}
