@@ -60,6 +60,9 @@ public enum CashFlow {
             table.column("title", .text).notNull()
             table.column("amount", .integer).notNull()
             table.column("linkedEntryId", .integer).references(Entry.databaseTableName, onDelete: .setNull)
+            // A random identity given when the entry is first written, synced like any field:
+            // two rows (or documents) with the same uid are one entry counted twice.
+            table.column("uid", .text).notNull().defaults(sql: "(lower(hex(randomblob(16))))")
         }
     }
 

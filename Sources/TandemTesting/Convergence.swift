@@ -38,6 +38,9 @@ public struct ConvergenceReport: Sendable {
     public var serverDocuments: Int
     public var isConverged: Bool { devices.allSatisfy(\.matchesServer) }
 
+    /// Changes whenever any count changes: a report equal to the last one means no progress.
+    var fingerprint: String { "\(serverDocuments) " + devices.map(\.description).joined(separator: "; ") }
+
     /// The first differences, for a failure message.
     public var firstDifferences: [String] {
         var lines: [String] = []
@@ -94,20 +97,24 @@ public enum Convergence {
         return ConvergenceReport(devices: comparisons, serverDocuments: serverDocuments.values.map(\.count).reduce(0, +))
     }
 
-    /// Pushes on every device and waits until they all match the server, up to `timeout`.
+    /// Pushes on every device and waits until they all match the server, up to `timeout`, or
+    /// until nothing has changed for `stall` (a state that will not converge by itself).
     ///
     /// - Returns: The last comparison, converged or not (check ``ConvergenceReport/isConverged``).
     @discardableResult
     public static func waitUntilQuiet(
         server: TandemServer, devices: [(name: String, service: SyncService)], timeout: Duration = .seconds(60),
-        progress: ((ConvergenceReport) -> Void)? = nil
+        stall: Duration = .seconds(10), progress: ((ConvergenceReport) -> Void)? = nil
     ) async throws -> ConvergenceReport {
         let deadline = ContinuousClock.now + timeout
         var report = try compare(server: server, devices: devices)
-        while !report.isConverged && ContinuousClock.now < deadline {
+        var lastChange = ContinuousClock.now
+        while !report.isConverged && ContinuousClock.now < deadline && ContinuousClock.now - lastChange < stall {
             for device in devices { _ = try? await device.service.syncNow() }
             try await Task.sleep(for: .milliseconds(20))
-            report = try compare(server: server, devices: devices)
+            let next = try compare(server: server, devices: devices)
+            if next.fingerprint != report.fingerprint { lastChange = ContinuousClock.now }
+            report = next
             progress?(report)
         }
         return report

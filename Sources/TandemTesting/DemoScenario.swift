@@ -50,7 +50,7 @@ public enum DemoScenario {
         try devices[0].addAccount("Holiday")
         try devices[0].addAccount("Private", shared: false)
         try await waitUntil("every device has the shared accounts", timeout: .seconds(30)) {
-            try devices.allSatisfy { try sharedAccounts($0).count == 2 }
+            try devices.allSatisfy { try sharedAccounts($0).count >= 2 }
         }
 
         var counts: [String: Int] = [:]
@@ -91,11 +91,17 @@ public enum DemoScenario {
                     pending: report.devices.map(\.pending).reduce(0, +)))
         }
         for device in devices { await device.service.stop() }
-        let collections = try server.server.collections()
-        let entries = try collections.filter { $0.rawValue.hasSuffix("/entries") }
-            .map { try server.server.documents(in: $0).count }.reduce(0, +)
+        let collections = try server.server.collections().filter { $0.rawValue.hasSuffix("/entries") }
+        let documents = try collections.flatMap { try server.server.documents(in: $0) }
+        let serverDuplicates = documents.count - Set(documents.compactMap { $0.fields["uid"]?.stringValue }).count
+        let deviceDuplicates = try devices.map { device in
+            try device.database.read { db in
+                try Int.fetchOne(db, sql: "SELECT COUNT(*) - COUNT(DISTINCT uid) FROM entry") ?? 0
+            }
+        }
         return DemoResult(
-            report: report, entries: entries, operations: counts, elapsed: ContinuousClock.now - started,
+            report: report, entries: documents.count, serverDuplicates: serverDuplicates,
+            deviceDuplicates: deviceDuplicates, operations: counts, elapsed: ContinuousClock.now - started,
             options: options)
     }
 
@@ -180,14 +186,21 @@ public struct DemoResult: Sendable {
     public var report: ConvergenceReport
     /// Entries on the server at the end.
     public var entries: Int
+    /// Entry documents on the server that repeat another's uid (one entry stored twice).
+    public var serverDuplicates: Int
+    /// Per device, entry rows that repeat another row's uid.
+    public var deviceDuplicates: [Int]
     /// How many operations of each kind were made (create, transfer, edit, delete, offline).
     public var operations: [String: Int]
     public var elapsed: Duration
     public var options: DemoOptions
 
-    public var duplicates: Int { report.devices.map(\.duplicates).reduce(0, +) }
-    /// Server documents missing on some device.
-    public var lost: Int { report.devices.map(\.missing.count).reduce(0, +) }
+    /// Entries stored twice, on the server and on the devices.
+    public var duplicates: Int { serverDuplicates + deviceDuplicates.reduce(0, +) }
+    /// Server documents missing on some device, and local rows that never reached the server.
+    public var lost: Int { report.devices.map { $0.missing.count }.reduce(0, +) }
+    /// Converged, and nothing stored twice.
+    public var isConverged: Bool { report.isConverged && duplicates == 0 }
 }
 
 extension Duration {

@@ -13,6 +13,8 @@ struct TandemCommand: AsyncParsableCommand {
               tandem put notes '{"title":"Rent"}'
               tandem delete notes/ID
             """,
-        subcommands: [ServeCommand.self, PutCommand.self, GetCommand.self, DeleteCommand.self, WatchCommand.self]
+        subcommands: [
+            DemoCommand.self, ServeCommand.self, PutCommand.self, GetCommand.self, DeleteCommand.self, WatchCommand.self,
+        ]
     )
 }

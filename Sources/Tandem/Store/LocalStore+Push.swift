@@ -122,16 +122,22 @@ extension LocalStore {
     }
 
     /// The server id for a reference to the row `localId` of `table`. When the target has no
-    /// server id yet the reference goes out as null; `pending` says whether it will get one
-    /// (it syncs), in which case the row must be pushed again with the real id.
+    /// server id yet the reference goes out as null; `pending` says whether it is about to get
+    /// one (it syncs and its push has not failed), in which case the row must be pushed again
+    /// with the real id. A target that will not get one (not shared, or failed) leaves the
+    /// reference null, so that the row does not go out again and again.
     private func outgoingReference(_ table: String, _ localId: Int64, _ db: Database) throws -> (JSONValue, pending: Bool) {
         if let serverId = try serverId(table, localId: localId, db) { return (.string(serverId), false) }
         guard let model = byName[table] else { return (.null, false) }
-        let syncs = try Bool.fetchOne(
+        let pending = try Bool.fetchOne(
             db,
-            sql: "SELECT EXISTS (SELECT 1 FROM \(model.quotedName) AS r WHERE r.id = ? AND \(syncsCondition(model, alias: "r")))",
-            arguments: [localId]) ?? false
-        return (.null, syncs)
+            sql: """
+                SELECT EXISTS (SELECT 1 FROM \(model.quotedName) AS r
+                WHERE r.id = ? AND \(syncsCondition(model, alias: "r", waitingForParents: true)) AND NOT EXISTS (
+                    SELECT 1 FROM tandem_row m WHERE m.tableName = ? AND m.rowId = r.id AND m.state = 'failed'))
+                """,
+            arguments: [localId, model.name]) ?? false
+        return (.null, pending)
     }
 
     /// The key already recorded for a row's pending op, or a new one.

@@ -23,9 +23,14 @@ extension SyncService {
 
         // Each batch makes progress (acknowledged, resolved or failed rows leave the set), so
         // the bound only stops a pathological ping-pong with a device writing just as fast.
+        // What went out in this push, by row and revision: a batch of nothing but rows already
+        // sent unchanged (a reference still waiting for its target) ends the push.
+        var sent: Set<String> = []
         for _ in 0..<64 {
             let batch = try ownWrite { db in try store.preparePush(maxOps: maxOps, maxBytes: maxBytes, db) }
-            if batch.isEmpty { break }
+            let signatures = batch.map { "\($0.table)#\($0.rowId)#\($0.op.kind)#\($0.revision)" }
+            if batch.isEmpty || signatures.allSatisfy(sent.contains) { break }
+            sent.formUnion(signatures)
             configuration.hooks.beforeSend?(batch.map(\.op))
             switch connection.writeAndWait(batch.map(\.op), timeout: configuration.requestTimeout) {
             case .success(.ack(let results)):

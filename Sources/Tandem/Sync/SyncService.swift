@@ -41,6 +41,7 @@ public final class SyncService: Sendable {
     let queue: OperationQueue
     /// Where listener snapshots are applied with `Serialization.none`; unused otherwise.
     let applyQueue: OperationQueue
+    private let applyDispatchQueue: DispatchQueue
     let observer: LocalChangeObserver
     let state = Mutex(State())
     let logger: Logger
@@ -105,9 +106,17 @@ public final class SyncService: Sendable {
         queue = OperationQueue()
         queue.name = "tandem.sync.\(clientId)"
         queue.maxConcurrentOperationCount = 1
+        // No underlying queue here: swift-corelibs-foundation runs a barrier block added to an
+        // empty queue on the operation queue's own backing queue, not on the underlying one,
+        // so with an underlying queue set, later operations would not wait for the barrier.
         applyQueue = OperationQueue()
         applyQueue.name = "tandem.apply.\(clientId)"
         applyQueue.maxConcurrentOperationCount = 1
+        // Listener work of `Serialization.none` gets a private serial queue, which libdispatch
+        // serves with a thread of its own: it must run while a push holds its thread waiting.
+        // (`underlyingQueue` is unowned: the service keeps the dispatch queue alive.)
+        applyDispatchQueue = DispatchQueue(label: "tandem.apply.\(clientId)")
+        applyQueue.underlyingQueue = applyDispatchQueue
         let observer = self.observer
         database.writeWithoutTransaction { db in db.add(transactionObserver: observer, extent: .observerLifetime) }
         observer.setOnCommit { [weak self] parentsChanged in self?.localChangesCommitted(parentsChanged: parentsChanged) }
@@ -179,7 +188,7 @@ public final class SyncService: Sendable {
             queue.addBarrierBlock { continuation.resume() }
         }
         await withCheckedContinuation { continuation in
-            applyQueue.addBarrierBlock { continuation.resume() }
+            applyQueue.addOperation { continuation.resume() }
         }
         publishStatus()
     }
