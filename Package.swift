@@ -75,7 +75,13 @@ let package = Package(
             name: "TandemServerTests",
             dependencies: ["TandemServer", "TandemWire", "TandemSocket", "Tandem", "TandemTesting"]
         ),
-        .testTarget(name: "TandemTests", dependencies: ["Tandem", "TandemWire"]),
+        .testTarget(
+            name: "TandemTests",
+            dependencies: [
+                "Tandem", "TandemWire", "TandemTesting",
+                .product(name: "GRDB", package: "GRDB.swift"),
+            ]
+        ),
         .testTarget(
             name: "SyncIntegrationTests",
             dependencies: ["Tandem", "TandemServer", "TandemTesting", "TandemWire"]

@@ -152,6 +152,48 @@ struct RaceTests {
         #expect(report.isConverged, "\(report.firstDifferences)")
     }
 
+    @Test("a create whose answer was lost and whose document was deleted meanwhile is removed, not resurrected")
+    func unansweredCreateDeletedRemotely() async throws {
+        let server = try TestServer()
+        let laptop = try TestDevice(name: "laptop", serverURL: server.url)
+        laptop.service.start()
+        let drops = Mutex(0)
+        let phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
+            configuration.maxAttempts = 1
+            configuration.reconnectDelay = .seconds(30)
+            configuration.maxReconnectDelay = .seconds(30)
+            configuration.hooks.dropAcknowledgement = {
+                drops.withLock { remaining in
+                    defer { remaining = max(0, remaining - 1) }
+                    return remaining > 0
+                }
+            }
+        }
+        phone.service.start()
+        let account = try phone.addAccount("Household")
+        _ = try await Convergence.waitUntilQuiet(server: server, devices: [laptop, phone])
+
+        // The phone's create reaches the server but its answer is lost; the phone stays away.
+        drops.withLock { $0 = 1 }
+        let entry = try phone.addEntry("Rent", amount: -100, account: account.id!)
+        try await waitUntil("the create failed for the phone") { try phone.service.failedRecords().count == 1 }
+        await phone.service.stop()
+
+        // Meanwhile the laptop gets the entry and deletes it.
+        try await waitUntil("the laptop has the entry") { try laptop.entries().count == 1 }
+        try await laptop.database.write { db in try db.execute(sql: "DELETE FROM entry") }
+        try await laptop.service.syncNow()
+
+        // Back online, the phone hears of the delete of a document it never learned the id of.
+        phone.service.start()
+        try await waitUntil("the phone dropped its row") { try phone.entries().isEmpty }
+        try phone.service.retryFailed()
+        let report = try await Convergence.waitUntilQuiet(server: server, devices: [laptop, phone])
+        #expect(report.isConverged, "\(report.firstDifferences)")
+        #expect(try phone.entries().isEmpty)
+        _ = entry
+    }
+
     @Test("snapshots that arrive before the first push completes are applied after it, without duplicates")
     func snapshotBeforeFirstPush() async throws {
         let server = try TestServer()

@@ -62,6 +62,18 @@ extension LocalStore {
             if let local {
                 try removeRow(model, id: local[0], db)
                 outcome.deleted += 1
+            } else if let rowId = try unansweredCreate(of: document, model, db) {
+                // This device's own create, applied by the server but never answered, was
+                // deleted since: the delete wins here too.
+                if try Bool.fetchOne(
+                    db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM \(model.quotedName) WHERE id = ?)"),
+                    arguments: [rowId]) ?? false
+                {
+                    try removeRow(model, id: rowId, db)
+                    outcome.deleted += 1
+                } else {
+                    try forget(model.name, rowId, db)
+                }
             } else {
                 try db.cachedStatement(sql: "DELETE FROM tandem_row WHERE tableName = ? AND serverId = ?")
                     .execute(arguments: [model.name, serverId])
@@ -128,17 +140,10 @@ extension LocalStore {
         _ document: Document, _ model: TableModel, _ collection: CollectionPath, _ outcome: inout ApplyOutcome,
         _ db: Database
     ) throws -> Bool {
-        guard recognizesOwnCreates, let key = document.createKey,
-            let pending = try Row.fetchOne(
-                db.cachedStatement(
-                    sql: """
-                        SELECT rowId, pushedRevision FROM tandem_row
-                        WHERE tableName = ? AND pendingOp = 'create' AND idempotencyKey = ?
-                        """),
-                arguments: [model.name, key])
-        else { return false }
-        let rowId: Int64 = pending[0]
-        let pushedRevision: Int64? = pending[1]
+        guard let rowId = try unansweredCreate(of: document, model, db) else { return false }
+        let pushedRevision = try Int64.fetchOne(
+            db.cachedStatement(sql: "SELECT pushedRevision FROM tandem_row WHERE tableName = ? AND rowId = ?"),
+            arguments: [model.name, rowId])
         let serverId = document.id.rawValue
         guard
             let row = try Row.fetchOne(
@@ -180,6 +185,16 @@ extension LocalStore {
         try resolveWaiting(model, serverId: serverId, localId: rowId, db)
         outcome.updated += 1
         return true
+    }
+
+    /// The local row whose create, sent but never answered, made this document: the document's
+    /// `createKey` is the key still recorded for that create.
+    private func unansweredCreate(of document: Document, _ model: TableModel, _ db: Database) throws -> Int64? {
+        guard recognizesOwnCreates, let key = document.createKey else { return nil }
+        return try Int64.fetchOne(
+            db.cachedStatement(
+                sql: "SELECT rowId FROM tandem_row WHERE tableName = ? AND pendingOp = 'create' AND idempotencyKey = ?"),
+            arguments: [model.name, key])
     }
 
     /// Replaces a row's synced columns with the server's document and marks it clean.

@@ -1,0 +1,160 @@
+import Foundation
+import GRDB
+import Tandem
+import TandemTesting
+import TandemWire
+import Testing
+
+/// The triggers Tandem installs, on a real SQLite database (no server needed).
+@Suite("Local change tracking")
+struct SchemaTests {
+    private func prepared(clock: TestClock = TestClock(now: 1000)) throws -> (DatabaseQueue, SyncService) {
+        let database = try DatabaseQueue()
+        try database.write(CashFlow.createTables)
+        var configuration = SyncConfiguration()
+        configuration.clock = clock
+        let service = try SyncService(
+            database: database, serverURL: "ws://127.0.0.1:1", clientId: "device", tables: CashFlow.tables,
+            configuration: configuration)
+        return (database, service)
+    }
+
+    private func syncColumns(_ database: DatabaseQueue, _ table: String, _ id: Int64) throws -> Row {
+        try database.read { db in
+            try Row.fetchOne(
+                db, sql: "SELECT serverId, isDirty, updatedAt, isDeleted, localRevision FROM \(table) WHERE id = ?",
+                arguments: [id])!
+        }
+    }
+
+    @Test("Tandem adds its sync columns, a unique serverId index, and its metadata tables")
+    func columns() throws {
+        let (database, _) = try prepared()
+        try database.read { db in
+            let names = Set(try db.columns(in: "entry").map(\.name))
+            #expect(names.isSuperset(of: ["serverId", "isDirty", "updatedAt", "isDeleted", "isShared", "localRevision"]))
+            #expect(try db.indexes(on: "entry").contains { $0.isUnique && $0.columns == ["serverId"] })
+            #expect(try db.tableExists("tandem_row"))
+            #expect(try db.tableExists("tandem_listener"))
+        }
+    }
+
+    @Test("an insert by the app marks the row dirty and stamps updatedAt from the sync clock")
+    func insertMarksDirty() throws {
+        let (database, _) = try prepared(clock: TestClock(now: 42_000))
+        let account = try database.write { db in
+            var account = CashFlow.Account(name: "Home", isShared: true)
+            try account.insert(db)
+            return account
+        }
+        let row = try syncColumns(database, "account", account.id!)
+        #expect(row["isDirty"] == true)
+        #expect(row["updatedAt"] == 42_000)
+        #expect(row["localRevision"] == 1)
+    }
+
+    @Test("an update by the app of a synced column marks the row dirty again and bumps its revision")
+    func updateMarksDirty() throws {
+        let clock = TestClock(now: 1000)
+        let (database, _) = try prepared(clock: clock)
+        try database.write { db in
+            try db.execute(sql: "INSERT INTO account (name, isShared) VALUES ('Home', 1)")
+            try db.execute(sql: "UPDATE account SET isDirty = 0, localRevision = localRevision + 1")
+        }
+        clock.advance(by: 500)
+        try database.write { db in try db.execute(sql: "UPDATE account SET name = 'House'") }
+        let row = try syncColumns(database, "account", 1)
+        #expect(row["isDirty"] == true)
+        #expect(row["updatedAt"] == 1500)
+        #expect(row["localRevision"] == 3)
+    }
+
+    @Test("an update of a column that does not sync leaves the row clean")
+    func localOnlyColumn() throws {
+        let database = try DatabaseQueue()
+        try database.write { db in
+            try db.execute(sql: "CREATE TABLE note (id INTEGER PRIMARY KEY AUTOINCREMENT, body TEXT, expanded INTEGER, isShared INTEGER NOT NULL DEFAULT 1)")
+        }
+        _ = try SyncService(
+            database: database, serverURL: "ws://127.0.0.1:1", clientId: "device",
+            tables: [SyncTable.root("note", collection: "notes").keepingLocal("expanded")])
+        try database.write { db in
+            try db.execute(sql: "INSERT INTO note (body) VALUES ('x')")
+            try db.execute(sql: "UPDATE note SET isDirty = 0, localRevision = localRevision + 1")
+            try db.execute(sql: "UPDATE note SET expanded = 1")
+        }
+        #expect(try syncColumns(database, "note", 1)["isDirty"] == false)
+    }
+
+    @Test("an update that would put back a stale serverId is refused with an explanation")
+    func staleServerIdRefused() throws {
+        let (database, _) = try prepared()
+        try database.write { db in
+            try db.execute(sql: "INSERT INTO account (name, isShared) VALUES ('Home', 1)")
+            // As Tandem does after a push: the server id, with the revision bumped.
+            try db.execute(sql: "UPDATE account SET serverId = 'S1', localRevision = localRevision + 1")
+        }
+        #expect {
+            try database.write { db in try db.execute(sql: "UPDATE account SET serverId = NULL") }
+        } throws: { error in
+            "\(error)".contains("maintained by Tandem")
+        }
+        #expect {
+            try database.write { db in try db.execute(sql: "UPDATE account SET localRevision = 0, name = 'x'") }
+        } throws: { error in
+            "\(error)".contains("maintained by Tandem")
+        }
+        #expect(try syncColumns(database, "account", 1)["serverId"] == "S1")
+    }
+
+    @Test("deleting a row the server knows files the delete for pushing; the row is gone at once")
+    func deleteIsFiled() throws {
+        let (database, service) = try prepared()
+        try database.write { db in
+            try db.execute(sql: "INSERT INTO account (name, isShared) VALUES ('Home', 1)")
+            try db.execute(sql: "UPDATE account SET serverId = 'S1', isDirty = 0, localRevision = localRevision + 1")
+            try db.execute(
+                sql: "INSERT INTO tandem_row (tableName, rowId, serverId, collection, serverVersion, state) VALUES ('account', 1, 'S1', 'accounts', 3, 'synced')")
+            try db.execute(sql: "DELETE FROM account WHERE id = 1")
+        }
+        let filed = try database.read { db in
+            try Row.fetchOne(db, sql: "SELECT pendingOp, serverVersion FROM tandem_row WHERE rowId = 1")
+        }
+        #expect(filed?["pendingOp"] == "delete")
+        #expect(filed?["serverVersion"] == 3)
+        #expect(try database.read { db in try CashFlow.Account.fetchCount(db) } == 0)
+        _ = service
+    }
+
+    @Test("rows of unshared accounts are local-only; rows of shared ones are pending")
+    func pendingCounts() async throws {
+        let (database, service) = try prepared()
+        try await database.write { db in
+            try db.execute(sql: "INSERT INTO account (name, isShared) VALUES ('Private', 0), ('Household', 1)")
+            try db.execute(sql: "INSERT INTO entry (accountId, title, amount) VALUES (1, 'a', 1), (2, 'b', 2), (2, 'c', 3)")
+        }
+        try await waitUntil("the status counts them") { service.status.pendingCount == 3 }
+        #expect(service.status.pendingCount == 3, "the shared account and its two entries")
+    }
+
+    @Test(
+        "registrations that cannot work are refused with a clear error",
+        arguments: [
+            (SyncTable.root("missing", collection: "m"), "does not exist"),
+            (SyncTable.root("account", collection: "bad/path"), "even number of segments"),
+            (SyncTable.nested("entry", under: "ghost", foreignKey: "accountId", collection: "entries"), "not registered"),
+            (SyncTable.root("entry", collection: "entries").referencing("nope", "account"), "has no column nope"),
+        ])
+    func badRegistrations(table: SyncTable, message: String) throws {
+        let database = try DatabaseQueue()
+        try database.write(CashFlow.createTables)
+        var tables = [SyncTable.root("account", collection: "accounts")]
+        if table.name != "account" { tables.append(table) } else { tables = [table] }
+        #expect {
+            try SyncService(database: database, serverURL: "ws://127.0.0.1:1", clientId: "d", tables: tables)
+        } throws: { error in
+            (error as? TandemError)?.code == .invalidArgument && "\(error)".contains(message)
+        }
+    }
+}
+
