@@ -57,6 +57,10 @@ public struct ConvergenceReport: Sendable {
 }
 
 public enum Convergence {
+    private static func describe(_ value: JSONValue) -> String {
+        (try? Wire.encodeString(value)) ?? "?"
+    }
+
     /// Compares what each device holds with the server's live documents, in the collections
     /// each device syncs (every collection the server holds that the device also knows of,
     /// plus the ones it knows of).
@@ -84,7 +88,11 @@ public enum Convergence {
                         comparison.missing.append("\(collection)/\(id)")
                         continue
                     }
-                    if held != fields { comparison.different.append("\(collection)/\(id)") }
+                    if held != fields {
+                        let keys = Set(held.keys).union(fields.keys).filter { held[$0] != fields[$0] }.sorted()
+                        let detail = keys.map { "\($0): device \(held[$0].map(describe) ?? "absent"), server \(fields[$0].map(describe) ?? "absent")" }
+                        comparison.different.append("\(collection)/\(id) (\(detail.joined(separator: "; ")))")
+                    }
                 }
             }
             for (collection, documents) in local {

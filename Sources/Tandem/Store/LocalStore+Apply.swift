@@ -209,6 +209,11 @@ extension LocalStore {
         try db.cachedStatement(sql: "UPDATE \(model.quotedName) SET \(assignments.joined(separator: ", ")) WHERE id = ?")
             .execute(arguments: arguments)
         try recordSynced(model, rowId: rowId, document, collection, db)
+        // The document says what each reference is now: forget what the row waited for.
+        for column in model.references.keys where document.fields[column] != nil {
+            try db.cachedStatement(sql: "DELETE FROM tandem_reference WHERE tableName = ? AND rowId = ? AND columnName = ?")
+                .execute(arguments: [model.name, rowId, column])
+        }
         try recordMissingReferences(model, rowId: rowId, incoming.missing, db)
     }
 

@@ -70,13 +70,17 @@ extension LocalStore {
                 var waitsForTarget = false
                 for (index, column) in model.fieldColumns.enumerated() {
                     let value = row[5 + index] as DatabaseValue
-                    if let target = model.references[column], let targetId = Int64.fromDatabaseValue(value) {
-                        let (reference, pending) = try outgoingReference(target, targetId, db)
+                    if let target = model.references[column] {
+                        let (reference, targetId) = try outgoingReferenceValue(
+                            model, rowId: rowId, column: column, target: target, value: value, db)
                         document[column] = reference
-                        // An optional reference goes out as null and again once the target has a
-                        // server id; a required one makes the row wait for its target.
-                        if pending && !model.optionalReferences.contains(column) { waitsForTarget = true }
-                        incomplete = incomplete || pending
+                        if reference == .null, let targetId {
+                            // The target has no server id yet. An optional reference goes out as
+                            // null and again once it has one; a required one makes the row wait.
+                            let pending = try targetWillSync(target, targetId, db)
+                            if pending && !model.optionalReferences.contains(column) { waitsForTarget = true }
+                            incomplete = incomplete || pending
+                        }
                     } else {
                         document[column] = FieldCoding.json(value)
                     }
@@ -121,15 +125,13 @@ extension LocalStore {
         return prepared
     }
 
-    /// The server id for a reference to the row `localId` of `table`. When the target has no
-    /// server id yet the reference goes out as null; `pending` says whether it is about to get
-    /// one (it syncs and its push has not failed), in which case the row must be pushed again
-    /// with the real id. A target that will not get one (not shared, or failed) leaves the
-    /// reference null, so that the row does not go out again and again.
-    private func outgoingReference(_ table: String, _ localId: Int64, _ db: Database) throws -> (JSONValue, pending: Bool) {
-        if let serverId = try serverId(table, localId: localId, db) { return (.string(serverId), false) }
-        guard let model = byName[table] else { return (.null, false) }
-        let pending = try Bool.fetchOne(
+    /// Whether a referenced row without a server id is about to get one (it syncs and its push
+    /// has not failed): then the referencing row is pushed again with the real id. A target
+    /// that will not get one (not shared, or failed) leaves the reference null, so that the
+    /// row does not go out again and again.
+    private func targetWillSync(_ table: String, _ localId: Int64, _ db: Database) throws -> Bool {
+        guard let model = byName[table] else { return false }
+        return try Bool.fetchOne(
             db,
             sql: """
                 SELECT EXISTS (SELECT 1 FROM \(model.quotedName) AS r
@@ -137,7 +139,6 @@ extension LocalStore {
                     SELECT 1 FROM tandem_row m WHERE m.tableName = ? AND m.rowId = r.id AND m.state = 'failed'))
                 """,
             arguments: [localId, model.name]) ?? false
-        return (.null, pending)
     }
 
     /// The key already recorded for a row's pending op, or a new one.

@@ -179,7 +179,7 @@ extension LocalStore {
         var memo: [String: CollectionPath?] = [:]
         for model in tables {
             let foreignKey = model.foreignKey.map { "t.\(SQL.quote($0))" } ?? "NULL"
-            let columns = (["t.serverId", "t.updatedAt", foreignKey] + model.fieldColumns.map { "t.\(SQL.quote($0))" })
+            let columns = (["t.serverId", "t.updatedAt", foreignKey, "t.id"] + model.fieldColumns.map { "t.\(SQL.quote($0))" })
                 .joined(separator: ", ")
             let rows = try Row.fetchAll(
                 db,
@@ -192,10 +192,12 @@ extension LocalStore {
                     let collection = try collection(of: model, parentRowId: row[2], db, memo: &memo)
                 else { continue }
                 var fields: JSONObject = ["updatedAt": .int(row[1])]
+                let rowId: Int64 = row[3]
                 for (index, column) in model.fieldColumns.enumerated() {
-                    let value = row[3 + index] as DatabaseValue
-                    if let target = model.references[column], let targetId = Int64.fromDatabaseValue(value) {
-                        fields[column] = try serverId(target, localId: targetId, db).map(JSONValue.string) ?? .null
+                    let value = row[4 + index] as DatabaseValue
+                    if let target = model.references[column] {
+                        fields[column] = try outgoingReferenceValue(
+                            model, rowId: rowId, column: column, target: target, value: value, db).value
                     } else {
                         fields[column] = FieldCoding.json(value)
                     }
@@ -214,5 +216,24 @@ extension LocalStore {
                 ?? 0
         }
         return count
+    }
+}
+
+extension LocalStore {
+    /// What a reference column says on the wire: the target's server id; or, when the column
+    /// is null because the target has not arrived here, the server id it waits for (the
+    /// reference is kept, not lost); or null. `targetLocalId` is set when the column holds a
+    /// local id.
+    func outgoingReferenceValue(
+        _ model: TableModel, rowId: Int64, column: String, target: String, value: DatabaseValue, _ db: Database
+    ) throws -> (value: JSONValue, targetLocalId: Int64?) {
+        if let targetId = Int64.fromDatabaseValue(value) {
+            return (try serverId(target, localId: targetId, db).map(JSONValue.string) ?? .null, targetId)
+        }
+        let waiting = try String.fetchOne(
+            db.cachedStatement(
+                sql: "SELECT targetServerId FROM tandem_reference WHERE tableName = ? AND rowId = ? AND columnName = ?"),
+            arguments: [model.name, rowId, column])
+        return (waiting.map(JSONValue.string) ?? .null, nil)
     }
 }

@@ -187,7 +187,7 @@ enum SyncSchema {
         let explanation = SQL.literal(
             "Tandem: the sync columns of \(name) (serverId, localRevision) are maintained by Tandem; "
                 + "leave them out of the columns your record encodes")
-        for suffix in ["insert", "update", "guard", "delete"] {
+        for suffix in ["insert", "update", "guard", "delete", "references"] {
             try db.execute(sql: "DROP TRIGGER IF EXISTS \(trigger(suffix))")
         }
         try db.execute(
@@ -213,6 +213,18 @@ enum SyncSchema {
                     WHERE tableName = \(literal) AND rowId = OLD.id;
                 END;
                 """)
+        if !model.references.isEmpty {
+            // The app set a reference itself: what the row waited for no longer matters.
+            let columns = model.references.keys.sorted().map(SQL.quote).joined(separator: ", ")
+            try db.execute(
+                sql: """
+                    CREATE TRIGGER \(trigger("references")) AFTER UPDATE OF \(columns) ON \(table)
+                    WHEN NEW.localRevision = OLD.localRevision
+                    BEGIN
+                        DELETE FROM tandem_reference WHERE tableName = \(literal) AND rowId = NEW.id;
+                    END;
+                    """)
+        }
         if !tracked.isEmpty {
             try db.execute(
                 sql: """
