@@ -194,6 +194,44 @@ struct RaceTests {
         _ = entry
     }
 
+    @Test("an edit made after an update's answer was lost is pushed, not taken for pushed by the resend")
+    func editAfterLostUpdateAnswer() async throws {
+        let server = try TestServer()
+        let drops = Mutex(0)
+        let phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
+            configuration.reconnectDelay = .seconds(30)
+            configuration.maxReconnectDelay = .seconds(30)
+            configuration.hooks.dropAcknowledgement = {
+                drops.withLock { remaining in
+                    defer { remaining = max(0, remaining - 1) }
+                    return remaining > 0
+                }
+            }
+        }
+        phone.service.start()
+        let account = try phone.addAccount("Household")
+        let entry = try phone.addEntry("Rent", amount: 0, account: account.id!)
+        _ = try await Convergence.waitUntilQuiet(server: server, devices: [phone])
+        let entryId = try #require(try phone.serverId(ofEntry: entry.id!))
+        let collection = "accounts/\(try #require(try phone.serverId(ofAccount: account.id!)))/entries"
+
+        // The server applies amount 1, but the answer is lost and the phone goes offline.
+        drops.withLock { $0 = 1 }
+        try await phone.database.write { db in try db.execute(sql: "UPDATE entry SET amount = 1") }
+        try await waitUntil("the server has amount 1") {
+            try serverDocuments(server, collection).first?.fields["amount"] == 1
+        }
+        await phone.service.stop()
+        try await phone.database.write { db in try db.execute(sql: "UPDATE entry SET amount = 2") }
+
+        // The resend carries the first key and gets the first answer; the edit still goes out.
+        phone.service.start()
+        let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone])
+        #expect(report.isConverged, "\(report.firstDifferences)")
+        let document = try #require(try serverDocuments(server, collection).first { $0.id.rawValue == entryId })
+        #expect(document.fields["amount"] == 2)
+    }
+
     @Test("snapshots that arrive before the first push completes are applied after it, without duplicates")
     func snapshotBeforeFirstPush() async throws {
         let server = try TestServer()

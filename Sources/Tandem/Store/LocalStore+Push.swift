@@ -7,8 +7,8 @@ struct PreparedPush: Sendable {
     var table: String
     var rowId: Int64
     var op: WriteOp
-    /// The row's `localRevision` when the op was built: if it differs at write-back, the row
-    /// changed during the push and stays dirty.
+    /// The row's `localRevision` when the op's idempotency key was first sent: if it differs
+    /// at write-back, the row changed since and stays dirty.
     var revision: Int64
     /// A reference went out as null because its target has no server id yet: push again.
     var incomplete: Bool
@@ -89,7 +89,10 @@ extension LocalStore {
                 if waitsForTarget { continue }
                 let meta = try Row.fetchOne(
                     db.cachedStatement(
-                        sql: "SELECT serverVersion, idempotencyKey, collection FROM tandem_row WHERE tableName = ? AND rowId = ?"),
+                        sql: """
+                            SELECT serverVersion, idempotencyKey, collection, pushedRevision FROM tandem_row
+                            WHERE tableName = ? AND rowId = ?
+                            """),
                     arguments: [model.name, rowId])
                 if let serverId, let known: String = meta?[2], known != collection.rawValue {
                     try fail(
@@ -99,7 +102,13 @@ extension LocalStore {
                     _ = serverId
                     continue
                 }
-                let key = try key(meta?[1], model.name, rowId, db)
+                let recordedKey: String? = meta?[1]
+                let key = try key(recordedKey, model.name, rowId, db)
+                // A key stays bound to the revision it was first sent with. If an op went out,
+                // was applied, and its answer was lost, the resend under the same key gets that
+                // first answer back: the row must then stay dirty when it changed since, or its
+                // newer content would be taken for pushed.
+                let keyRevision: Int64 = recordedKey != nil ? (meta?[3] ?? revision) : revision
                 let op: WriteOp
                 if let serverId, let id = try? DocumentID(serverId) {
                     op = .update(in: collection, id: id, fields: document, baseVersion: meta?[0], idempotencyKey: key)
@@ -115,9 +124,10 @@ extension LocalStore {
                             pushedRevision = excluded.pushedRevision
                         """
                 ).execute(arguments: [
-                    model.name, rowId, serverId, collection.rawValue, op.kind.rawValue, key.rawValue, revision,
+                    model.name, rowId, serverId, collection.rawValue, op.kind.rawValue, key.rawValue, keyRevision,
                 ])
-                prepared.append(PreparedPush(table: model.name, rowId: rowId, op: op, revision: revision, incomplete: incomplete))
+                prepared.append(
+                    PreparedPush(table: model.name, rowId: rowId, op: op, revision: keyRevision, incomplete: incomplete))
                 bytes += 64
                 if bytes >= maxBytes { break }
             }
