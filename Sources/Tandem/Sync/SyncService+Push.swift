@@ -23,14 +23,14 @@ extension SyncService {
 
         // Each batch makes progress (acknowledged, resolved or failed rows leave the set), so
         // the bound only stops a pathological ping-pong with a device writing just as fast.
-        // What went out in this push, by row and revision: a batch of nothing but rows already
-        // sent unchanged (a reference still waiting for its target) ends the push.
+        // What the server acknowledged in this push, by row and revision: a batch of nothing but
+        // rows already acknowledged unchanged (a reference still waiting for its target) ends
+        // the push. Ops of a refused batch were not applied, so they may go out again.
         var sent: Set<String> = []
         for _ in 0..<64 {
             let batch = try ownWrite { db in try store.preparePush(maxOps: maxOps, maxBytes: maxBytes, db) }
             let signatures = batch.map { "\($0.table)#\($0.rowId)#\($0.op.kind)#\($0.revision)" }
             if batch.isEmpty || signatures.allSatisfy(sent.contains) { break }
-            sent.formUnion(signatures)
             configuration.hooks.beforeSend?(batch.map(\.op))
             switch connection.writeAndWait(batch.map(\.op), timeout: configuration.requestTimeout) {
             case .success(.ack(let results)):
@@ -44,6 +44,7 @@ extension SyncService {
                     throw TandemError(.disconnected, "the connection dropped before the acknowledgement arrived")
                 }
                 configuration.hooks.afterAck?(results)
+                sent.formUnion(signatures)
                 let duplicates = try ownWrite { db in try store.recordAcknowledgement(batch, results, db) }
                 for duplicate in duplicates { noteError(duplicate) }
                 report.pushed += results.count

@@ -1,0 +1,148 @@
+import Foundation
+import GRDB
+import Synchronization
+import Tandem
+import TandemTesting
+import TandemWire
+import Testing
+
+@Suite("Sync service behaviour")
+struct ServiceBehaviorTests {
+    @Test("a row the server refuses fails at once and is listed with the reason; the others still sync")
+    func refusalFailsAtOnce() async throws {
+        let server = try TestServer { $0.limits.maxDocumentBytes = 512 }
+        let phone = try TestDevice(name: "phone", serverURL: server.url)
+        phone.service.start()
+        let account = try phone.addAccount("Household")
+        let big = try phone.addEntry(String(repeating: "x", count: 2000), amount: 1, account: account.id!)
+        try phone.addEntry("Small", amount: 2, account: account.id!)
+        try await waitUntil("the big row failed") { try phone.service.failedRecords().count == 1 }
+        let failure = try #require(try phone.service.failedRecords().first)
+        #expect(failure.table == "entry")
+        #expect(failure.rowId == big.id)
+        #expect(failure.error.contains("the limit is 512"))
+        try await waitUntil("the status counts it") { phone.service.status.failedCount == 1 }
+        try await waitUntil("the small row reached the server") {
+            try server.server.collections().contains { $0.rawValue.hasSuffix("/entries") }
+        }
+        // Shortened, the row is retried on its own (an edit makes a failed row pending again).
+        try await phone.database.write { db in
+            try db.execute(sql: "UPDATE entry SET title = 'Big' WHERE id = ?", arguments: [big.id!])
+        }
+        let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone])
+        #expect(report.isConverged, "\(report.firstDifferences)")
+    }
+
+    @Test("a row whose push keeps failing becomes failed after the configured attempts, then retries on demand")
+    func attemptsExhausted() async throws {
+        let server = try TestServer()
+        let drops = Mutex(2)
+        let phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
+            configuration.maxAttempts = 2
+            configuration.hooks.dropAcknowledgement = {
+                drops.withLock { remaining in
+                    defer { remaining = max(0, remaining - 1) }
+                    return remaining > 0
+                }
+            }
+        }
+        phone.service.start()
+        try phone.addAccount("Household")
+        try await waitUntil("the row failed after two attempts") {
+            try phone.service.failedRecords().first?.attempts == 2
+        }
+        try phone.service.retryFailed()
+        let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone])
+        #expect(report.isConverged, "\(report.firstDifferences)")
+        #expect(try serverDocuments(server, "accounts").count == 1)
+    }
+
+    @Test("last write wins: of two offline edits of one entry, the later one wins on every device")
+    func lastWriteWins() async throws {
+        let server = try TestServer()
+        let clock = TestClock()
+        let phone = try TestDevice(name: "phone", serverURL: server.url) { $0.clock = clock }
+        let laptop = try TestDevice(name: "laptop", serverURL: server.url) { $0.clock = clock }
+        phone.service.start()
+        laptop.service.start()
+        let account = try phone.addAccount("Household")
+        try phone.addEntry("Rent", amount: -100, account: account.id!)
+        _ = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
+
+        await phone.service.stop()
+        await laptop.service.stop()
+        clock.advance(by: 1000)
+        try await laptop.database.write { db in try db.execute(sql: "UPDATE entry SET title = 'Rent (laptop)'") }
+        clock.advance(by: 1000)
+        try await phone.database.write { db in try db.execute(sql: "UPDATE entry SET title = 'Rent (phone, later)'") }
+
+        // The earlier edit reaches the server first; the later one still wins.
+        laptop.service.start()
+        try await laptop.service.syncNow()
+        phone.service.start()
+        let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
+        #expect(report.isConverged, "\(report.firstDifferences)")
+        #expect(try laptop.entries().map(\.title) == ["Rent (phone, later)"])
+        #expect(try phone.entries().map(\.title) == ["Rent (phone, later)"])
+    }
+
+    @Test("a listener change never overwrites a newer unpushed local edit")
+    func listenerDoesNotOverwriteNewerLocalEdit() async throws {
+        let server = try TestServer()
+        let clock = TestClock()
+        let held = Checkpoint()
+        let phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
+            configuration.clock = clock
+            configuration.hooks.beforeSend = { _ in held.pause() }
+        }
+        let laptop = try TestDevice(name: "laptop", serverURL: server.url) { $0.clock = clock }
+        laptop.service.start()
+        let account = try laptop.addAccount("Household")
+        try laptop.addEntry("Rent", amount: -100, account: account.id!)
+        _ = try await Convergence.waitUntilQuiet(server: server, devices: [laptop])
+        held.release()  // the phone's first pushes go through
+        phone.service.start()
+        _ = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
+
+        // The laptop edits first; the phone edits later but cannot push before the change arrives.
+        await phone.service.stop()
+        clock.advance(by: 1000)
+        try await laptop.database.write { db in try db.execute(sql: "UPDATE entry SET amount = -200") }
+        try await laptop.service.syncNow()
+        clock.advance(by: 1000)
+        try await phone.database.write { db in try db.execute(sql: "UPDATE entry SET amount = -300") }
+        phone.service.start()
+        let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
+        #expect(report.isConverged, "\(report.firstDifferences)")
+        #expect(try phone.entries().map(\.amount) == [-300])
+        #expect(try laptop.entries().map(\.amount) == [-300])
+    }
+
+    @Test("listeners follow sharing: an unshared account stops syncing, sharing it again resumes")
+    func listenersFollowSharing() async throws {
+        let server = try TestServer()
+        let phone = try TestDevice(name: "phone", serverURL: server.url)
+        let laptop = try TestDevice(name: "laptop", serverURL: server.url)
+        phone.service.start()
+        laptop.service.start()
+        let account = try phone.addAccount("Household")
+        _ = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
+        #expect(server.server.stats.liveListeners == 4, "accounts and the account's entries, on each device")
+
+        let laptopAccount = try #require(try laptop.accounts().first)
+        try await laptop.database.write { db in
+            try db.execute(sql: "UPDATE account SET isShared = 0 WHERE id = ?", arguments: [laptopAccount.id!])
+        }
+        try await waitUntil("the laptop closed the entries listener") { server.server.stats.liveListeners == 3 }
+        try phone.addEntry("Rent", amount: -100, account: account.id!)
+        try await phone.service.syncNow()
+        try await Task.sleep(for: .milliseconds(200))  // what is being shown is that nothing arrives
+        #expect(try laptop.entries().isEmpty)
+
+        try await laptop.database.write { db in
+            try db.execute(sql: "UPDATE account SET isShared = 1 WHERE id = ?", arguments: [laptopAccount.id!])
+        }
+        try await waitUntil("the laptop resumed and has the entry") { try laptop.entries().count == 1 }
+        #expect(server.server.stats.liveListeners == 4)
+    }
+}
