@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import Logging
 import TandemServer
+import TandemWire
 
 struct ServeCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -28,8 +29,34 @@ struct ServeCommand: AsyncParsableCommand {
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
     var logLevel = "info"
 
+    @Option(help: "The largest message accepted, in bytes; larger closes the connection with 1009.")
+    var maxMessageBytes = Limits.default.maxMessageBytes
+
+    @Option(help: "The most ops in one write.")
+    var maxOpsPerWrite = Limits.default.maxOpsPerWrite
+
+    @Option(help: "The most listeners one connection may hold.")
+    var maxListeners = Limits.default.maxListenersPerConnection
+
+    @Option(help: "The largest document (the JSON of its fields), in bytes.")
+    var maxDocumentBytes = Limits.default.maxDocumentBytes
+
+    @Option(help: "Days a deleted document's tombstone is kept; older resume tokens get a reset.")
+    var tombstoneDays = 30
+
+    @Option(help: "Days an idempotency key is remembered.")
+    var idempotencyDays = 30
+
     func validate() throws {
         guard (0...65535).contains(port) else { throw ValidationError("--port must be between 0 and 65535, not \(port)") }
+        guard maxMessageBytes >= 1024 else { throw ValidationError("--max-message-bytes must be at least 1024") }
+        guard maxOpsPerWrite >= 1, maxListeners >= 1 else {
+            throw ValidationError("--max-ops-per-write and --max-listeners must be at least 1")
+        }
+        guard maxDocumentBytes >= 2 else { throw ValidationError("--max-document-bytes must be at least 2") }
+        guard tombstoneDays >= 1, idempotencyDays >= 1 else {
+            throw ValidationError("--tombstone-days and --idempotency-days must be at least 1")
+        }
         guard Logger.Level(rawValue: logLevel) != nil else {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
         }
@@ -45,6 +72,11 @@ struct ServeCommand: AsyncParsableCommand {
         var configuration = ServerConfiguration(dataDirectory: URL(fileURLWithPath: data).standardizedFileURL)
         configuration.host = host
         configuration.port = port
+        configuration.limits = Limits(
+            maxMessageBytes: maxMessageBytes, maxOpsPerWrite: maxOpsPerWrite, maxListenersPerConnection: maxListeners,
+            maxDocumentBytes: maxDocumentBytes)
+        configuration.tombstoneRetention = .seconds(tombstoneDays * 24 * 3600)
+        configuration.idempotencyRetention = .seconds(idempotencyDays * 24 * 3600)
         configuration.logger = Logger(label: "tandem.server")
 
         let server: TandemServer
