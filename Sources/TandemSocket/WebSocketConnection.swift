@@ -344,11 +344,6 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         closeCause = WebSocketCloseEvent(code: WebSocketCloseCode(rawValue: code), reason: String(decoding: bytes[2...], as: UTF8.self))
     }
 
-    /// Notes a local cause for the coming close, unless one is known already.
-    func noteCloseCause(_ event: WebSocketCloseEvent) {
-        if closeCause == nil { closeCause = event }
-    }
-
     /// Reports the end of the connection to the delegate, once.
     func didClose(failure: String? = nil) {
         wsi = nil

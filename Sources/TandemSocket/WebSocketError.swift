@@ -15,8 +15,6 @@ public struct WebSocketError: Error, Sendable, CustomStringConvertible {
         public static let notOpen = Code(rawValue: "not-open")
         /// The send queue was full: the connection has been closed with 1008.
         public static let sendQueueOverflow = Code(rawValue: "send-queue-overflow")
-        /// The event loop was shut down.
-        public static let shutdown = Code(rawValue: "shutdown")
     }
 
     public var code: Code

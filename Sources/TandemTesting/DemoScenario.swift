@@ -39,10 +39,19 @@ public enum DemoScenario {
                 }
             }
         }
-        defer {
-            for device in devices { device.service.stopWithoutWaiting() }
-        }
         for device in devices { device.service.start() }
+        do {
+            return try await run(options, server: server, devices: devices, random: &random, started: started, progress: progress)
+        } catch {
+            for device in devices { await device.service.stop() }
+            throw error
+        }
+    }
+
+    private static func run(
+        _ options: DemoOptions, server: TestServer, devices: [TestDevice], random: inout SeededGenerator,
+        started: ContinuousClock.Instant, progress: @escaping @Sendable (DemoProgress) -> Void
+    ) async throws -> DemoResult {
 
         // The first device opens the book: two shared accounts and a private one.
         progress(DemoProgress(phase: "sharing accounts", done: 0, total: options.operations, online: devices.count, pending: 0))

@@ -350,11 +350,3 @@ extension SyncService {
         try database.read { db in try store.unsyncedRowCount(db) }
     }
 }
-
-extension SyncService {
-    /// Stops without waiting for the operation in progress (for teardown paths that cannot
-    /// await).
-    public func stopWithoutWaiting() {
-        Task { await stop() }
-    }
-}
