@@ -77,7 +77,9 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
         for session in sessions.values { session.isClosed = true }
         sessions = [:]
         listeners = [:]
-        do { try store.close() } catch { logger.error("closing the store failed", metadata: ["tandem.error": "\(error)"]) }
+        do { try store.close() } catch {
+            logger.error("closing the store failed", metadata: ["tandem.error": "\(error)"])
+        }
     }
 
     var stats: ServerStats {
@@ -138,7 +140,8 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
 
     private func handle(_ frame: WebSocketMessage, from session: Session) {
         guard frame.kind == .text else {
-            session.send(WireError(.badMessage, "binary frames are not supported; send each message as a JSON text frame"))
+            session.send(
+                WireError(.badMessage, "binary frames are not supported; send each message as a JSON text frame"))
             return
         }
         let message: ClientMessage
@@ -177,7 +180,8 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
             session.send(
                 WireError(
                     .unsupportedProtocol,
-                    "this server speaks protocol \(Wire.protocolVersion); the client asked for \(hello.protocolVersion)"))
+                    "this server speaks protocol \(Wire.protocolVersion); the client asked for \(hello.protocolVersion)"
+                ))
             return
         }
         session.clientId = hello.clientId

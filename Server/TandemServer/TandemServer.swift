@@ -37,7 +37,8 @@ public final class TandemServer: Sendable {
         guard configuration.isLoopback else {
             throw ServerError(
                 .invalidConfiguration,
-                "without access control the server only listens on loopback (127.0.0.1 or ::1), not \(configuration.host)")
+                "without access control the server only listens on loopback (127.0.0.1 or ::1), not \(configuration.host)"
+            )
         }
         guard (0...65535).contains(configuration.port) else {
             throw ServerError(.invalidConfiguration, "port \(configuration.port) is not between 0 and 65535")

@@ -97,7 +97,8 @@ final class ServiceLoop: @unchecked Sendable {
             if let listen {
                 throw WebSocketError(
                     .contextCreationFailed,
-                    "could not listen on \(listen.host):\(listen.port) (address in use, or not an address of this machine?)")
+                    "could not listen on \(listen.host):\(listen.port) (address in use, or not an address of this machine?)"
+                )
             }
             throw WebSocketError(.contextCreationFailed, "libwebsockets could not create its context")
         }

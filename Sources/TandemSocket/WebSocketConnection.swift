@@ -341,7 +341,8 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         }
         let bytes = UnsafeRawBufferPointer(start: input, count: length)
         let code = UInt16(bytes[0]) << 8 | UInt16(bytes[1])
-        closeCause = WebSocketCloseEvent(code: WebSocketCloseCode(rawValue: code), reason: String(decoding: bytes[2...], as: UTF8.self))
+        closeCause = WebSocketCloseEvent(
+            code: WebSocketCloseCode(rawValue: code), reason: String(decoding: bytes[2...], as: UTF8.self))
     }
 
     /// Reports the end of the connection to the delegate, once.

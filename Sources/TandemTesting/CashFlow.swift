@@ -74,7 +74,8 @@ extension CashFlow.Account: SyncableRecord {
 }
 
 extension CashFlow.Entry: SyncableRecord {
-    public static let syncTable = SyncTable
+    public static let syncTable =
+        SyncTable
         .nested(CashFlow.Entry.self, under: CashFlow.Account.self, foreignKey: "accountId", collection: "entries")
         .referencing("linkedEntryId", CashFlow.Entry.self)
 }

@@ -90,7 +90,9 @@ public enum Convergence {
                     }
                     if held != fields {
                         let keys = Set(held.keys).union(fields.keys).filter { held[$0] != fields[$0] }.sorted()
-                        let detail = keys.map { "\($0): device \(held[$0].map(describe) ?? "absent"), server \(fields[$0].map(describe) ?? "absent")" }
+                        let detail = keys.map {
+                            "\($0): device \(held[$0].map(describe) ?? "absent"), server \(fields[$0].map(describe) ?? "absent")"
+                        }
                         comparison.different.append("\(collection)/\(id) (\(detail.joined(separator: "; ")))")
                     }
                 }
@@ -102,7 +104,8 @@ public enum Convergence {
             }
             comparisons.append(comparison)
         }
-        return ConvergenceReport(devices: comparisons, serverDocuments: serverDocuments.values.map(\.count).reduce(0, +))
+        return ConvergenceReport(
+            devices: comparisons, serverDocuments: serverDocuments.values.map(\.count).reduce(0, +))
     }
 
     /// Pushes on every device and waits until they all match the server, up to `timeout`, or
@@ -133,6 +136,7 @@ extension Convergence {
     public static func waitUntilQuiet(server: TestServer, devices: [TestDevice], timeout: Duration = .seconds(60))
         async throws -> ConvergenceReport
     {
-        try await waitUntilQuiet(server: server.server, devices: devices.map { ($0.name, $0.service) }, timeout: timeout)
+        try await waitUntilQuiet(
+            server: server.server, devices: devices.map { ($0.name, $0.service) }, timeout: timeout)
     }
 }

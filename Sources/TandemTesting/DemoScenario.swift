@@ -41,7 +41,8 @@ public enum DemoScenario {
         }
         for device in devices { device.service.start() }
         do {
-            return try await run(options, server: server, devices: devices, random: &random, started: started, progress: progress)
+            return try await run(
+                options, server: server, devices: devices, random: &random, started: started, progress: progress)
         } catch {
             for device in devices { await device.service.stop() }
             throw error
@@ -54,7 +55,9 @@ public enum DemoScenario {
     ) async throws -> DemoResult {
 
         // The first device opens the book: two shared accounts and a private one.
-        progress(DemoProgress(phase: "sharing accounts", done: 0, total: options.operations, online: devices.count, pending: 0))
+        progress(
+            DemoProgress(
+                phase: "sharing accounts", done: 0, total: options.operations, online: devices.count, pending: 0))
         try devices[0].addAccount("Household")
         try devices[0].addAccount("Holiday")
         try devices[0].addAccount("Private", shared: false)
@@ -96,7 +99,8 @@ public enum DemoScenario {
         ) { report in
             progress(
                 DemoProgress(
-                    phase: "syncing until quiet", done: options.operations, total: options.operations, online: devices.count,
+                    phase: "syncing until quiet", done: options.operations, total: options.operations,
+                    online: devices.count,
                     pending: report.devices.map(\.pending).reduce(0, +)))
         }
         for device in devices { await device.service.stop() }
@@ -125,7 +129,10 @@ public enum DemoScenario {
         let accounts = try sharedAccounts(device)
         let entries = try device.database.read { db in
             try Int64.fetchAll(
-                db, sql: "SELECT entry.id FROM entry JOIN account ON account.id = entry.accountId WHERE account.isShared = 1")
+                db,
+                sql:
+                    "SELECT entry.id FROM entry JOIN account ON account.id = entry.accountId WHERE account.isShared = 1"
+            )
         }
         let roll = Double.random(in: 0..<1, using: &random)
         let account = accounts[Int.random(in: 0..<accounts.count, using: &random)]
@@ -141,7 +148,8 @@ public enum DemoScenario {
             try device.database.write { db in
                 var out = CashFlow.Entry(accountId: account, title: "Transfer out", amount: -abs(amount))
                 try out.insert(db)
-                var into = CashFlow.Entry(accountId: other, title: "Transfer in", amount: abs(amount), linkedEntryId: out.id)
+                var into = CashFlow.Entry(
+                    accountId: other, title: "Transfer in", amount: abs(amount), linkedEntryId: out.id)
                 try into.insert(db)
                 try db.execute(sql: "UPDATE entry SET linkedEntryId = ? WHERE id = ?", arguments: [into.id, out.id])
             }
@@ -157,7 +165,8 @@ public enum DemoScenario {
             }
             return "edit"
         }
-        _ = try device.database.write { db in try db.execute(sql: "DELETE FROM entry WHERE id = ?", arguments: [entry]) }
+        _ = try device.database.write { db in try db.execute(sql: "DELETE FROM entry WHERE id = ?", arguments: [entry])
+        }
         return "delete"
     }
 

@@ -220,7 +220,8 @@ public final class RawWebSocket: @unchecked Sendable {
         let remaining = deadline - ContinuousClock.now
         guard remaining > .zero else { throw Failure(description: "timed out") }
         var poller = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-        let milliseconds = Int32(remaining.components.seconds * 1000 + remaining.components.attoseconds / 1_000_000_000_000_000)
+        let milliseconds = Int32(
+            remaining.components.seconds * 1000 + remaining.components.attoseconds / 1_000_000_000_000_000)
         let ready = poll(&poller, 1, max(1, milliseconds))
         guard ready > 0 else { throw Failure(description: "timed out") }
         var chunk = [UInt8](repeating: 0, count: 65536)
@@ -245,7 +246,9 @@ public final class RawWebSocket: @unchecked Sendable {
     private func writeAll(_ bytes: [UInt8]) throws {
         var offset = 0
         while offset < bytes.count {
-            let written = bytes[offset...].withUnsafeBytes { systemSend(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            let written = bytes[offset...].withUnsafeBytes {
+                systemSend(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL))
+            }
             guard written > 0 else { throw Failure(description: "send failed: errno \(errno)") }
             offset += written
         }

@@ -38,7 +38,9 @@ public final class ServerProcess: @unchecked Sendable {
             if FileManager.default.isExecutableFile(atPath: candidate.path) { return candidate }
             folder = folder.deletingLastPathComponent()
         }
-        throw ServerProcessError("cannot find the tandem executable near \(CommandLine.arguments[0]); run `swift build` or set TANDEM_EXECUTABLE")
+        throw ServerProcessError(
+            "cannot find the tandem executable near \(CommandLine.arguments[0]); run `swift build` or set TANDEM_EXECUTABLE"
+        )
     }
 
     /// Starts the process (again) and waits up to 30 s for it to listen.

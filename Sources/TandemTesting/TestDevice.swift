@@ -56,7 +56,8 @@ public final class TestDevice: Sendable {
         configuration.pushDelay = .zero
         configuration.reconnectDelay = .milliseconds(50)
         configuration.maxReconnectDelay = .milliseconds(500)
-        configuration.logger.logLevel = ProcessInfo.processInfo.environment["TANDEM_TEST_LOG"].flatMap { Logger.Level(rawValue: $0) } ?? .critical
+        configuration.logger.logLevel =
+            ProcessInfo.processInfo.environment["TANDEM_TEST_LOG"].flatMap { Logger.Level(rawValue: $0) } ?? .critical
         configure(&configuration)
         return try SyncService(
             database: database, serverURL: serverURL, clientId: name, tables: tables, configuration: configuration)
@@ -91,7 +92,9 @@ public final class TestDevice: Sendable {
     }
 
     @discardableResult
-    public func addEntry(_ title: String, amount: Int64, account: Int64, linkedTo: Int64? = nil) throws -> CashFlow.Entry {
+    public func addEntry(_ title: String, amount: Int64, account: Int64, linkedTo: Int64? = nil) throws
+        -> CashFlow.Entry
+    {
         try database.write { db in
             var entry = CashFlow.Entry(accountId: account, title: title, amount: amount, linkedEntryId: linkedTo)
             try entry.insert(db)
@@ -114,16 +117,22 @@ public final class TestDevice: Sendable {
 
     /// The server id of a local entry row.
     public func serverId(ofEntry id: Int64) throws -> String? {
-        try database.read { db in try String.fetchOne(db, sql: "SELECT serverId FROM entry WHERE id = ?", arguments: [id]) }
+        try database.read { db in
+            try String.fetchOne(db, sql: "SELECT serverId FROM entry WHERE id = ?", arguments: [id])
+        }
     }
 
     public func serverId(ofAccount id: Int64) throws -> String? {
-        try database.read { db in try String.fetchOne(db, sql: "SELECT serverId FROM account WHERE id = ?", arguments: [id]) }
+        try database.read { db in
+            try String.fetchOne(db, sql: "SELECT serverId FROM account WHERE id = ?", arguments: [id])
+        }
     }
 
     /// Whether a row is dirty (has unpushed changes).
     public func isDirty(entry id: Int64) throws -> Bool {
-        try database.read { db in try Bool.fetchOne(db, sql: "SELECT isDirty FROM entry WHERE id = ?", arguments: [id]) ?? false }
+        try database.read { db in
+            try Bool.fetchOne(db, sql: "SELECT isDirty FROM entry WHERE id = ?", arguments: [id]) ?? false
+        }
     }
 }
 

@@ -156,11 +156,14 @@ public struct WriteOp: Sendable, Hashable, Codable {
     public static func create(
         in collection: CollectionPath, id: DocumentID? = nil, fields: JSONObject, idempotencyKey: ClientName
     ) -> WriteOp {
-        WriteOp(kind: .create, collection: collection, id: id, fields: fields, baseVersion: nil, idempotencyKey: idempotencyKey)
+        WriteOp(
+            kind: .create, collection: collection, id: id, fields: fields, baseVersion: nil,
+            idempotencyKey: idempotencyKey)
     }
 
     public static func update(
-        in collection: CollectionPath, id: DocumentID, fields: JSONObject, baseVersion: Int64?, idempotencyKey: ClientName
+        in collection: CollectionPath, id: DocumentID, fields: JSONObject, baseVersion: Int64?,
+        idempotencyKey: ClientName
     ) -> WriteOp {
         WriteOp(
             kind: .update, collection: collection, id: id, fields: fields, baseVersion: baseVersion,
@@ -170,7 +173,9 @@ public struct WriteOp: Sendable, Hashable, Codable {
     public static func delete(
         in collection: CollectionPath, id: DocumentID, baseVersion: Int64?, idempotencyKey: ClientName
     ) -> WriteOp {
-        WriteOp(kind: .delete, collection: collection, id: id, fields: nil, baseVersion: baseVersion, idempotencyKey: idempotencyKey)
+        WriteOp(
+            kind: .delete, collection: collection, id: id, fields: nil, baseVersion: baseVersion,
+            idempotencyKey: idempotencyKey)
     }
 
     private enum CodingKeys: String, CodingKey {
@@ -184,7 +189,8 @@ public struct WriteOp: Sendable, Hashable, Codable {
         guard let kind = Kind(rawValue: name) else {
             throw WireError(
                 .badMessage,
-                "\((decoder.codingPath + [CodingKeys.kind]).fieldName): unknown op '\(name.prefix(40))'; expected create, update or delete")
+                "\((decoder.codingPath + [CodingKeys.kind]).fieldName): unknown op '\(name.prefix(40))'; expected create, update or delete"
+            )
         }
         self.kind = kind
         collection = try container.decode(CollectionPath.self, forKey: .collection)

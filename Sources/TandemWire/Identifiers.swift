@@ -11,7 +11,9 @@ enum Name {
         if name.utf8.count > maxBytes { return "is longer than \(maxBytes) bytes" }
         if name == "." || name == ".." { return "may not be '.' or '..'" }
         for byte in name.utf8 where !isAllowed(byte) {
-            let shown = byte < 0x20 || byte >= 0x7F ? "byte 0x\(String(byte, radix: 16))" : "'\(Character(Unicode.Scalar(byte)))'"
+            let shown =
+                byte < 0x20 || byte >= 0x7F
+                ? "byte 0x\(String(byte, radix: 16))" : "'\(Character(Unicode.Scalar(byte)))'"
             return "contains \(shown); allowed are letters, digits and - _ . ~ : @ +"
         }
         return nil

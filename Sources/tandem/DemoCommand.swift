@@ -44,8 +44,12 @@ struct DemoCommand: AsyncParsableCommand {
     func validate() throws {
         guard (1...50).contains(devices) else { throw ValidationError("--devices must be between 1 and 50") }
         guard ops >= 1 else { throw ValidationError("--ops must be at least 1") }
-        guard (0...1).contains(offlineFraction) else { throw ValidationError("--offline-fraction must be between 0 and 1") }
-        guard (0...10_000).contains(ackDelay) else { throw ValidationError("--ack-delay must be between 0 and 10000 ms") }
+        guard (0...1).contains(offlineFraction) else {
+            throw ValidationError("--offline-fraction must be between 0 and 1")
+        }
+        guard (0...10_000).contains(ackDelay) else {
+            throw ValidationError("--ack-delay must be between 0 and 10000 ms")
+        }
         guard timeout >= 1 else { throw ValidationError("--timeout must be at least 1 second") }
     }
 
@@ -89,7 +93,9 @@ struct DemoCommand: AsyncParsableCommand {
             "operations: \(counts["create", default: 0]) creates, \(counts["transfer", default: 0]) transfers, "
                 + "\(counts["edit", default: 0]) edits, \(counts["delete", default: 0]) deletes; "
                 + "devices went offline \(counts["offline", default: 0]) times")
-        let seconds = String(format: "%.1f", Double(result.elapsed.components.seconds) + Double(result.elapsed.components.attoseconds) / 1e18)
+        let seconds = String(
+            format: "%.1f",
+            Double(result.elapsed.components.seconds) + Double(result.elapsed.components.attoseconds) / 1e18)
         if result.isConverged {
             emit("converged: \(devices) devices, \(result.entries) entries, 0 duplicates, 0 lost (\(seconds) s)")
             return
@@ -101,14 +107,17 @@ struct DemoCommand: AsyncParsableCommand {
         if serialization == .none && result.duplicates > 0 {
             emit(
                 "With --serialization none the listener applied the server's echo of a create before the pusher had "
-                    + "stored its server id, and inserted it again: the duplicates above are the race Tandem's barrier prevents.")
+                    + "stored its server id, and inserted it again: the duplicates above are the race Tandem's barrier prevents."
+            )
         }
         throw ExitCode(1)
     }
 
     private func row(_ cells: [String]) -> String {
         cells.enumerated().map { index, cell in
-            index == 0 ? cell.padding(toLength: 10, withPad: " ", startingAt: 0) : String(repeating: " ", count: max(0, 11 - cell.count)) + cell
+            index == 0
+                ? cell.padding(toLength: 10, withPad: " ", startingAt: 0)
+                : String(repeating: " ", count: max(0, 11 - cell.count)) + cell
         }.joined()
     }
 }

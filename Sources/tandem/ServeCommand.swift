@@ -48,7 +48,9 @@ struct ServeCommand: AsyncParsableCommand {
     var idempotencyDays = 30
 
     func validate() throws {
-        guard (0...65535).contains(port) else { throw ValidationError("--port must be between 0 and 65535, not \(port)") }
+        guard (0...65535).contains(port) else {
+            throw ValidationError("--port must be between 0 and 65535, not \(port)")
+        }
         guard maxMessageBytes >= 1024 else { throw ValidationError("--max-message-bytes must be at least 1024") }
         guard maxOpsPerWrite >= 1, maxListeners >= 1 else {
             throw ValidationError("--max-ops-per-write and --max-listeners must be at least 1")

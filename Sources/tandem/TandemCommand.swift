@@ -14,7 +14,8 @@ struct TandemCommand: AsyncParsableCommand {
               tandem delete notes/ID
             """,
         subcommands: [
-            DemoCommand.self, ServeCommand.self, PutCommand.self, GetCommand.self, DeleteCommand.self, WatchCommand.self,
+            DemoCommand.self, ServeCommand.self, PutCommand.self, GetCommand.self, DeleteCommand.self,
+            WatchCommand.self,
         ]
     )
 }

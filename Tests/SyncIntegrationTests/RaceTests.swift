@@ -91,7 +91,8 @@ struct RaceTests {
         #expect(document.fields["name"] == "Household")
         try await waitUntil("the row is clean") {
             try await device.database.read { db in
-                try Bool.fetchOne(db, sql: "SELECT isDirty FROM account WHERE id = ?", arguments: [account.id!]) == false
+                try Bool.fetchOne(db, sql: "SELECT isDirty FROM account WHERE id = ?", arguments: [account.id!])
+                    == false
             }
         }
         #expect(try device.serverId(ofAccount: account.id!) == document.id.rawValue)
@@ -124,7 +125,9 @@ struct RaceTests {
         #expect(Set(keys.all).count == 1, "the resend reused the first key")
     }
 
-    @Test("a create whose acknowledgement was lost is recognized by its key when its document arrives through the listener")
+    @Test(
+        "a create whose acknowledgement was lost is recognized by its key when its document arrives through the listener"
+    )
     func lostAcknowledgementAdoptedFromListener() async throws {
         let server = try TestServer()
         let drops = Mutex(1)
@@ -146,7 +149,8 @@ struct RaceTests {
             try device.serverId(ofAccount: account.id!) != nil
         }
         #expect(try device.accountCount() == 1)
-        #expect(try serverDocuments(server, "accounts").map(\.id.rawValue) == [try device.serverId(ofAccount: account.id!)])
+        #expect(
+            try serverDocuments(server, "accounts").map(\.id.rawValue) == [try device.serverId(ofAccount: account.id!)])
         #expect(try device.service.failedRecords().isEmpty)
         let report = try await Convergence.waitUntilQuiet(server: server, devices: [device])
         #expect(report.isConverged, "\(report.firstDifferences)")
@@ -361,7 +365,8 @@ struct RaceTests {
         laptop.service.start()
         try await laptop.database.write { db in
             try db.execute(sql: "INSERT INTO wallet (name) VALUES ('Cash')")
-            try db.execute(sql: "INSERT INTO bill (walletId, title) VALUES (?, 'Groceries')", arguments: [db.lastInsertedRowID])
+            try db.execute(
+                sql: "INSERT INTO bill (walletId, title) VALUES (?, 'Groceries')", arguments: [db.lastInsertedRowID])
         }
         _ = try await Convergence.waitUntilQuiet(server: server, devices: [laptop])
 
@@ -372,7 +377,10 @@ struct RaceTests {
         phone.service.start()
         try await billApplied.reached()
         let heldBack = try await phone.database.read { db in
-            (try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM bill")!, try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tandem_deferred")!)
+            (
+                try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM bill")!,
+                try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tandem_deferred")!
+            )
         }
         #expect(heldBack.0 == 0, "the bill waits for its wallet")
         #expect(heldBack.1 == 1, "the bill is kept")
@@ -381,13 +389,15 @@ struct RaceTests {
         let report = try await Convergence.waitUntilQuiet(server: server, devices: [laptop, phone])
         #expect(report.isConverged, "\(report.firstDifferences)")
         let linked = try phone.database.read { db in
-            try Row.fetchOne(db, sql: "SELECT bill.title, wallet.name FROM bill JOIN wallet ON wallet.id = bill.walletId")
+            try Row.fetchOne(
+                db, sql: "SELECT bill.title, wallet.name FROM bill JOIN wallet ON wallet.id = bill.walletId")
         }
         #expect(linked?["title"] == "Groceries")
         #expect(linked?["name"] == "Cash")
     }
 
-    @Test("the resume token is stored with the changes: a client killed between two snapshots misses and repeats nothing")
+    @Test(
+        "the resume token is stored with the changes: a client killed between two snapshots misses and repeats nothing")
     func resumeTokenWithChanges() async throws {
         let server = try TestServer()
         let phone = try TestDevice(name: "phone", serverURL: server.url)
@@ -430,6 +440,7 @@ struct RaceTests {
         #expect(try laptop.entries().map(\.title).sorted() == ["First", "Second"])
         let afterRestart = applied.all.dropFirst(appliedBeforeRestart)
         #expect(!afterRestart.contains { $0.contains(try! DocumentID(firstId)) }, "the first change came only once")
-        #expect(afterRestart.contains { snapshot in snapshot.changes.contains { $0.document.fields["title"] == "Second" } })
+        #expect(
+            afterRestart.contains { snapshot in snapshot.changes.contains { $0.document.fields["title"] == "Second" } })
     }
 }

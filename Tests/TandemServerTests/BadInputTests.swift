@@ -45,13 +45,15 @@ let badInputs: [BadInput] = [
         .error(.notFound, mentioning: "does not exist")),
     .text(
         "document over the size limit",
-        #"{"type":"write","request":"r1","ops":[{"op":"create","collection":"notes","fields":{"blob":""# + String(repeating: "x", count: 5000)
+        #"{"type":"write","request":"r1","ops":[{"op":"create","collection":"notes","fields":{"blob":""#
+            + String(repeating: "x", count: 5000)
             + #""},"idempotencyKey":"k"}]}"#,
         .error(.tooLarge, mentioning: "the limit is 4096")),
     .text(
         "more ops than allowed",
         #"{"type":"write","request":"r1","ops":["#
-            + Array(repeating: #"{"op":"create","collection":"notes","fields":{},"idempotencyKey":"k"}"#, count: 11).joined(separator: ",")
+            + Array(repeating: #"{"op":"create","collection":"notes","fields":{},"idempotencyKey":"k"}"#, count: 11)
+            .joined(separator: ",")
             + "]}",
         .error(.tooLarge, mentioning: "at most 10 ops")),
     .text(
@@ -60,15 +62,22 @@ let badInputs: [BadInput] = [
     .text(
         "an unsupported protocol version", #"{"type":"hello","protocol":99,"clientId":"c"}"#, hello: false,
         .error(.unsupportedProtocol, mentioning: "protocol 1")),
-    .text("a second hello", #"{"type":"hello","protocol":1,"clientId":"c"}"#, .error(.badMessage, mentioning: "already")),
     .text(
-        "a huge number", #"{"type":"write","request":"r1","ops":[{"op":"create","collection":"notes","fields":{"n":1e99999},"idempotencyKey":"k"}]}"#,
+        "a second hello", #"{"type":"hello","protocol":1,"clientId":"c"}"#, .error(.badMessage, mentioning: "already")),
+    .text(
+        "a huge number",
+        #"{"type":"write","request":"r1","ops":[{"op":"create","collection":"notes","fields":{"n":1e99999},"idempotencyKey":"k"}]}"#,
         .error(.badMessage, mentioning: "")),
     .text(
-        "deeply nested JSON", #"{"type":"write","request":"r1","ops":[{"op":"create","collection":"notes","fields":{"n":"# + String(repeating: "[", count: 5000) + "]}}]}",
+        "deeply nested JSON",
+        #"{"type":"write","request":"r1","ops":[{"op":"create","collection":"notes","fields":{"n":"#
+            + String(repeating: "[", count: 5000) + "]}}]}",
         .error(.badMessage, mentioning: "nested deeper")),
-    BadInput(name: "binary frame", frames: [(.binary, [0x7B, 0x7D])], expected: .error(.badMessage, mentioning: "binary frames")),
-    BadInput(name: "oversize message", frames: [(.text, Array(repeating: 0x20, count: 70_000))], expected: .close(1009)),
+    BadInput(
+        name: "binary frame", frames: [(.binary, [0x7B, 0x7D])],
+        expected: .error(.badMessage, mentioning: "binary frames")),
+    BadInput(
+        name: "oversize message", frames: [(.text, Array(repeating: 0x20, count: 70_000))], expected: .close(1009)),
     BadInput(name: "invalid UTF-8", frames: [(.text, [0x22, 0xFF, 0xFE, 0x22])], expected: .close(1007)),
 ]
 
@@ -139,7 +148,9 @@ struct BadInputTests {
         let blob = JSONValue.string(String(repeating: "x", count: 8 << 10))
         var written = 0
         while server.server.stats.connections == 3 && written < 2000 {
-            let ops = try (0..<20).map { _ in WriteOp.create(in: try path("firehose"), fields: ["blob": blob], idempotencyKey: key()) }
+            let ops = try (0..<20).map { _ in
+                WriteOp.create(in: try path("firehose"), fields: ["blob": blob], idempotencyKey: key())
+            }
             _ = try await writer.write(ops)
             written += 20
         }
@@ -158,7 +169,8 @@ struct BadInputTests {
         _ = try await raw.readText()
         var frames: [UInt8] = []
         for index in 0..<20_000 {
-            frames += RawWebSocket.frame(opcode: .text, payload: Array(#"{"type":"get","request":"\#(index)","collection":"c","id":"x"}"#.utf8))
+            frames += RawWebSocket.frame(
+                opcode: .text, payload: Array(#"{"type":"get","request":"\#(index)","collection":"c","id":"x"}"#.utf8))
         }
         try raw.sendRaw(frames)
         var answered = 0

@@ -130,7 +130,8 @@ struct FeedTests {
         let writer = try await connect(server)
         for batch in 0..<10 {
             let ops = try (0..<100).map { index in
-                WriteOp.create(in: try path("items"), fields: ["n": .int(Int64(batch * 100 + index))], idempotencyKey: key())
+                WriteOp.create(
+                    in: try path("items"), fields: ["n": .int(Int64(batch * 100 + index))], idempotencyKey: key())
             }
             guard case .ack = try await writer.write(ops) else { throw TestFailure("batch refused") }
         }
@@ -196,7 +197,9 @@ struct FeedTests {
                 expected.append("modified \(created.id) v2")
             }
         }
-        try await waitUntil("every listener has every change") { feeds.allSatisfy { $0.changes.count == expected.count } }
+        try await waitUntil("every listener has every change") {
+            feeds.allSatisfy { $0.changes.count == expected.count }
+        }
         for feed in feeds { #expect(feed.summary == expected) }
         #expect(server.server.stats.liveListeners == 50)
     }

@@ -52,14 +52,19 @@ extension ServerConnection {
     /// Creates a document and returns its result; fails the test on anything but an ack.
     func create(_ collection: String, _ fields: JSONObject, id: String? = nil) async throws -> WriteResult {
         let reply = try await write([
-            .create(in: try CollectionPath(collection), id: try id.map(DocumentID.init), fields: fields, idempotencyKey: key())
+            .create(
+                in: try CollectionPath(collection), id: try id.map(DocumentID.init), fields: fields,
+                idempotencyKey: key())
         ])
         guard case .ack(let results) = reply else { throw TestFailure("create was refused: \(reply)") }
         return results[0]
     }
 
     func update(_ collection: String, _ id: DocumentID, _ fields: JSONObject, base: Int64?) async throws -> WriteReply {
-        try await write([.update(in: try CollectionPath(collection), id: id, fields: fields, baseVersion: base, idempotencyKey: key())])
+        try await write([
+            .update(
+                in: try CollectionPath(collection), id: id, fields: fields, baseVersion: base, idempotencyKey: key())
+        ])
     }
 
     func delete(_ collection: String, _ id: DocumentID, base: Int64? = nil) async throws -> WriteReply {
@@ -73,6 +78,8 @@ struct TestFailure: Error, CustomStringConvertible {
 }
 
 /// Connects a protocol client to a test server.
-func connect(_ server: TestServer, as clientId: String = "client-\(UUID().uuidString.prefix(6))") async throws -> ServerConnection {
+func connect(_ server: TestServer, as clientId: String = "client-\(UUID().uuidString.prefix(6))") async throws
+    -> ServerConnection
+{
     try await ServerConnection.connect(to: server.url, clientId: clientId)
 }

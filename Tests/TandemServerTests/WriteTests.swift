@@ -38,7 +38,9 @@ struct WriteTests {
             throw TestFailure("first update refused")
         }
         let reply = try await connection.update("notes", created.id, ["t": "stale"], base: 1)
-        guard case .conflict(let op, let document) = reply else { throw TestFailure("expected a conflict, got \(reply)") }
+        guard case .conflict(let op, let document) = reply else {
+            throw TestFailure("expected a conflict, got \(reply)")
+        }
         #expect(op == 0)
         #expect(document.version == 2)
         #expect(document.fields == ["t": "v2"])

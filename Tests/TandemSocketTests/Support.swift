@@ -28,7 +28,8 @@ final class Recorder: WebSocketDelegate {
     func webSocket(_ connection: WebSocketConnection, didReceive message: WebSocketMessage) {
         events.withLock { $0.append(.message(connection.id, message)) }
         if echo {
-            try? connection.send(message.kind == .text ? OutboundMessage(text: message.bytes) : OutboundMessage(binary: message.bytes))
+            try? connection.send(
+                message.kind == .text ? OutboundMessage(text: message.bytes) : OutboundMessage(binary: message.bytes))
         }
     }
 
@@ -56,8 +57,9 @@ final class Recorder: WebSocketDelegate {
 /// The names of this process's threads (Linux: /proc/self/task/*/comm).
 func threadNames() -> Set<String> {
     let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
-    return Set(tasks.compactMap { task in
-        (try? String(contentsOfFile: "/proc/self/task/\(task)/comm", encoding: .utf8))?
-            .trimmingCharacters(in: .whitespacesAndNewlines)
-    })
+    return Set(
+        tasks.compactMap { task in
+            (try? String(contentsOfFile: "/proc/self/task/\(task)/comm", encoding: .utf8))?
+                .trimmingCharacters(in: .whitespacesAndNewlines)
+        })
 }

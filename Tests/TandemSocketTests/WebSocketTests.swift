@@ -203,7 +203,9 @@ struct WebSocketTests {
         #expect(events.closes.first?.failedToConnect == true)
     }
 
-    @Test("an invalid URL is rejected with a clear error", arguments: ["http://x:1/", "ws://", "not a url", "ws://h:99999/"])
+    @Test(
+        "an invalid URL is rejected with a clear error",
+        arguments: ["http://x:1/", "ws://", "not a url", "ws://h:99999/"])
     func invalidURL(url: String) throws {
         let client = try WebSocketClient()
         defer { client.shutdown() }

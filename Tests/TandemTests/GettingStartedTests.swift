@@ -76,7 +76,8 @@ struct GettingStartedTests {
     func guide() async throws {
         let server = try TestServer()
         let folder = try TemporaryDirectory()
-        let (phone, phoneSync) = try openDevice(path: folder.path("phone.sqlite"), serverURL: server.url, deviceId: "phone")
+        let (phone, phoneSync) = try openDevice(
+            path: folder.path("phone.sqlite"), serverURL: server.url, deviceId: "phone")
         let (laptop, laptopSync) = try openDevice(
             path: folder.path("laptop.sqlite"), serverURL: server.url, deviceId: "laptop")
 

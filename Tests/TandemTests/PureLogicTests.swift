@@ -19,17 +19,20 @@ struct PureLogicTests {
 
     @Test("last write wins: the later updatedAt wins; a tie goes to the server's version")
     func lastWriteWins() throws {
-        let remote = Document(id: try DocumentID("x"), version: 4, fields: ["updatedAt": 2000], createTime: 0, updateTime: 9)
+        let remote = Document(
+            id: try DocumentID("x"), version: 4, fields: ["updatedAt": 2000], createTime: 0, updateTime: 9)
         let policy = ConflictPolicy.lastWriteWins
         #expect(policy.resolve(Conflict(localUpdatedAt: 2001, remote: remote)) == .keepLocal)
         #expect(policy.resolve(Conflict(localUpdatedAt: 1999, remote: remote)) == .takeRemote)
         #expect(policy.resolve(Conflict(localUpdatedAt: 2000, remote: remote)) == .takeRemote)
     }
 
-    @Test("column values survive the trip to JSON and back", arguments: [
-        DatabaseValue.null, 42.databaseValue, (-7.25).databaseValue, "text".databaseValue,
-        Data([0, 1, 2, 255]).databaseValue,
-    ])
+    @Test(
+        "column values survive the trip to JSON and back",
+        arguments: [
+            DatabaseValue.null, 42.databaseValue, (-7.25).databaseValue, "text".databaseValue,
+            Data([0, 1, 2, 255]).databaseValue,
+        ])
     func fieldCoding(value: DatabaseValue) {
         #expect(FieldCoding.database(FieldCoding.json(value)) == value)
     }

@@ -32,7 +32,8 @@ struct SchemaTests {
         let (database, _) = try prepared()
         try database.read { db in
             let names = Set(try db.columns(in: "entry").map(\.name))
-            #expect(names.isSuperset(of: ["serverId", "isDirty", "updatedAt", "isDeleted", "isShared", "localRevision"]))
+            #expect(
+                names.isSuperset(of: ["serverId", "isDirty", "updatedAt", "isDeleted", "isShared", "localRevision"]))
             #expect(try db.indexes(on: "entry").contains { $0.isUnique && $0.columns == ["serverId"] })
             #expect(try db.tableExists("tandem_row"))
             #expect(try db.tableExists("tandem_listener"))
@@ -73,7 +74,10 @@ struct SchemaTests {
     func localOnlyColumn() throws {
         let database = try DatabaseQueue()
         try database.write { db in
-            try db.execute(sql: "CREATE TABLE note (id INTEGER PRIMARY KEY AUTOINCREMENT, body TEXT, expanded INTEGER, isShared INTEGER NOT NULL DEFAULT 1)")
+            try db.execute(
+                sql:
+                    "CREATE TABLE note (id INTEGER PRIMARY KEY AUTOINCREMENT, body TEXT, expanded INTEGER, isShared INTEGER NOT NULL DEFAULT 1)"
+            )
         }
         _ = try SyncService(
             database: database, serverURL: "ws://127.0.0.1:1", clientId: "device",
@@ -114,7 +118,9 @@ struct SchemaTests {
             try db.execute(sql: "INSERT INTO account (name, isShared) VALUES ('Home', 1)")
             try db.execute(sql: "UPDATE account SET serverId = 'S1', isDirty = 0, localRevision = localRevision + 1")
             try db.execute(
-                sql: "INSERT INTO tandem_row (tableName, rowId, serverId, collection, serverVersion, state) VALUES ('account', 1, 'S1', 'accounts', 3, 'synced')")
+                sql:
+                    "INSERT INTO tandem_row (tableName, rowId, serverId, collection, serverVersion, state) VALUES ('account', 1, 'S1', 'accounts', 3, 'synced')"
+            )
             try db.execute(sql: "DELETE FROM account WHERE id = 1")
         }
         let filed = try database.read { db in
@@ -131,7 +137,8 @@ struct SchemaTests {
         let (database, service) = try prepared()
         try await database.write { db in
             try db.execute(sql: "INSERT INTO account (name, isShared) VALUES ('Private', 0), ('Household', 1)")
-            try db.execute(sql: "INSERT INTO entry (accountId, title, amount) VALUES (1, 'a', 1), (2, 'b', 2), (2, 'c', 3)")
+            try db.execute(
+                sql: "INSERT INTO entry (accountId, title, amount) VALUES (1, 'a', 1), (2, 'b', 2), (2, 'c', 3)")
         }
         try await waitUntil("the status counts them") { service.status.pendingCount == 3 }
         #expect(service.status.pendingCount == 3, "the shared account and its two entries")
@@ -142,7 +149,10 @@ struct SchemaTests {
         arguments: [
             (SyncTable.root("missing", collection: "m"), "does not exist"),
             (SyncTable.root("account", collection: "bad/path"), "even number of segments"),
-            (SyncTable.nested("entry", under: "ghost", foreignKey: "accountId", collection: "entries"), "not registered"),
+            (
+                SyncTable.nested("entry", under: "ghost", foreignKey: "accountId", collection: "entries"),
+                "not registered"
+            ),
             (SyncTable.root("entry", collection: "entries").referencing("nope", "account"), "has no column nope"),
         ])
     func badRegistrations(table: SyncTable, message: String) throws {
@@ -157,4 +167,3 @@ struct SchemaTests {
         }
     }
 }
-

@@ -66,9 +66,15 @@ struct MessageCodingTests {
                 .init(
                     request: "r1",
                     ops: [
-                        .create(in: accounts, fields: ["n": 1, "x": [true, nil, 2.5, "s"]], idempotencyKey: try ClientName("k1")),
-                        .update(in: accounts, id: try DocumentID("A"), fields: [:], baseVersion: 2, idempotencyKey: try ClientName("k2")),
-                        .delete(in: accounts, id: try DocumentID("A"), baseVersion: nil, idempotencyKey: try ClientName("k3")),
+                        .create(
+                            in: accounts, fields: ["n": 1, "x": [true, nil, 2.5, "s"]],
+                            idempotencyKey: try ClientName("k1")),
+                        .update(
+                            in: accounts, id: try DocumentID("A"), fields: [:], baseVersion: 2,
+                            idempotencyKey: try ClientName("k2")),
+                        .delete(
+                            in: accounts, id: try DocumentID("A"), baseVersion: nil,
+                            idempotencyKey: try ClientName("k3")),
                     ])),
             .get(.init(request: "r2", collection: accounts, id: try DocumentID("A"))),
         ]
@@ -83,7 +89,9 @@ struct MessageCodingTests {
         let document = Document(id: try DocumentID("A"), version: 2, fields: ["a": 1], createTime: 1, updateTime: 2)
         let messages: [ServerMessage] = [
             .welcome(.init(sessionId: "s", serverTime: 5, limits: .default)),
-            .snapshot(.init(target: "t", changes: [Change(.added, document)], resumeToken: "e.1", initial: true, hasMore: true)),
+            .snapshot(
+                .init(
+                    target: "t", changes: [Change(.added, document)], resumeToken: "e.1", initial: true, hasMore: true)),
             .reset(.init(target: "t", reason: "too old")),
             .ack(.init(request: "r", results: [WriteResult(id: try DocumentID("A"), version: 1, updateTime: 3)])),
             .conflict(.init(request: "r", op: 0, server: document)),
@@ -97,7 +105,8 @@ struct MessageCodingTests {
 
     @Test("the JSON form matches the protocol document")
     func jsonForm() throws {
-        let json = #"{"type":"write","request":"r1","ops":[{"op":"update","collection":"accounts/A1/transactions","id":"T9","fields":{"amount":-12.5,"note":"x"},"baseVersion":3,"idempotencyKey":"k-1"}]}"#
+        let json =
+            #"{"type":"write","request":"r1","ops":[{"op":"update","collection":"accounts/A1/transactions","id":"T9","fields":{"amount":-12.5,"note":"x"},"baseVersion":3,"idempotencyKey":"k-1"}]}"#
         guard case .write(let write) = try Wire.decode(ClientMessage.self, from: Array(json.utf8)) else {
             Issue.record("not a write")
             return
@@ -106,7 +115,9 @@ struct MessageCodingTests {
         #expect(write.ops[0].fields?["amount"] == .double(-12.5))
         #expect(write.ops[0].baseVersion == 3)
 
-        let change = Change(.deleted, Document(id: try DocumentID("T9"), version: 4, fields: [:], createTime: 1, updateTime: 9, deleted: true))
+        let change = Change(
+            .deleted,
+            Document(id: try DocumentID("T9"), version: 4, fields: [:], createTime: 1, updateTime: 9, deleted: true))
         let text = try Wire.encodeString(change)
         #expect(text.contains(#""kind":"deleted""#))
         #expect(text.contains(#""id":"T9""#))
@@ -130,16 +141,40 @@ struct MessageCodingTests {
             (#"{"request":"r"}"#, .badMessage, "type: missing"),
             (#"{"type":"write","request":"r1"}"#, .badMessage, "ops: missing"),
             (#"{"type":"write","request":"r1","ops":[]}"#, .badMessage, "at least one op"),
-            (#"{"type":"write","request":"r1","ops":[{"op":"create","collection":"a","idempotencyKey":"k"}]}"#, .badMessage, "ops[0]: a create needs fields"),
-            (#"{"type":"write","request":"r1","ops":[{"op":"nuke","collection":"a","idempotencyKey":"k"}]}"#, .badMessage, "ops[0].op: unknown op 'nuke'"),
-            (#"{"type":"write","request":"r1","ops":[{"op":"delete","collection":"a","idempotencyKey":"k"}]}"#, .badMessage, "a delete needs an id"),
-            (#"{"type":"write","request":"r1","ops":[{"op":"create","collection":"a/b","fields":{},"idempotencyKey":"k"}]}"#, .invalidPath, "ops[0].collection"),
-            (#"{"type":"write","request":"r1","ops":[{"op":"create","collection":"a","id":"x/y","fields":{},"idempotencyKey":"k"}]}"#, .invalidPath, "ops[0].id"),
-            (#"{"type":"write","request":"r1","ops":[{"op":"create","collection":"a","fields":[],"idempotencyKey":"k"}]}"#, .badMessage, "ops[0].fields: expected an object"),
-            (#"{"type":"write","request":"r1","ops":[{"op":"update","collection":"a","id":"x","fields":{},"baseVersion":"3","idempotencyKey":"k"}]}"#, .badMessage, "ops[0].baseVersion: expected an integer"),
+            (
+                #"{"type":"write","request":"r1","ops":[{"op":"create","collection":"a","idempotencyKey":"k"}]}"#,
+                .badMessage, "ops[0]: a create needs fields"
+            ),
+            (
+                #"{"type":"write","request":"r1","ops":[{"op":"nuke","collection":"a","idempotencyKey":"k"}]}"#,
+                .badMessage, "ops[0].op: unknown op 'nuke'"
+            ),
+            (
+                #"{"type":"write","request":"r1","ops":[{"op":"delete","collection":"a","idempotencyKey":"k"}]}"#,
+                .badMessage, "a delete needs an id"
+            ),
+            (
+                #"{"type":"write","request":"r1","ops":[{"op":"create","collection":"a/b","fields":{},"idempotencyKey":"k"}]}"#,
+                .invalidPath, "ops[0].collection"
+            ),
+            (
+                #"{"type":"write","request":"r1","ops":[{"op":"create","collection":"a","id":"x/y","fields":{},"idempotencyKey":"k"}]}"#,
+                .invalidPath, "ops[0].id"
+            ),
+            (
+                #"{"type":"write","request":"r1","ops":[{"op":"create","collection":"a","fields":[],"idempotencyKey":"k"}]}"#,
+                .badMessage, "ops[0].fields: expected an object"
+            ),
+            (
+                #"{"type":"write","request":"r1","ops":[{"op":"update","collection":"a","id":"x","fields":{},"baseVersion":"3","idempotencyKey":"k"}]}"#,
+                .badMessage, "ops[0].baseVersion: expected an integer"
+            ),
             (#"{"type":"listen","target":"","collection":"a"}"#, .badMessage, "target: must be 1 to 128 bytes"),
             (#"{"type":"hello","protocol":1,"clientId":"has space"}"#, .badMessage, "clientId"),
-            (#"{"type":"write","request":"r1","ops":[{"op":"create","collection":"a","fields":{"n":1e999},"idempotencyKey":"k"}]}"#, .badMessage, ""),
+            (
+                #"{"type":"write","request":"r1","ops":[{"op":"create","collection":"a","fields":{"n":1e999},"idempotencyKey":"k"}]}"#,
+                .badMessage, ""
+            ),
         ])
     func badMessages(json: String, code: ErrorCode, fragment: String) {
         do {
@@ -153,15 +188,21 @@ struct MessageCodingTests {
 
     @Test("an error carries the request id of the message it is about")
     func errorCarriesRequest() {
-        let json = #"{"type":"write","request":"r77","ops":[{"op":"create","collection":"a//b","fields":{},"idempotencyKey":"k"}]}"#
-        #expect(throws: WireError(.invalidPath, "ops[0].collection: collection path 'a//b' has a segment 2 that is empty", request: "r77")) {
+        let json =
+            #"{"type":"write","request":"r77","ops":[{"op":"create","collection":"a//b","fields":{},"idempotencyKey":"k"}]}"#
+        #expect(
+            throws: WireError(
+                .invalidPath, "ops[0].collection: collection path 'a//b' has a segment 2 that is empty", request: "r77")
+        ) {
             try Wire.decode(ClientMessage.self, from: Array(json.utf8))
         }
     }
 
     @Test("deep nesting is refused before decoding")
     func deepNesting() {
-        let json = #"{"type":"write","request":"r","ops":[{"op":"create","collection":"a","idempotencyKey":"k","fields":{"x":"# + String(repeating: "[", count: 100_000) + "]}]}"
+        let json =
+            #"{"type":"write","request":"r","ops":[{"op":"create","collection":"a","idempotencyKey":"k","fields":{"x":"#
+            + String(repeating: "[", count: 100_000) + "]}]}"
         #expect(throws: WireError.self) { try Wire.decode(ClientMessage.self, from: Array(json.utf8)) }
         let fine = #"{"a":"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\"]]"}"#
         #expect(Wire.nestingProblem(Data(fine.utf8)) == nil)

@@ -5,13 +5,16 @@ extension ServerCore {
     func listen(_ session: Session, _ listen: ClientMessage.Listen) {
         let target = listen.target
         guard session.listeners[target] == nil else {
-            session.send(WireError(.badMessage, "target '\(target)' is already listening on this connection", target: target))
+            session.send(
+                WireError(.badMessage, "target '\(target)' is already listening on this connection", target: target))
             return
         }
         let limit = configuration.limits.maxListenersPerConnection
         guard session.listeners.count < limit else {
             session.send(
-                WireError(.tooManyListeners, "a connection may hold at most \(limit) listeners; unlisten one first", target: target))
+                WireError(
+                    .tooManyListeners, "a connection may hold at most \(limit) listeners; unlisten one first",
+                    target: target))
             return
         }
 
@@ -20,7 +23,8 @@ extension ServerCore {
             guard let token = ResumeToken(tokenText) else {
                 session.send(
                     WireError(
-                        .badMessage, "resumeToken '\(tokenText.prefix(80))' is not a token this server issued; listen without one",
+                        .badMessage,
+                        "resumeToken '\(tokenText.prefix(80))' is not a token this server issued; listen without one",
                         target: target))
                 return
             }
@@ -48,10 +52,12 @@ extension ServerCore {
             return "the resume token is from another database; the full snapshot follows"
         }
         if token.sequence > bounds.last {
-            return "the resume token is ahead of this collection (was the database restored?); the full snapshot follows"
+            return
+                "the resume token is ahead of this collection (was the database restored?); the full snapshot follows"
         }
         if token.sequence < bounds.horizon {
-            return "deletes after the resume token were purged (past the tombstone retention); the full snapshot follows"
+            return
+                "deletes after the resume token were purged (past the tombstone retention); the full snapshot follows"
         }
         return nil
     }
@@ -85,7 +91,10 @@ extension ServerCore {
         if listener.isResuming && listener.position < page.horizon {
             // Tombstones this client needs were purged while it caught up: start over.
             listener.session.send(
-                .reset(.init(target: listener.target, reason: "deletes were purged while catching up; the full snapshot follows")))
+                .reset(
+                    .init(
+                        target: listener.target,
+                        reason: "deletes were purged while catching up; the full snapshot follows")))
             listener.position = 0
             listener.isResuming = false
             advance(listener)
@@ -122,7 +131,8 @@ extension ServerCore {
                         listener.session.send(
                             .snapshot(
                                 .init(
-                                    target: listener.target, changes: entries, resumeToken: token(position), initial: false)))
+                                    target: listener.target, changes: entries, resumeToken: token(position),
+                                    initial: false)))
                     }
                 }
             }

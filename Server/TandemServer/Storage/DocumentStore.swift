@@ -114,8 +114,10 @@ final class DocumentStore {
     /// Every collection with a live document.
     func collections() throws -> [CollectionPath] {
         try database.read { db in
-            try String.fetchAll(db, sql: "SELECT DISTINCT collection FROM document WHERE deleted = 0 ORDER BY collection")
-                .compactMap { try? CollectionPath($0) }
+            try String.fetchAll(
+                db, sql: "SELECT DISTINCT collection FROM document WHERE deleted = 0 ORDER BY collection"
+            )
+            .compactMap { try? CollectionPath($0) }
         }
     }
 
@@ -170,7 +172,8 @@ final class DocumentStore {
         return (row?[0] ?? 0, row?[1] ?? 0)
     }
 
-    static func fetchDocument(_ db: Database, _ collection: CollectionPath, _ id: DocumentID) throws -> StoredDocument? {
+    static func fetchDocument(_ db: Database, _ collection: CollectionPath, _ id: DocumentID) throws -> StoredDocument?
+    {
         let statement = try db.cachedStatement(
             sql: """
                 SELECT id, fields, version, createTime, updateTime, deleted, sequence, createSequence, createKey, createClient
@@ -193,7 +196,8 @@ final class DocumentStore {
                         WHERE document.collection = collection.path AND deleted = 1 AND updateTime < ?1))
                     WHERE path IN (SELECT DISTINCT collection FROM document WHERE deleted = 1 AND updateTime < ?1)
                     """, arguments: [tombstonesBefore])
-            try db.execute(sql: "DELETE FROM document WHERE deleted = 1 AND updateTime < ?", arguments: [tombstonesBefore])
+            try db.execute(
+                sql: "DELETE FROM document WHERE deleted = 1 AND updateTime < ?", arguments: [tombstonesBefore])
             let tombstones = db.changesCount
             try db.execute(sql: "DELETE FROM idempotency WHERE recordedAt < ?", arguments: [keysBefore])
             return (tombstones, db.changesCount)
@@ -246,7 +250,8 @@ struct StoredDocument {
         get throws {
             let fields = deleted ? [:] : try Wire.decodeFields(fieldsJSON.utf8)
             return Document(
-                id: id, version: version, fields: fields, createTime: createTime, updateTime: updateTime, deleted: deleted,
+                id: id, version: version, fields: fields, createTime: createTime, updateTime: updateTime,
+                deleted: deleted,
                 createKey: createKey)
         }
     }

@@ -138,7 +138,8 @@ extension DocumentStore {
         }
     }
 
-    private static func recordedResult(_ db: Database, _ clientId: ClientName, _ key: ClientName) throws -> WriteResult? {
+    private static func recordedResult(_ db: Database, _ clientId: ClientName, _ key: ClientName) throws -> WriteResult?
+    {
         let statement = try db.cachedStatement(
             sql: "SELECT id, version, updateTime FROM idempotency WHERE clientId = ? AND key = ?")
         guard let row = try Row.fetchOne(statement, arguments: [clientId.rawValue, key.rawValue]) else { return nil }

@@ -8,7 +8,8 @@ extension ServerCore {
         guard write.ops.count <= limits.maxOpsPerWrite else {
             session.send(
                 WireError(
-                    .tooLarge, "a write may carry at most \(limits.maxOpsPerWrite) ops; this one has \(write.ops.count)",
+                    .tooLarge,
+                    "a write may carry at most \(limits.maxOpsPerWrite) ops; this one has \(write.ops.count)",
                     request: write.request))
             return
         }
@@ -19,7 +20,8 @@ extension ServerCore {
             do {
                 fieldsJSON = String(decoding: try Wire.encodeCanonical(op.fields ?? [:]), as: UTF8.self)
             } catch {
-                session.send(WireError(.badMessage, "ops[\(index)].fields: \(error.message)", request: write.request, op: index))
+                session.send(
+                    WireError(.badMessage, "ops[\(index)].fields: \(error.message)", request: write.request, op: index))
                 return
             }
             if fieldsJSON.utf8.count > limits.maxDocumentBytes {

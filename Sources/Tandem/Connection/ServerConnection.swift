@@ -106,7 +106,9 @@ public final class ServerConnection: Sendable {
             connection.scheduleTimeout(timeout) { state in
                 guard let handshake = state.handshake else { return nil }
                 state.handshake = nil
-                return { handshake.resume(throwing: TandemError(.timedOut, "no welcome from \(url) within \(timeout)")) }
+                return {
+                    handshake.resume(throwing: TandemError(.timedOut, "no welcome from \(url) within \(timeout)"))
+                }
             }
         }
         return connection
@@ -157,7 +159,9 @@ public final class ServerConnection: Sendable {
     }
 
     /// The document, or nil when it does not exist.
-    public func get(_ collection: CollectionPath, _ id: DocumentID, timeout: Duration = .seconds(30)) async throws -> Document? {
+    public func get(_ collection: CollectionPath, _ id: DocumentID, timeout: Duration = .seconds(30)) async throws
+        -> Document?
+    {
         do {
             let reply = try await request(timeout: timeout) { .get(.init(request: $0, collection: collection, id: id)) }
             guard case .document(let document) = reply else {
@@ -247,7 +251,8 @@ public final class ServerConnection: Sendable {
     private func scheduleTimeout(
         _ timeout: Duration, _ expire: @escaping @Sendable (inout State) -> (@Sendable () -> Void)?
     ) {
-        let nanoseconds = Int(min(timeout.components.seconds, 86_400)) * 1_000_000_000
+        let nanoseconds =
+            Int(min(timeout.components.seconds, 86_400)) * 1_000_000_000
             + Int(timeout.components.attoseconds / 1_000_000_000)
         DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(nanoseconds)) { [self] in
             let action = state.withLock { state in expire(&state) }

@@ -15,9 +15,11 @@ extension SyncService {
             guard let self else { return }
             do {
                 let connection = try await ServerConnection.connect(
-                    to: serverURL, clientId: clientId, token: configuration.token, client: configuration.webSocketClient,
+                    to: serverURL, clientId: clientId, token: configuration.token,
+                    client: configuration.webSocketClient,
                     timeout: .seconds(10), logger: logger,
-                    onClose: { [weak self] event in self?.connectionClosed(generation: generation, reason: "\(event)") })
+                    onClose: { [weak self] event in self?.connectionClosed(generation: generation, reason: "\(event)") }
+                )
                 let current = state.withLock { state -> Bool in
                     guard state.running, state.generation == generation else { return false }
                     state.connection = connection
@@ -174,7 +176,9 @@ extension SyncService {
     }
 
     /// Applies a snapshot and stores its resume token in one transaction.
-    private func apply(_ snapshot: ServerMessage.Snapshot, path: CollectionPath, target: ListenerTarget, generation: Int) {
+    private func apply(
+        _ snapshot: ServerMessage.Snapshot, path: CollectionPath, target: ListenerTarget, generation: Int
+    ) {
         configuration.hooks.beforeApply?(snapshot)
         // Stopped while the hook held us: as after a crash, nothing of this snapshot is stored.
         guard state.withLock({ $0.running && $0.generation == generation }) else { return }

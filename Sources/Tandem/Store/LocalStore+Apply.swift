@@ -23,9 +23,10 @@ extension LocalStore {
     ) throws -> ApplyOutcome {
         var outcome = ApplyOutcome()
         guard let model = byName[target.table] else { return outcome }
-        let resetting = try Bool.fetchOne(
-            db.cachedStatement(sql: "SELECT resetting FROM tandem_listener WHERE collection = ?"),
-            arguments: [collection.rawValue]) ?? false
+        let resetting =
+            try Bool.fetchOne(
+                db.cachedStatement(sql: "SELECT resetting FROM tandem_listener WHERE collection = ?"),
+                arguments: [collection.rawValue]) ?? false
         for change in snapshot.changes {
             do {
                 try db.inSavepoint {
@@ -36,8 +37,10 @@ extension LocalStore {
                 outcome.failures.append("\(collection)/\(change.document.id): \(error)")
             }
             if resetting {
-                try db.cachedStatement(sql: "INSERT OR IGNORE INTO tandem_reset_seen (collection, serverId) VALUES (?, ?)")
-                    .execute(arguments: [collection.rawValue, change.document.id.rawValue])
+                try db.cachedStatement(
+                    sql: "INSERT OR IGNORE INTO tandem_reset_seen (collection, serverId) VALUES (?, ?)"
+                )
+                .execute(arguments: [collection.rawValue, change.document.id.rawValue])
             }
         }
         try storeResumeToken(snapshot.resumeToken, for: collection, db)
@@ -85,9 +88,10 @@ extension LocalStore {
 
         if let local {
             let rowId: Int64 = local[0]
-            let knownVersion = try Int64.fetchOne(
-                db.cachedStatement(sql: "SELECT serverVersion FROM tandem_row WHERE tableName = ? AND rowId = ?"),
-                arguments: [model.name, rowId]) ?? 0
+            let knownVersion =
+                try Int64.fetchOne(
+                    db.cachedStatement(sql: "SELECT serverVersion FROM tandem_row WHERE tableName = ? AND rowId = ?"),
+                    arguments: [model.name, rowId]) ?? 0
             guard document.version > knownVersion else { return }  // an echo of our own write, or older
             let isDirty: Bool = local[1]
             if isDirty {
@@ -114,7 +118,9 @@ extension LocalStore {
         // Deleted here and not pushed yet: the delete wins; it goes out at this version.
         if try Bool.fetchOne(
             db.cachedStatement(
-                sql: "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE tableName = ? AND serverId = ? AND pendingOp = 'delete')"),
+                sql:
+                    "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE tableName = ? AND serverId = ? AND pendingOp = 'delete')"
+            ),
             arguments: [model.name, serverId]) ?? false
         {
             try db.cachedStatement(
@@ -198,7 +204,9 @@ extension LocalStore {
     }
 
     /// Replaces a row's synced columns with the server's document and marks it clean.
-    func overwrite(_ model: TableModel, rowId: Int64, with document: Document, collection: CollectionPath, _ db: Database)
+    func overwrite(
+        _ model: TableModel, rowId: Int64, with document: Document, collection: CollectionPath, _ db: Database
+    )
         throws
     {
         let incoming = try incomingValues(model, document, db)
@@ -206,13 +214,17 @@ extension LocalStore {
         assignments += ["updatedAt = ?", "isDirty = 0", "localRevision = localRevision + 1"]
         var arguments = StatementArguments(incoming.values)
         arguments += [Self.updatedAt(of: document), rowId]
-        try db.cachedStatement(sql: "UPDATE \(model.quotedName) SET \(assignments.joined(separator: ", ")) WHERE id = ?")
-            .execute(arguments: arguments)
+        try db.cachedStatement(
+            sql: "UPDATE \(model.quotedName) SET \(assignments.joined(separator: ", ")) WHERE id = ?"
+        )
+        .execute(arguments: arguments)
         try recordSynced(model, rowId: rowId, document, collection, db)
         // The document says what each reference is now: forget what the row waited for.
         for column in model.references.keys where document.fields[column] != nil {
-            try db.cachedStatement(sql: "DELETE FROM tandem_reference WHERE tableName = ? AND rowId = ? AND columnName = ?")
-                .execute(arguments: [model.name, rowId, column])
+            try db.cachedStatement(
+                sql: "DELETE FROM tandem_reference WHERE tableName = ? AND rowId = ? AND columnName = ?"
+            )
+            .execute(arguments: [model.name, rowId, column])
         }
         try recordMissingReferences(model, rowId: rowId, incoming.missing, db)
     }
@@ -245,11 +257,14 @@ extension LocalStore {
             values.append(parentRowId.databaseValue)
         }
         columns += ["serverId", "isDirty", "updatedAt", "isShared", "localRevision"]
-        values += [document.id.rawValue.databaseValue, 0.databaseValue, Self.updatedAt(of: document).databaseValue,
-                   1.databaseValue, 1.databaseValue]
+        values += [
+            document.id.rawValue.databaseValue, 0.databaseValue, Self.updatedAt(of: document).databaseValue,
+            1.databaseValue, 1.databaseValue,
+        ]
         let placeholders = Array(repeating: "?", count: columns.count).joined(separator: ", ")
         try db.cachedStatement(
-            sql: "INSERT INTO \(model.quotedName) (\(columns.map(SQL.quote).joined(separator: ", "))) VALUES (\(placeholders))"
+            sql:
+                "INSERT INTO \(model.quotedName) (\(columns.map(SQL.quote).joined(separator: ", "))) VALUES (\(placeholders))"
         ).execute(arguments: StatementArguments(values))
         let rowId = db.lastInsertedRowID
         try recordSynced(model, rowId: rowId, document, collection, db)
@@ -274,7 +289,8 @@ extension LocalStore {
         var missing: [MissingReference] = []
         for column in model.fieldColumns {
             guard let value = document.fields[column] else { continue }
-            if let target = model.references[column], let targetModel = byName[target], let serverId = value.stringValue {
+            if let target = model.references[column], let targetModel = byName[target], let serverId = value.stringValue
+            {
                 if let localId = try localId(targetModel, serverId: serverId, db) {
                     columns.append(column)
                     values.append(localId.databaseValue)
@@ -311,7 +327,9 @@ extension LocalStore {
         ])
     }
 
-    private func recordMissingReferences(_ model: TableModel, rowId: Int64, _ missing: [MissingReference], _ db: Database)
+    private func recordMissingReferences(
+        _ model: TableModel, rowId: Int64, _ missing: [MissingReference], _ db: Database
+    )
         throws
     {
         for reference in missing where model.optionalReferences.contains(reference.column) {
@@ -329,7 +347,9 @@ extension LocalStore {
     func resolveWaiting(_ model: TableModel, serverId: String, localId: Int64, _ db: Database) throws {
         let waiting = try Row.fetchAll(
             db.cachedStatement(
-                sql: "SELECT tableName, rowId, columnName FROM tandem_reference WHERE targetTable = ? AND targetServerId = ?"),
+                sql:
+                    "SELECT tableName, rowId, columnName FROM tandem_reference WHERE targetTable = ? AND targetServerId = ?"
+            ),
             arguments: [model.name, serverId])
         for row in waiting {
             guard let referencing = byName[row[0] as String] else { continue }
@@ -375,7 +395,8 @@ extension LocalStore {
     }
 
     /// Drops the clean rows of the collection that the full snapshot did not bring.
-    private func finishReset(_ model: TableModel, _ collection: CollectionPath, _ parentRowId: Int64?, _ db: Database) throws
+    private func finishReset(_ model: TableModel, _ collection: CollectionPath, _ parentRowId: Int64?, _ db: Database)
+        throws
         -> Int
     {
         var condition = "serverId IS NOT NULL AND isDirty = 0"
@@ -393,7 +414,8 @@ extension LocalStore {
                 """, arguments: arguments)
         for id in gone { try removeRow(model, id: id, db) }
         try db.execute(sql: "DELETE FROM tandem_reset_seen WHERE collection = ?", arguments: [collection.rawValue])
-        try db.execute(sql: "UPDATE tandem_listener SET resetting = 0 WHERE collection = ?", arguments: [collection.rawValue])
+        try db.execute(
+            sql: "UPDATE tandem_listener SET resetting = 0 WHERE collection = ?", arguments: [collection.rawValue])
         return gone.count
     }
 

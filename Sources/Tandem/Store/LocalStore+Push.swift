@@ -42,7 +42,8 @@ extension LocalStore {
             prepared.append(
                 PreparedPush(
                     table: table, rowId: rowId,
-                    op: .delete(in: collection, id: serverId, baseVersion: version > 0 ? version : nil, idempotencyKey: key),
+                    op: .delete(
+                        in: collection, id: serverId, baseVersion: version > 0 ? version : nil, idempotencyKey: key),
                     revision: 0, incomplete: false))
         }
 
@@ -50,7 +51,8 @@ extension LocalStore {
         for model in tables where prepared.count < maxOps && bytes < maxBytes {
             let foreignKey = model.foreignKey.map { "t.\(SQL.quote($0))" } ?? "NULL"
             let fields = model.fieldColumns.map { "t.\(SQL.quote($0))" }
-            let columns = (["t.id", "t.localRevision", "t.updatedAt", "t.serverId", foreignKey] + fields).joined(separator: ", ")
+            let columns = (["t.id", "t.localRevision", "t.updatedAt", "t.serverId", foreignKey] + fields).joined(
+                separator: ", ")
             let rows = try Row.fetchCursor(
                 db.cachedStatement(
                     sql: """
@@ -127,7 +129,8 @@ extension LocalStore {
                     model.name, rowId, serverId, collection.rawValue, op.kind.rawValue, key.rawValue, keyRevision,
                 ])
                 prepared.append(
-                    PreparedPush(table: model.name, rowId: rowId, op: op, revision: keyRevision, incomplete: incomplete))
+                    PreparedPush(table: model.name, rowId: rowId, op: op, revision: keyRevision, incomplete: incomplete)
+                )
                 bytes += 64
                 if bytes >= maxBytes { break }
             }
@@ -205,7 +208,9 @@ extension LocalStore {
                 ).execute(arguments: [result.id.rawValue, result.version, fieldsJSON, model.name, push.rowId])
                 continue
             }
-            if push.op.kind == .create, let other = try localId(model, serverId: result.id.rawValue, db), other != push.rowId {
+            if push.op.kind == .create, let other = try localId(model, serverId: result.id.rawValue, db),
+                other != push.rowId
+            {
                 let message =
                     "duplicate: the server's document \(result.id) was already inserted as row \(other) by the listener "
                     + "before this push's write-back"
@@ -215,7 +220,8 @@ extension LocalStore {
             }
             let clean = current == push.revision && !push.incomplete
             try db.cachedStatement(
-                sql: "UPDATE \(model.quotedName) SET serverId = ?, isDirty = ?, localRevision = localRevision + 1 WHERE id = ?"
+                sql:
+                    "UPDATE \(model.quotedName) SET serverId = ?, isDirty = ?, localRevision = localRevision + 1 WHERE id = ?"
             ).execute(arguments: [result.id.rawValue, clean ? 0 : 1, push.rowId])
             try db.cachedStatement(
                 sql: """
@@ -238,9 +244,10 @@ extension LocalStore {
     func resolvePushConflict(_ push: PreparedPush, server: Document, _ db: Database) throws {
         guard let model = byName[push.table] else { return }
         let collection = push.op.collection
-        let exists = try Bool.fetchOne(
-            db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM \(model.quotedName) WHERE id = ?)"),
-            arguments: [push.rowId]) ?? false
+        let exists =
+            try Bool.fetchOne(
+                db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM \(model.quotedName) WHERE id = ?)"),
+                arguments: [push.rowId]) ?? false
         if server.deleted {
             // A remote delete wins over local edits (and completes a local delete).
             if exists { try removeRow(model, id: push.rowId, db) } else { try forget(model.name, push.rowId, db) }
@@ -257,8 +264,10 @@ extension LocalStore {
                 try rebase(model.name, push.rowId, on: server, db)
                 return
             }
-            let updatedAt = try Int64.fetchOne(
-                db.cachedStatement(sql: "SELECT updatedAt FROM \(model.quotedName) WHERE id = ?"), arguments: [push.rowId]) ?? 0
+            let updatedAt =
+                try Int64.fetchOne(
+                    db.cachedStatement(sql: "SELECT updatedAt FROM \(model.quotedName) WHERE id = ?"),
+                    arguments: [push.rowId]) ?? 0
             switch policy.resolve(Conflict(localUpdatedAt: updatedAt, remote: server)) {
             case .keepLocal:
                 try rebase(model.name, push.rowId, on: server, db)
@@ -310,7 +319,8 @@ extension LocalStore {
     func recordNotFound(_ push: PreparedPush, _ db: Database) throws {
         guard let model = byName[push.table] else { return }
         if push.op.kind == .update,
-            try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM \(model.quotedName) WHERE id = ?)", arguments: [push.rowId])
+            try Bool.fetchOne(
+                db, sql: "SELECT EXISTS (SELECT 1 FROM \(model.quotedName) WHERE id = ?)", arguments: [push.rowId])
                 ?? false
         {
             try removeRow(model, id: push.rowId, db)
@@ -321,7 +331,9 @@ extension LocalStore {
 
     /// Drops a row's bookkeeping.
     func forget(_ table: String, _ rowId: Int64, _ db: Database) throws {
-        try db.cachedStatement(sql: "DELETE FROM tandem_row WHERE tableName = ? AND rowId = ?").execute(arguments: [table, rowId])
+        try db.cachedStatement(sql: "DELETE FROM tandem_row WHERE tableName = ? AND rowId = ?").execute(arguments: [
+            table, rowId,
+        ])
     }
 
     static func fieldsText(_ fields: JSONObject) -> String {

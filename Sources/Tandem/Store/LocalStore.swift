@@ -28,7 +28,8 @@ struct LocalStore: Sendable {
 
     /// The collection a row of `model` belongs to, given its parent's local id; nil while the
     /// parent (or an ancestor) has no server id or is not shared.
-    func collection(of model: TableModel, parentRowId: Int64?, _ db: Database, memo: inout [String: CollectionPath?]) throws
+    func collection(of model: TableModel, parentRowId: Int64?, _ db: Database, memo: inout [String: CollectionPath?])
+        throws
         -> CollectionPath?
     {
         if let root = model.rootCollection { return root }
@@ -38,7 +39,8 @@ struct LocalStore: Sendable {
         var result: CollectionPath?
         let columns = "serverId, isShared, " + (parent.foreignKey.map { SQL.quote($0) } ?? "NULL")
         if let row = try Row.fetchOne(
-            db.cachedStatement(sql: "SELECT \(columns) FROM \(parent.quotedName) WHERE id = ?"), arguments: [parentRowId]),
+            db.cachedStatement(sql: "SELECT \(columns) FROM \(parent.quotedName) WHERE id = ?"),
+            arguments: [parentRowId]),
             let serverId: String = row[0], parent.parentTable != nil || row[1] == true,
             let parentCollection = try collection(of: parent, parentRowId: row[2], db, memo: &memo),
             case .nested(_, _, let name) = model.definition.location
@@ -55,7 +57,8 @@ struct LocalStore: Sendable {
     /// With `waitingForParents`, nested rows whose parent will sync but has no server id yet
     /// count too: they are pending, not local-only.
     func syncsCondition(_ model: TableModel, alias: String, waitingForParents: Bool = false) -> String {
-        guard let parentName = model.parentTable, let parent = byName[parentName], let foreignKey = model.foreignKey else {
+        guard let parentName = model.parentTable, let parent = byName[parentName], let foreignKey = model.foreignKey
+        else {
             return "\(alias).isShared = 1"
         }
         let parentAlias = alias + "p"
@@ -116,16 +119,18 @@ struct LocalStore: Sendable {
     func pendingCount(_ db: Database) throws -> Int {
         var count = 0
         for model in tables {
-            count += try Int.fetchOne(
-                db,
-                sql: """
-                    SELECT COUNT(*) FROM \(model.quotedName) AS t
-                    WHERE t.isDirty = 1 AND \(syncsCondition(model, alias: "t", waitingForParents: true)) AND NOT EXISTS (
-                        SELECT 1 FROM tandem_row m WHERE m.tableName = ? AND m.rowId = t.id AND m.state = 'failed')
-                    """, arguments: [model.name]) ?? 0
+            count +=
+                try Int.fetchOne(
+                    db,
+                    sql: """
+                        SELECT COUNT(*) FROM \(model.quotedName) AS t
+                        WHERE t.isDirty = 1 AND \(syncsCondition(model, alias: "t", waitingForParents: true)) AND NOT EXISTS (
+                            SELECT 1 FROM tandem_row m WHERE m.tableName = ? AND m.rowId = t.id AND m.state = 'failed')
+                        """, arguments: [model.name]) ?? 0
         }
-        count += try Int.fetchOne(
-            db, sql: "SELECT COUNT(*) FROM tandem_row WHERE pendingOp = 'delete' AND state != 'failed'") ?? 0
+        count +=
+            try Int.fetchOne(
+                db, sql: "SELECT COUNT(*) FROM tandem_row WHERE pendingOp = 'delete' AND state != 'failed'") ?? 0
         return count
     }
 
@@ -179,7 +184,8 @@ extension LocalStore {
         var memo: [String: CollectionPath?] = [:]
         for model in tables {
             let foreignKey = model.foreignKey.map { "t.\(SQL.quote($0))" } ?? "NULL"
-            let columns = (["t.serverId", "t.updatedAt", foreignKey, "t.id"] + model.fieldColumns.map { "t.\(SQL.quote($0))" })
+            let columns =
+                (["t.serverId", "t.updatedAt", foreignKey, "t.id"] + model.fieldColumns.map { "t.\(SQL.quote($0))" })
                 .joined(separator: ", ")
             let rows = try Row.fetchAll(
                 db,
@@ -197,7 +203,8 @@ extension LocalStore {
                     let value = row[4 + index] as DatabaseValue
                     if let target = model.references[column] {
                         fields[column] = try outgoingReferenceValue(
-                            model, rowId: rowId, column: column, target: target, value: value, db).value
+                            model, rowId: rowId, column: column, target: target, value: value, db
+                        ).value
                     } else {
                         fields[column] = FieldCoding.json(value)
                     }
@@ -211,8 +218,12 @@ extension LocalStore {
     func unsyncedRowCount(_ db: Database) throws -> Int {
         var count = 0
         for model in tables {
-            count += try Int.fetchOne(
-                db, sql: "SELECT COUNT(*) FROM \(model.quotedName) AS t WHERE t.serverId IS NULL AND \(syncsCondition(model, alias: "t"))")
+            count +=
+                try Int.fetchOne(
+                    db,
+                    sql:
+                        "SELECT COUNT(*) FROM \(model.quotedName) AS t WHERE t.serverId IS NULL AND \(syncsCondition(model, alias: "t"))"
+                )
                 ?? 0
         }
         return count

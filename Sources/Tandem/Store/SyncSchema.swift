@@ -106,11 +106,13 @@ enum SyncSchema {
         func place(_ table: SyncTable, _ path: [String]) throws {
             if placed.contains(table.name) { return }
             if path.contains(table.name) {
-                throw TandemError(.invalidArgument, "tables nest in a cycle: \((path + [table.name]).joined(separator: " → "))")
+                throw TandemError(
+                    .invalidArgument, "tables nest in a cycle: \((path + [table.name]).joined(separator: " → "))")
             }
             if let parent = table.parentTable {
                 guard let parentTable = byName[parent] else {
-                    throw TandemError(.invalidArgument, "table \(table.name) nests under \(parent), which is not registered")
+                    throw TandemError(
+                        .invalidArgument, "table \(table.name) nests under \(parent), which is not registered")
                 }
                 try place(parentTable, path + [table.name])
             }
@@ -121,13 +123,16 @@ enum SyncSchema {
         return ordered
     }
 
-    private static func install(_ db: Database, _ table: SyncTable, _ byName: [String: SyncTable]) throws -> TableModel {
+    private static func install(_ db: Database, _ table: SyncTable, _ byName: [String: SyncTable]) throws -> TableModel
+    {
         guard try db.tableExists(table.name) else {
-            throw TandemError(.invalidArgument, "table \(table.name) does not exist; create it before starting the sync service")
+            throw TandemError(
+                .invalidArgument, "table \(table.name) does not exist; create it before starting the sync service")
         }
         var columns = try db.columns(in: table.name)
         guard let idColumn = columns.first(where: { $0.name == "id" }), idColumn.primaryKeyIndex == 1 else {
-            throw TandemError(.invalidArgument, "table \(table.name) needs an `id INTEGER PRIMARY KEY AUTOINCREMENT` column")
+            throw TandemError(
+                .invalidArgument, "table \(table.name) needs an `id INTEGER PRIMARY KEY AUTOINCREMENT` column")
         }
         let quoted = SQL.quote(table.name)
         let existing = Set(columns.map(\.name))
@@ -146,11 +151,14 @@ enum SyncSchema {
         var optional: Set<String> = []
         for reference in table.references {
             guard names.contains(reference.column) else {
-                throw TandemError(.invalidArgument, "table \(table.name) has no column \(reference.column) to reference \(reference.table)")
+                throw TandemError(
+                    .invalidArgument,
+                    "table \(table.name) has no column \(reference.column) to reference \(reference.table)")
             }
             guard byName[reference.table] != nil else {
                 throw TandemError(
-                    .invalidArgument, "\(table.name).\(reference.column) references \(reference.table), which is not registered")
+                    .invalidArgument,
+                    "\(table.name).\(reference.column) references \(reference.table), which is not registered")
             }
             references[reference.column] = reference.table
             if !(columns.first { $0.name == reference.column }!.isNotNull) { optional.insert(reference.column) }
@@ -169,7 +177,8 @@ enum SyncSchema {
         if case .nested(_, _, let name) = table.location, (try? CollectionPath("x/y/\(name)")) == nil {
             throw TandemError(.invalidArgument, "table \(table.name): '\(name)' is not a valid collection name")
         }
-        let excluded = syncColumnNames.union(["id"]).union(table.localColumns).union(table.foreignKey.map { [$0] } ?? [])
+        let excluded = syncColumnNames.union(["id"]).union(table.localColumns).union(
+            table.foreignKey.map { [$0] } ?? [])
         let fieldColumns = columns.map(\.name).filter { !excluded.contains($0) }
         let model = TableModel(
             definition: table, fieldColumns: fieldColumns, references: references, optionalReferences: optional,

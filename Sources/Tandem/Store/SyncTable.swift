@@ -62,7 +62,9 @@ public struct SyncTable: Sendable, Hashable {
     /// - Parameters:
     ///   - foreignKey: The column holding the parent row's local id.
     ///   - collection: The collection's name under the parent document.
-    public static func nested(_ table: String, under parent: String, foreignKey: String, collection: String) -> SyncTable {
+    public static func nested(_ table: String, under parent: String, foreignKey: String, collection: String)
+        -> SyncTable
+    {
         SyncTable(name: table, location: .nested(parent: parent, foreignKey: foreignKey, name: collection))
     }
 
@@ -73,7 +75,8 @@ public struct SyncTable: Sendable, Hashable {
     public static func nested<Record: TableRecord, Parent: TableRecord>(
         _ record: Record.Type, under parent: Parent.Type, foreignKey: String, collection: String
     ) -> SyncTable {
-        nested(Record.databaseTableName, under: Parent.databaseTableName, foreignKey: foreignKey, collection: collection)
+        nested(
+            Record.databaseTableName, under: Parent.databaseTableName, foreignKey: foreignKey, collection: collection)
     }
 
     /// Declares that `column` holds the local id of a row of `table`.

@@ -39,7 +39,8 @@ extension SyncService {
                     // this connection (the listener's echo included) is seen either.
                     dropConnection(connection)
                     try ownWrite { db in
-                        try store.countFailedAttempt(batch, "the acknowledgement was lost", maxAttempts: configuration.maxAttempts, db)
+                        try store.countFailedAttempt(
+                            batch, "the acknowledgement was lost", maxAttempts: configuration.maxAttempts, db)
                     }
                     throw TandemError(.disconnected, "the connection dropped before the acknowledgement arrived")
                 }

@@ -119,7 +119,8 @@ public final class SyncService: Sendable {
         applyQueue.underlyingQueue = applyDispatchQueue
         let observer = self.observer
         database.writeWithoutTransaction { db in db.add(transactionObserver: observer, extent: .observerLifetime) }
-        observer.setOnCommit { [weak self] parentsChanged in self?.localChangesCommitted(parentsChanged: parentsChanged) }
+        observer.setOnCommit { [weak self] parentsChanged in self?.localChangesCommitted(parentsChanged: parentsChanged)
+        }
         refreshStatus()
     }
 
@@ -252,7 +253,8 @@ public final class SyncService: Sendable {
     /// Makes failed rows pending again and pushes them.
     public func retryFailed() throws {
         try ownWrite { db in
-            try db.execute(sql: "UPDATE tandem_row SET state = 'pending', attempts = 0, lastError = NULL WHERE state = 'failed'")
+            try db.execute(
+                sql: "UPDATE tandem_row SET state = 'pending', attempts = 0, lastError = NULL WHERE state = 'failed'")
         }
         refreshStatus()
         schedulePush(after: .zero)
