@@ -123,9 +123,10 @@ public enum ClientMessage: Sendable, Hashable {
 /// {"op":"delete","collection":"accounts","id":"a1B2…","baseVersion":4,"idempotencyKey":"k4"}
 /// ```
 ///
-/// `update` replaces all fields. `baseVersion` is the version the client last saw; when the
-/// server's document has another version the write is refused with `conflict`. Without
-/// `baseVersion` the update or delete is unconditional.
+/// `update` replaces all fields, or with `fieldTimes` merges them field by field. `baseVersion`
+/// is the version the client last saw; when the server's document has another version the
+/// write is refused with `conflict`. Without `baseVersion` the update or delete is
+/// unconditional.
 public struct WriteOp: Sendable, Hashable, Codable {
     public enum Kind: String, Sendable, Hashable, Codable {
         case create, update, delete
@@ -140,10 +141,13 @@ public struct WriteOp: Sendable, Hashable, Codable {
     public var baseVersion: Int64?
     /// Unique per client and operation: a resend with the same key gets the first answer.
     public var idempotencyKey: ClientName
+    /// When present, the write merges field by field: each field keeps the value with the
+    /// later time, the stored one or this one (see docs/PROTOCOL.md, "Field-level merge").
+    public var fieldTimes: [String: Int64]?
 
     public init(
         kind: Kind, collection: CollectionPath, id: DocumentID?, fields: JSONObject?, baseVersion: Int64?,
-        idempotencyKey: ClientName
+        idempotencyKey: ClientName, fieldTimes: [String: Int64]? = nil
     ) {
         self.kind = kind
         self.collection = collection
@@ -151,6 +155,7 @@ public struct WriteOp: Sendable, Hashable, Codable {
         self.fields = fields
         self.baseVersion = baseVersion
         self.idempotencyKey = idempotencyKey
+        self.fieldTimes = fieldTimes
     }
 
     public static func create(
@@ -180,7 +185,7 @@ public struct WriteOp: Sendable, Hashable, Codable {
 
     private enum CodingKeys: String, CodingKey {
         case kind = "op"
-        case collection, id, fields, baseVersion, idempotencyKey
+        case collection, id, fields, baseVersion, idempotencyKey, fieldTimes
     }
 
     public init(from decoder: any Decoder) throws {
@@ -198,6 +203,7 @@ public struct WriteOp: Sendable, Hashable, Codable {
         fields = try container.decodeIfPresent(JSONObject.self, forKey: .fields)
         baseVersion = try container.decodeIfPresent(Int64.self, forKey: .baseVersion)
         idempotencyKey = try container.decode(ClientName.self, forKey: .idempotencyKey)
+        fieldTimes = try container.decodeIfPresent([String: Int64].self, forKey: .fieldTimes)
 
         let at = decoder.codingPath.fieldName
         switch kind {
@@ -210,6 +216,10 @@ public struct WriteOp: Sendable, Hashable, Codable {
         case .delete:
             if id == nil { throw WireError(.badMessage, "\(at): a delete needs an id") }
             if fields != nil { throw WireError(.badMessage, "\(at): a delete takes no fields") }
+            if fieldTimes != nil { throw WireError(.badMessage, "\(at): a delete takes no fieldTimes") }
+        }
+        if let fieldTimes, let fields, let unknown = fieldTimes.keys.first(where: { fields[$0] == nil }) {
+            throw WireError(.badMessage, "\(at).fieldTimes: '\(unknown.prefix(40))' is not one of the fields")
         }
         if let baseVersion, baseVersion < 1 {
             throw WireError(.badMessage, "\(at).baseVersion: must be 1 or more, not \(baseVersion)")

@@ -22,10 +22,13 @@ public struct Document: Sendable, Hashable, Codable {
     public var updateTime: Int64
     public var deleted: Bool
     public var createKey: String?
+    /// For documents written with field-level merging: when each field was last written, as
+    /// hybrid logical clock values from the writing devices.
+    public var fieldTimes: [String: Int64]?
 
     public init(
         id: DocumentID, version: Int64, fields: JSONObject, createTime: Int64, updateTime: Int64, deleted: Bool = false,
-        createKey: String? = nil
+        createKey: String? = nil, fieldTimes: [String: Int64]? = nil
     ) {
         self.id = id
         self.version = version
@@ -34,10 +37,11 @@ public struct Document: Sendable, Hashable, Codable {
         self.updateTime = updateTime
         self.deleted = deleted
         self.createKey = createKey
+        self.fieldTimes = fieldTimes
     }
 
     private enum CodingKeys: String, CodingKey {
-        case id, version, fields, createTime, updateTime, deleted, createKey
+        case id, version, fields, createTime, updateTime, deleted, createKey, fieldTimes
     }
 
     public init(from decoder: any Decoder) throws {
@@ -49,6 +53,7 @@ public struct Document: Sendable, Hashable, Codable {
         updateTime = try container.decodeIfPresent(Int64.self, forKey: .updateTime) ?? 0
         deleted = try container.decodeIfPresent(Bool.self, forKey: .deleted) ?? false
         createKey = try container.decodeIfPresent(String.self, forKey: .createKey)
+        fieldTimes = try container.decodeIfPresent([String: Int64].self, forKey: .fieldTimes)
     }
 }
 

@@ -114,11 +114,15 @@ public struct WriteResult: Sendable, Hashable, Codable {
     /// The document's version after the op.
     public var version: Int64
     public var updateTime: Int64
+    /// For a field-level merge: the document as stored, which may keep fields of other
+    /// writers that were newer than the op's.
+    public var document: Document?
 
-    public init(id: DocumentID, version: Int64, updateTime: Int64) {
+    public init(id: DocumentID, version: Int64, updateTime: Int64, document: Document? = nil) {
         self.id = id
         self.version = version
         self.updateTime = updateTime
+        self.document = document
     }
 }
 

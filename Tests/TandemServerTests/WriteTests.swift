@@ -142,3 +142,58 @@ struct DurabilityTests {
         process.kill(SIGTERM)
     }
 }
+
+@Suite("Field-level merge on the server")
+struct ServerMergeTests {
+    @Test("the same two conflicting writes applied in both orders give identical documents")
+    func commutative() async throws {
+        let server = try TestServer()
+        let connection = try await connect(server, as: "merger")
+        let notes = try path("notes")
+        var ids: [DocumentID] = []
+        for _ in 0..<2 {
+            guard case .ack(let results) = try await connection.write([
+                WriteOp(
+                    kind: .create, collection: notes, id: nil, fields: ["title": "t0", "amount": 0, "note": "n0"],
+                    baseVersion: nil, idempotencyKey: key(), fieldTimes: ["title": 1, "amount": 1, "note": 1])
+            ]) else { throw TestFailure("create refused") }
+            ids.append(results[0].id)
+        }
+        func x(_ id: DocumentID) -> WriteOp {
+            WriteOp(
+                kind: .update, collection: notes, id: id, fields: ["title": "from X", "amount": 10, "note": "x"],
+                baseVersion: nil, idempotencyKey: key(), fieldTimes: ["title": 5, "amount": 2, "note": 3])
+        }
+        func y(_ id: DocumentID) -> WriteOp {
+            WriteOp(
+                kind: .update, collection: notes, id: id, fields: ["title": "from Y", "amount": 20, "note": "y"],
+                baseVersion: nil, idempotencyKey: key(), fieldTimes: ["title": 3, "amount": 4, "note": 3])
+        }
+        _ = try await connection.write([x(ids[0])])
+        _ = try await connection.write([y(ids[0])])
+        _ = try await connection.write([y(ids[1])])
+        guard case .ack(let last) = try await connection.write([x(ids[1])]) else { throw TestFailure("refused") }
+
+        let first = try #require(try server.server.document(in: notes, id: ids[0]))
+        let second = try #require(try server.server.document(in: notes, id: ids[1]))
+        #expect(first.fields == second.fields)
+        #expect(first.fieldTimes == second.fieldTimes)
+        #expect(first.fields == ["title": "from X", "amount": 20, "note": "y"], "later title from X, amount from Y, tie by value")
+        #expect(last[0].document?.fields == second.fields, "a merge answers with the stored document")
+    }
+
+    @Test("a merged write sent twice with its key changes nothing the second time and answers the same")
+    func idempotent() async throws {
+        let server = try TestServer()
+        let connection = try await connect(server, as: "merger")
+        let notes = try path("notes")
+        let created = try await connection.create("notes", ["a": 1])
+        let op = WriteOp(
+            kind: .update, collection: notes, id: created.id, fields: ["a": 2], baseVersion: nil,
+            idempotencyKey: key(), fieldTimes: ["a": 9])
+        guard case .ack(let first) = try await connection.write([op]) else { throw TestFailure("refused") }
+        guard case .ack(let second) = try await connection.write([op]) else { throw TestFailure("refused") }
+        #expect(first == second)
+        #expect(try server.server.document(in: notes, id: created.id)?.version == 2)
+    }
+}

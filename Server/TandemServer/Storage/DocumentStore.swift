@@ -68,7 +68,9 @@ final class DocumentStore {
                         createSequence INTEGER NOT NULL,
                         -- The idempotency key and client of the create that made the document.
                         createKey TEXT,
-                        createClient TEXT
+                        createClient TEXT,
+                        -- For field-level merges: the time of each field's last write.
+                        fieldTimes TEXT
                     );
                     CREATE UNIQUE INDEX document_id ON document(collection, id);
                     CREATE UNIQUE INDEX document_feed ON document(collection, sequence);
@@ -80,6 +82,8 @@ final class DocumentStore {
                         version INTEGER NOT NULL,
                         updateTime INTEGER NOT NULL,
                         recordedAt INTEGER NOT NULL,
+                        -- The stored document, for answers to field-level merges.
+                        document TEXT,
                         PRIMARY KEY (clientId, key)
                     ) WITHOUT ROWID;
                     CREATE INDEX idempotency_age ON idempotency(recordedAt);
@@ -104,7 +108,7 @@ final class DocumentStore {
             try Row.fetchAll(
                 db,
                 sql: """
-                    SELECT id, fields, version, createTime, updateTime, deleted, sequence, createSequence, createKey, createClient
+                    SELECT id, fields, version, createTime, updateTime, deleted, sequence, createSequence, createKey, createClient, fieldTimes
                     FROM document WHERE collection = ? AND deleted = 0 ORDER BY sequence
                     """, arguments: [collection.rawValue]
             ).map { try StoredDocument(row: $0).document }
@@ -139,7 +143,7 @@ final class DocumentStore {
             let (last, horizon) = try Self.bounds(db, collection)
             let statement = try db.cachedStatement(
                 sql: """
-                    SELECT id, fields, version, createTime, updateTime, deleted, sequence, createSequence, createKey, createClient
+                    SELECT id, fields, version, createTime, updateTime, deleted, sequence, createSequence, createKey, createClient, fieldTimes
                     FROM document WHERE collection = ? AND sequence > ? ORDER BY sequence LIMIT ?
                     """)
             let rows = try Row.fetchCursor(statement, arguments: [collection.rawValue, position, limit])
@@ -176,7 +180,7 @@ final class DocumentStore {
     {
         let statement = try db.cachedStatement(
             sql: """
-                SELECT id, fields, version, createTime, updateTime, deleted, sequence, createSequence, createKey, createClient
+                SELECT id, fields, version, createTime, updateTime, deleted, sequence, createSequence, createKey, createClient, fieldTimes
                 FROM document WHERE collection = ? AND id = ?
                 """)
         return try Row.fetchOne(statement, arguments: [collection.rawValue, id.rawValue]).map(StoredDocument.init(row:))
@@ -230,6 +234,7 @@ struct StoredDocument {
     var createSequence: Int64
     var createKey: String?
     var createClient: String?
+    var fieldTimes: [String: Int64]?
 
     init(row: Row) throws {
         id = try DocumentID(row[0])
@@ -242,6 +247,7 @@ struct StoredDocument {
         createSequence = row[7]
         createKey = row[8]
         createClient = row[9]
+        fieldTimes = try (row[10] as String?).map { try Wire.decode([String: Int64].self, from: Array($0.utf8)) }
     }
 
     var fieldsBytes: Int { fieldsJSON.utf8.count }

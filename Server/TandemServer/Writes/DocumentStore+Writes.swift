@@ -34,7 +34,7 @@ extension DocumentStore {
     /// - Parameter now: The server clock, in milliseconds since 1970.
     /// - Throws: ``WireError`` `.notFound` (with the op's index) for an update or delete of a
     ///   document that never existed; GRDB's `DatabaseError` when SQLite fails.
-    func apply(_ ops: [PreparedOp], clientId: ClientName, now: Int64) throws -> WriteOutcome {
+    func apply(_ ops: [PreparedOp], clientId: ClientName, now: Int64, maxDocumentBytes: Int) throws -> WriteOutcome {
         do {
             return try database.write { db in
                 var results: [WriteResult] = []
@@ -58,41 +58,66 @@ extension DocumentStore {
                     let createClient = isCreate ? clientId.rawValue : existing!.createClient
                     let deleted = op.kind == .delete
 
+                    var fields = deleted ? [:] : op.fields ?? [:]
+                    var fieldsJSON = prepared.fieldsJSON
+                    var fieldTimes = op.fieldTimes
+                    if let incomingTimes = op.fieldTimes, op.kind == .update, let existing {
+                        // Field-level merge with what is stored: each field keeps its later write.
+                        let merged = FieldMerge.merge(
+                            stored: (try existing.document.fields, existing.fieldTimes ?? [:]),
+                            incoming: (fields, incomingTimes))
+                        fields = merged.fields
+                        fieldTimes = merged.times
+                        fieldsJSON = String(decoding: try Wire.encodeCanonical(fields), as: UTF8.self)
+                        if fieldsJSON.utf8.count > maxDocumentBytes {
+                            throw WireError(
+                                .tooLarge,
+                                "ops[\(index)]: merged with the stored document it is \(fieldsJSON.utf8.count) bytes; "
+                                    + "the limit is \(maxDocumentBytes)", op: index)
+                        }
+                    }
+                    if deleted { fieldTimes = existing?.fieldTimes }
+                    let timesJSON = try fieldTimes.map { String(decoding: try Wire.encodeCanonical($0), as: UTF8.self) }
+
                     try db.cachedStatement(
                         sql: """
                             INSERT INTO document
                                 (collection, id, fields, version, createTime, updateTime, deleted, sequence, createSequence,
-                                createKey, createClient)
-                            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                createKey, createClient, fieldTimes)
+                            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                             ON CONFLICT (collection, id) DO UPDATE SET
                                 fields = excluded.fields, version = excluded.version,
                                 createTime = excluded.createTime, updateTime = excluded.updateTime,
                                 deleted = excluded.deleted, sequence = excluded.sequence,
                                 createSequence = excluded.createSequence, createKey = excluded.createKey,
-                                createClient = excluded.createClient
+                                createClient = excluded.createClient, fieldTimes = excluded.fieldTimes
                             """
                     ).execute(arguments: [
-                        op.collection.rawValue, id.rawValue, prepared.fieldsJSON, version, createTime, updateTime,
-                        deleted, sequence, createSequence, createKey, createClient,
+                        op.collection.rawValue, id.rawValue, fieldsJSON, version, createTime, updateTime,
+                        deleted, sequence, createSequence, createKey, createClient, timesJSON,
                     ])
+
+                    let document = Document(
+                        id: id, version: version, fields: fields, createTime: createTime, updateTime: updateTime,
+                        deleted: deleted, createKey: createKey, fieldTimes: fieldTimes)
+                    // A merge answers with the stored document: it may keep other writers' fields.
+                    let result = WriteResult(
+                        id: id, version: version, updateTime: updateTime, document: op.fieldTimes != nil ? document : nil)
                     try db.cachedStatement(
                         sql: """
-                            INSERT INTO idempotency (clientId, key, id, version, updateTime, recordedAt)
-                            VALUES (?, ?, ?, ?, ?, ?)
+                            INSERT INTO idempotency (clientId, key, id, version, updateTime, recordedAt, document)
+                            VALUES (?, ?, ?, ?, ?, ?, ?)
                             """
                     ).execute(arguments: [
                         clientId.rawValue, op.idempotencyKey.rawValue, id.rawValue, version, updateTime, now,
+                        try result.document.map { String(decoding: try Wire.encode($0), as: UTF8.self) },
                     ])
-
-                    results.append(WriteResult(id: id, version: version, updateTime: updateTime))
-                    let document = Document(
-                        id: id, version: version, fields: deleted ? [:] : op.fields ?? [:], createTime: createTime,
-                        updateTime: updateTime, deleted: deleted, createKey: createKey)
+                    results.append(result)
                     let kind: Change.Kind = isCreate ? .added : deleted ? .deleted : .modified
                     changes.append(
                         CommittedChange(
                             collection: op.collection, change: Change(kind, document), sequence: sequence,
-                            size: prepared.fieldsJSON.utf8.count + 160))
+                            size: fieldsJSON.utf8.count + 160))
                 }
                 return .applied(results, changes)
             }
@@ -141,9 +166,10 @@ extension DocumentStore {
     private static func recordedResult(_ db: Database, _ clientId: ClientName, _ key: ClientName) throws -> WriteResult?
     {
         let statement = try db.cachedStatement(
-            sql: "SELECT id, version, updateTime FROM idempotency WHERE clientId = ? AND key = ?")
+            sql: "SELECT id, version, updateTime, document FROM idempotency WHERE clientId = ? AND key = ?")
         guard let row = try Row.fetchOne(statement, arguments: [clientId.rawValue, key.rawValue]) else { return nil }
-        return WriteResult(id: try DocumentID(row[0]), version: row[1], updateTime: row[2])
+        let document = try (row[3] as String?).map { try Wire.decode(Document.self, from: Array($0.utf8)) }
+        return WriteResult(id: try DocumentID(row[0]), version: row[1], updateTime: row[2], document: document)
     }
 
     /// Takes the collection's next sequence number (1 for its first write).

@@ -37,7 +37,8 @@ extension ServerCore {
 
         let outcome: WriteOutcome
         do {
-            outcome = try store.apply(prepared, clientId: clientId, now: configuration.clock())
+            outcome = try store.apply(
+                prepared, clientId: clientId, now: configuration.clock(), maxDocumentBytes: limits.maxDocumentBytes)
         } catch var error as WireError {
             error.request = write.request
             session.send(error)
