@@ -13,8 +13,10 @@ import Tandem
 public final class TestClock: SyncClock {
     private let time: Mutex<Int64>
 
-    public init(now: Int64 = 1_763_683_200_000) {
-        time = Mutex(now)
+    /// - Parameter now: Milliseconds since 1970; by default the real time, so that the clock
+    ///   agrees with a server's (Tandem's clocks take in the server's times).
+    public init(now: Int64? = nil) {
+        time = Mutex(now ?? SystemClock().now())
     }
 
     public func now() -> Int64 { time.withLock { $0 } }

@@ -37,7 +37,7 @@ public enum FieldMerge {
     }
 
     /// Whether `value` wins a tie against `other`: a total order on JSON values.
-    static func sortsAfter(_ value: JSONValue, _ other: JSONValue) -> Bool {
+    public static func sortsAfter(_ value: JSONValue, _ other: JSONValue) -> Bool {
         let left = (try? Wire.encodeCanonical(value)) ?? []
         let right = (try? Wire.encodeCanonical(other)) ?? []
         return left.lexicographicallyPrecedes(right) == false && left != right

@@ -17,14 +17,44 @@ struct PureLogicTests {
         #expect(backoff.delay(attempt: 30, random: 0) == .milliseconds(2500))
     }
 
-    @Test("last write wins: the later updatedAt wins; a tie goes to the server's version")
-    func lastWriteWins() throws {
-        let remote = Document(
-            id: try DocumentID("x"), version: 4, fields: ["updatedAt": 2000], createTime: 0, updateTime: 9)
-        let policy = ConflictPolicy.lastWriteWins
-        #expect(policy.resolve(Conflict(localUpdatedAt: 2001, remote: remote)) == .keepLocal)
-        #expect(policy.resolve(Conflict(localUpdatedAt: 1999, remote: remote)) == .takeRemote)
-        #expect(policy.resolve(Conflict(localUpdatedAt: 2000, remote: remote)) == .takeRemote)
+    @Test("three-way merge: a field changed on one side takes that side, whatever the clocks say")
+    func threeWayOneSided() {
+        let base: JSONObject = ["title": "Rent", "amount": -100, "updatedAt": 1]
+        // The local side changed the title, the remote side the amount. The times would favour
+        // the remote title (9 > 2), but the remote never changed it.
+        let merged = ThreeWayMerge.merge(
+            base: base,
+            local: (["title": "Rent (May)", "amount": -100, "updatedAt": 2], ["title": 2, "amount": 1]),
+            remote: (["title": "Rent", "amount": -120, "updatedAt": 9], ["title": 9, "amount": 9]))
+        #expect(merged.fields["title"] == "Rent (May)")
+        #expect(merged.fields["amount"] == -120)
+        #expect(merged.inConflict.isEmpty)
+        #expect(merged.fields["updatedAt"] == 9)
+    }
+
+    @Test("three-way merge: a field changed on both sides takes the later write")
+    func threeWayBothSides() {
+        let base: JSONObject = ["title": "Rent"]
+        let later = ThreeWayMerge.merge(
+            base: base, local: (["title": "Local"], ["title": 5]), remote: (["title": "Remote"], ["title": 4]))
+        #expect(later.fields["title"] == "Local")
+        #expect(later.inConflict == ["title"])
+        let earlier = ThreeWayMerge.merge(
+            base: base, local: (["title": "Local"], ["title": 3]), remote: (["title": "Remote"], ["title": 4]))
+        #expect(earlier.fields["title"] == "Remote")
+    }
+
+    @Test("hybrid logical clock: monotonic, and past every timestamp received")
+    func hybridLogicalClock() {
+        let clock = HybridLogicalClock(wall: FixedClock(time: 1000))
+        let a = clock.now()
+        let b = clock.now()
+        #expect(b > a, "monotonic within one millisecond")
+        let fromTheFuture = HybridLogicalClock.timestamp(milliseconds: 1000 + 3_600_000)
+        clock.receive(fromTheFuture)
+        let c = clock.now()
+        #expect(c > fromTheFuture, "a later local event comes after what it has seen")
+        #expect(HybridLogicalClock.milliseconds(c) == 1000 + 3_600_000)
     }
 
     @Test(
@@ -43,4 +73,9 @@ struct PureLogicTests {
         #expect(SQL.quote("we\"ird") == "\"we\"\"ird\"")
         #expect(SQL.literal("it's") == "'it''s'")
     }
+}
+
+struct FixedClock: SyncClock {
+    var time: Int64
+    func now() -> Int64 { time }
 }

@@ -50,7 +50,7 @@ struct SchemaTests {
         }
         let row = try syncColumns(database, "account", account.id!)
         #expect(row["isDirty"] == true)
-        #expect(row["updatedAt"] == 42_000)
+        #expect(row["updatedAt"] == HybridLogicalClock.timestamp(milliseconds: 42_000))
         #expect(row["localRevision"] == 1)
     }
 
@@ -66,7 +66,7 @@ struct SchemaTests {
         try database.write { db in try db.execute(sql: "UPDATE account SET name = 'House'") }
         let row = try syncColumns(database, "account", 1)
         #expect(row["isDirty"] == true)
-        #expect(row["updatedAt"] == 1500)
+        #expect(row["updatedAt"] == HybridLogicalClock.timestamp(milliseconds: 1500))
         #expect(row["localRevision"] == 3)
     }
 

@@ -1,40 +1,80 @@
 import TandemWire
 
-/// How a conflict between a local change and the server's version of a row is settled.
+/// How a conflict between unpushed local changes and a newer server version of a row is
+/// settled. Chosen per table (``SyncTable/resolvingConflicts(with:)``), with a default in
+/// ``SyncConfiguration/conflictPolicy``.
 ///
 /// A conflict arises in two places, which go through the same code: a push answered with
-/// `conflict` (someone else wrote the document since this device last saw it), and a
-/// listener change arriving for a row with unpushed local changes.
-public enum ConflictPolicy: Sendable, Hashable {
-    /// The whole row with the later `updatedAt` wins; on a tie the server's version wins
-    /// (it is the one all devices already share). What loses: the other side's edits to
-    /// that row, even to fields the winner did not touch.
+/// `conflict` (another device wrote the document since this one last saw it), and a listener
+/// change arriving for a row with unpushed local changes. Times are hybrid logical clock
+/// values (see ``HybridLogicalClock``), so a device whose wall clock runs fast does not win
+/// against a later edit made after it.
+///
+/// | policy | what wins | what can be lost | choose it when |
+/// |---|---|---|---|
+/// | ``lastWriteWins`` | the whole row with the later `updatedAt` (ties: the server's) | the other side's edits to that row, even to other fields | rows are edited as a whole, or rarely by two devices at once |
+/// | ``fieldLevel`` | each field separately: a field changed on one side only takes that side; a field changed on both takes the later write | only the earlier of two edits to the same field | different people edit different fields of the same rows |
+/// | ``manual`` | nothing automatically when both sides changed the same field: the row waits for the app | nothing | a person must decide (money, legal text) |
+/// | ``custom(_:)`` | whatever the closure decides | what the closure drops | the app has its own rule |
+///
+/// Deletes, under every policy: a delete wins over a concurrent edit (the row is removed
+/// everywhere), and a deleted document is never brought back by an older update.
+public enum ConflictPolicy: Sendable {
     case lastWriteWins
+    case fieldLevel
+    case manual
+    case custom(@Sendable (ConflictContext) -> ConflictResolution)
 }
 
-/// Both sides of a conflict.
-struct Conflict {
-    /// When the local change was made (the row's `updatedAt`).
-    var localUpdatedAt: Int64
-    /// The server's document.
-    var remote: Document
-
-    /// When the server's version was made, as the writing device stamped it.
-    var remoteUpdatedAt: Int64 { remote.fields["updatedAt"]?.intValue ?? remote.updateTime }
+/// Both sides of a conflict, for a ``ConflictPolicy/custom(_:)`` resolver.
+public struct ConflictContext: Sendable {
+    public var table: String
+    public var rowId: Int64
+    /// The local row as a document would carry it (references as server ids).
+    public var local: JSONObject
+    /// The server's version.
+    public var remote: Document
+    /// The last server version this device saw, when it has one: the base of a three-way merge.
+    public var base: JSONObject?
+    /// Fields whose local value differs from the base (all of them without a base).
+    public var changedLocally: Set<String>
+    /// Fields whose server value differs from the base (all of them without a base).
+    public var changedRemotely: Set<String>
+    /// Fields changed on both sides, to different values.
+    public var inConflict: Set<String>
+    /// When the local row was last written (hybrid logical clock).
+    public var localUpdatedAt: Int64
+    /// When the server's version was written, as its writer stamped it.
+    public var remoteUpdatedAt: Int64
 }
 
-enum Resolution: Equatable {
+/// What a ``ConflictPolicy/custom(_:)`` resolver, or the app resolving a ``ConflictRecord``,
+/// decides.
+public enum ConflictResolution: Sendable, Equatable {
     /// Keep the local row and push it over the server's version.
     case keepLocal
-    /// Take the server's version; the local change is dropped.
-    case takeRemote
+    /// Take the server's version; the local changes are dropped.
+    case useServer
+    /// Make the row these fields (a subset is fine: others keep their local value) and push it.
+    case merge(fields: JSONObject)
 }
 
-extension ConflictPolicy {
-    func resolve(_ conflict: Conflict) -> Resolution {
-        switch self {
-        case .lastWriteWins:
-            conflict.localUpdatedAt > conflict.remoteUpdatedAt ? .keepLocal : .takeRemote
-        }
-    }
+/// An open conflict of a table with the ``ConflictPolicy/manual`` policy: the row does not sync
+/// until the app resolves it with ``SyncService/resolve(_:with:)``.
+public struct ConflictRecord: Sendable, Equatable, Identifiable {
+    public var table: String
+    public var rowId: Int64
+    public var serverId: String
+    /// The row when the conflict was found.
+    public var local: JSONObject
+    /// The server's latest version.
+    public var server: Document
+    /// The last version both sides agreed on.
+    public var base: JSONObject?
+    /// The fields changed on both sides.
+    public var fields: [String]
+    /// When the conflict was found (milliseconds since 1970).
+    public var detectedAt: Int64
+
+    public var id: String { "\(table)#\(rowId)" }
 }

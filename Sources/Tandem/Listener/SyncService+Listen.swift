@@ -186,6 +186,7 @@ extension SyncService {
             let outcome = try ownWrite { db in try store.apply(snapshot, collection: path, target: target, db) }
             configuration.hooks.afterApply?(snapshot)
             for failure in outcome.failures { noteError("cannot apply \(failure)") }
+            if outcome.conflicts > 0 { updateStatus { $0.resolvedConflicts += outcome.conflicts } }
             if parentTables.contains(target.table) && outcome.inserted + outcome.deleted > 0 {
                 refreshListeners()
             }

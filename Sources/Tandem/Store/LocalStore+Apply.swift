@@ -7,6 +7,8 @@ struct ApplyOutcome: Sendable {
     var inserted = 0
     var updated = 0
     var deleted = 0
+    /// Conflicts settled by a policy.
+    var conflicts = 0
     /// Changes that could not be applied (a value the table refuses), with the reason. The
     /// rest of the snapshot is applied and its token stored.
     var failures: [String] = []
@@ -56,6 +58,7 @@ extension LocalStore {
     ) throws {
         let document = change.document
         let serverId = document.id.rawValue
+        receiveTimes(of: document)
         let local = try Row.fetchOne(
             db.cachedStatement(sql: "SELECT id, isDirty, updatedAt FROM \(model.quotedName) WHERE serverId = ?"),
             arguments: [serverId])
@@ -94,21 +97,17 @@ extension LocalStore {
                     arguments: [model.name, rowId]) ?? 0
             guard document.version > knownVersion else { return }  // an echo of our own write, or older
             let isDirty: Bool = local[1]
-            if isDirty {
-                switch policy.resolve(Conflict(localUpdatedAt: local[2], remote: document)) {
-                case .keepLocal:
-                    try db.cachedStatement(
-                        sql: """
-                            UPDATE tandem_row SET serverVersion = ?, serverFields = ?, idempotencyKey = NULL
-                            WHERE tableName = ? AND rowId = ?
-                            """
-                    ).execute(arguments: [document.version, Self.fieldsText(document.fields), model.name, rowId])
-                    return
-                case .takeRemote:
-                    break
+            let inConflict = try Bool.fetchOne(
+                db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_conflict WHERE tableName = ? AND rowId = ?)"),
+                arguments: [model.name, rowId]) ?? false
+            if isDirty || inConflict {
+                // Unpushed local changes: the table's policy decides.
+                if try settle(model, rowId: rowId, remote: document, collection: collection, db) != .recorded {
+                    outcome.conflicts += 1
                 }
+            } else {
+                try overwrite(model, rowId: rowId, with: document, collection: collection, db)
             }
-            try overwrite(model, rowId: rowId, with: document, collection: collection, db)
             outcome.updated += 1
             return
         }
@@ -174,19 +173,16 @@ extension LocalStore {
             // Unchanged since the create went out: the server's document is the truth.
             try overwrite(model, rowId: rowId, with: document, collection: collection, db)
         } else {
+            // Changed since: both sides changed, with no base known to both.
             try db.cachedStatement(
                 sql: """
-                    UPDATE tandem_row SET serverId = ?, collection = ?, serverVersion = ?, serverFields = ?,
+                    UPDATE tandem_row SET serverId = ?, collection = ?, serverVersion = 0, serverFields = NULL,
                         pendingOp = NULL, idempotencyKey = NULL, pushedRevision = NULL, attempts = 0,
                         state = 'pending', lastError = NULL
                     WHERE tableName = ? AND rowId = ?
                     """
-            ).execute(arguments: [
-                serverId, collection.rawValue, document.version, Self.fieldsText(document.fields), model.name, rowId,
-            ])
-            if policy.resolve(Conflict(localUpdatedAt: row[1], remote: document)) == .takeRemote {
-                try overwrite(model, rowId: rowId, with: document, collection: collection, db)
-            }
+            ).execute(arguments: [serverId, collection.rawValue, model.name, rowId])
+            _ = try settle(model, rowId: rowId, remote: document, collection: collection, db)
         }
         try resolveWaiting(model, serverId: serverId, localId: rowId, db)
         outcome.updated += 1
@@ -219,6 +215,7 @@ extension LocalStore {
         )
         .execute(arguments: arguments)
         try recordSynced(model, rowId: rowId, document, collection, db)
+        try storeFieldTimes(model, rowId: rowId, Self.fieldTimes(of: document), db)
         // The document says what each reference is now: forget what the row waited for.
         for column in model.references.keys where document.fields[column] != nil {
             try db.cachedStatement(
@@ -268,6 +265,7 @@ extension LocalStore {
         ).execute(arguments: StatementArguments(values))
         let rowId = db.lastInsertedRowID
         try recordSynced(model, rowId: rowId, document, collection, db)
+        try storeFieldTimes(model, rowId: rowId, Self.fieldTimes(of: document), db)
         try recordMissingReferences(model, rowId: rowId, incoming.missing, db)
         try resolveWaiting(model, serverId: document.id.rawValue, localId: rowId, db)
         return true
@@ -281,7 +279,7 @@ extension LocalStore {
     }
 
     /// The document's fields as column values, references translated to local ids.
-    private func incomingValues(_ model: TableModel, _ document: Document, _ db: Database) throws
+    func incomingValues(_ model: TableModel, _ document: Document, _ db: Database) throws
         -> (columns: [String], values: [DatabaseValue], missing: [MissingReference])
     {
         var columns: [String] = []
@@ -327,7 +325,7 @@ extension LocalStore {
         ])
     }
 
-    private func recordMissingReferences(
+    func recordMissingReferences(
         _ model: TableModel, rowId: Int64, _ missing: [MissingReference], _ db: Database
     )
         throws

@@ -57,9 +57,9 @@ extension LocalStore {
                 db.cachedStatement(
                     sql: """
                         SELECT \(columns) FROM \(model.quotedName) AS t
-                        WHERE t.isDirty = 1 AND \(syncsCondition(model, alias: "t")) AND NOT EXISTS (
-                            SELECT 1 FROM tandem_row m WHERE m.tableName = ? AND m.rowId = t.id AND m.state = 'failed')
-                        LIMIT ?
+                        WHERE t.isDirty = 1 AND \(syncsCondition(model, alias: "t")) AND NOT EXISTS (                            SELECT 1 FROM tandem_row m WHERE m.tableName = ?1 AND m.rowId = t.id AND m.state = 'failed')
+                        AND NOT EXISTS (SELECT 1 FROM tandem_conflict c WHERE c.tableName = ?1 AND c.rowId = t.id)
+                        LIMIT ?2
                         """), arguments: [model.name, maxOps - prepared.count])
             while let row = try rows.next() {
                 let rowId: Int64 = row[0]
@@ -111,11 +111,17 @@ extension LocalStore {
                 // first answer back: the row must then stay dirty when it changed since, or its
                 // newer content would be taken for pushed.
                 let keyRevision: Int64 = recordedKey != nil ? (meta?[3] ?? revision) : revision
-                let op: WriteOp
+                var op: WriteOp
                 if let serverId, let id = try? DocumentID(serverId) {
                     op = .update(in: collection, id: id, fields: document, baseVersion: meta?[0], idempotencyKey: key)
                 } else {
                     op = .create(in: collection, fields: document, idempotencyKey: key)
+                }
+                if model.mergesFields {
+                    // Field-level tables merge on the server, field by field, with no precondition.
+                    op.baseVersion = nil
+                    op.fieldTimes = try localFieldTimes(model, rowId: rowId, updatedAt: updatedAt, db)
+                        .filter { document[$0.key] != nil }
                 }
                 try db.cachedStatement(
                     sql: """
@@ -180,10 +186,15 @@ extension LocalStore {
     ///   local row already holds. That can only happen when a listener applied the server's
     ///   echo of the create before this write-back, the race the sync queue's barrier exists
     ///   to prevent.
-    func recordAcknowledgement(_ pushes: [PreparedPush], _ results: [WriteResult], _ db: Database) throws -> [String] {
+    func recordAcknowledgement(_ pushes: [PreparedPush], _ results: [WriteResult], _ db: Database) throws
+        -> (duplicates: [String], conflicts: Int)
+    {
         var duplicates: [String] = []
+        var conflicts = 0
         for (push, result) in zip(pushes, results) {
             guard let model = byName[push.table] else { continue }
+            clock.receive(HybridLogicalClock.timestamp(milliseconds: result.updateTime))
+            if let stored = result.document { receiveTimes(of: stored) }
             let fieldsJSON = String(decoding: (try? Wire.encodeCanonical(push.op.fields ?? [:])) ?? [], as: UTF8.self)
             switch push.op.kind {
             case .delete:
@@ -235,14 +246,29 @@ extension LocalStore {
             if push.op.kind == .create {
                 try resolveWaiting(model, serverId: result.id.rawValue, localId: push.rowId, db)
             }
+            // A field-level merge kept fields of other writers that were newer than ours.
+            if let stored = result.document, stored.fields != push.op.fields {
+                if clean {
+                    try overwrite(model, rowId: push.rowId, with: stored, collection: push.op.collection, db)
+                } else if try settle(model, rowId: push.rowId, remote: stored, collection: push.op.collection, db)
+                    != .recorded
+                {
+                    conflicts += 1
+                }
+            }
         }
-        return duplicates
+        return (duplicates, conflicts)
     }
 
     /// Settles a `conflict` answer for one op with the conflict policy. The other ops of the
     /// batch were not applied; they go out again, with the same keys, in the next batch.
-    func resolvePushConflict(_ push: PreparedPush, server: Document, _ db: Database) throws {
-        guard let model = byName[push.table] else { return }
+    ///
+    /// - Returns: Whether a policy settled a conflict (false when it was recorded for the app,
+    ///   or when the answer only completed a delete).
+    @discardableResult
+    func resolvePushConflict(_ push: PreparedPush, server: Document, _ db: Database) throws -> Bool {
+        receiveTimes(of: server)
+        guard let model = byName[push.table] else { return false }
         let collection = push.op.collection
         let exists =
             try Bool.fetchOne(
@@ -251,41 +277,23 @@ extension LocalStore {
         if server.deleted {
             // A remote delete wins over local edits (and completes a local delete).
             if exists { try removeRow(model, id: push.rowId, db) } else { try forget(model.name, push.rowId, db) }
-            return
+            return false
         }
         switch push.op.kind {
         case .delete:
             // A local delete wins over a remote edit: delete again, at the server's version.
             try rebase(model.name, push.rowId, on: server, db)
+            return false
         case .create:
             try fail(model.name, push.rowId, "the server refused the create: a document \(server.id) exists", db)
+            return false
         case .update:
             guard exists else {
                 try rebase(model.name, push.rowId, on: server, db)
-                return
+                return false
             }
-            let updatedAt =
-                try Int64.fetchOne(
-                    db.cachedStatement(sql: "SELECT updatedAt FROM \(model.quotedName) WHERE id = ?"),
-                    arguments: [push.rowId]) ?? 0
-            switch policy.resolve(Conflict(localUpdatedAt: updatedAt, remote: server)) {
-            case .keepLocal:
-                try rebase(model.name, push.rowId, on: server, db)
-            case .takeRemote:
-                try overwrite(model, rowId: push.rowId, with: server, collection: collection, db)
-            }
+            return try settle(model, rowId: push.rowId, remote: server, collection: collection, db) != .recorded
         }
-    }
-
-    /// Makes the server's document the base of the row's next push (which stays pending).
-    private func rebase(_ table: String, _ rowId: Int64, on server: Document, _ db: Database) throws {
-        try db.cachedStatement(
-            sql: """
-                UPDATE tandem_row SET serverVersion = ?, serverFields = ?, idempotencyKey = NULL,
-                    pendingOp = CASE WHEN pendingOp = 'delete' THEN 'delete' ELSE NULL END
-                WHERE tableName = ? AND rowId = ?
-                """
-        ).execute(arguments: [server.version, Self.fieldsText(server.fields), table, rowId])
     }
 
     /// A refusal that resending cannot fix: the row is `failed` at once.

@@ -10,17 +10,17 @@ import TandemWire
 struct LocalStore: Sendable {
     /// In push order: parents before children.
     let tables: [TableModel]
-    let byName: [String: TableModel]
-    let policy: ConflictPolicy
+    let byName: [String: TableModel]    /// Stamps Tandem's own writes and takes in the times of remote ones.
+    let clock: HybridLogicalClock
     /// Whether a listener's document carrying the key of one of this device's unanswered
     /// creates is taken as that row's document (see `adoptOwnCreate`). Off only with
     /// `Serialization.none`, which shows what happens without Tandem's guards.
     let recognizesOwnCreates: Bool
 
-    init(tables: [TableModel], policy: ConflictPolicy, recognizesOwnCreates: Bool = true) {
+    init(tables: [TableModel], clock: HybridLogicalClock, recognizesOwnCreates: Bool = true) {
         self.tables = tables
         self.byName = Dictionary(uniqueKeysWithValues: tables.map { ($0.name, $0) })
-        self.policy = policy
+        self.clock = clock
         self.recognizesOwnCreates = recognizesOwnCreates
     }
 
@@ -125,7 +125,8 @@ struct LocalStore: Sendable {
                     sql: """
                         SELECT COUNT(*) FROM \(model.quotedName) AS t
                         WHERE t.isDirty = 1 AND \(syncsCondition(model, alias: "t", waitingForParents: true)) AND NOT EXISTS (
-                            SELECT 1 FROM tandem_row m WHERE m.tableName = ? AND m.rowId = t.id AND m.state = 'failed')
+                            SELECT 1 FROM tandem_row m WHERE m.tableName = ?1 AND m.rowId = t.id AND m.state = 'failed')
+                        AND NOT EXISTS (SELECT 1 FROM tandem_conflict c WHERE c.tableName = ?1 AND c.rowId = t.id)
                         """, arguments: [model.name]) ?? 0
         }
         count +=
@@ -133,9 +134,40 @@ struct LocalStore: Sendable {
                 db, sql: "SELECT COUNT(*) FROM tandem_row WHERE pendingOp = 'delete' AND state != 'failed'") ?? 0
         return count
     }
-
     func failedCount(_ db: Database) throws -> Int {
         try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tandem_row WHERE state = 'failed'") ?? 0
+    }
+
+    func conflictCount(_ db: Database) throws -> Int {
+        try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tandem_conflict") ?? 0
+    }
+
+    // MARK: - Clock
+
+    /// The latest time this database has seen: the stored clock, and every stamped time.
+    func latestTime(_ db: Database) throws -> Int64 {
+        var latest = try Int64.fetchOne(db, sql: "SELECT value FROM tandem_meta WHERE key = 'hlc'") ?? 0
+        for model in tables {
+            latest = max(latest, try Int64.fetchOne(db, sql: "SELECT MAX(updatedAt) FROM \(model.quotedName)") ?? 0)
+        }
+        return max(latest, try Int64.fetchOne(db, sql: "SELECT MAX(time) FROM tandem_field") ?? 0)
+    }
+
+    /// Stores the clock, so that it never goes back after a restart.
+    func storeClock(_ db: Database) throws {
+        try db.cachedStatement(
+            sql: """
+                INSERT INTO tandem_meta (key, value) VALUES ('hlc', ?)
+                ON CONFLICT (key) DO UPDATE SET value = MAX(value, excluded.value)
+                """
+        ).execute(arguments: [clock.latest])
+    }
+
+    /// Takes in the times a server document carries.
+    func receiveTimes(of document: Document) {
+        clock.receive(HybridLogicalClock.timestamp(milliseconds: document.updateTime))
+        if let updatedAt = document.fields["updatedAt"]?.intValue { clock.receive(updatedAt) }
+        for time in (document.fieldTimes ?? [:]).values { clock.receive(time) }
     }
 
     // MARK: - Listener tokens
@@ -166,8 +198,10 @@ struct LocalStore: Sendable {
         try db.cachedStatement(sql: "DELETE FROM \(model.quotedName) WHERE id = ?").execute(arguments: [id])
         try db.cachedStatement(sql: "DELETE FROM tandem_row WHERE tableName = ? AND rowId = ?")
             .execute(arguments: [model.name, id])
-        try db.cachedStatement(sql: "DELETE FROM tandem_reference WHERE tableName = ? AND rowId = ?")
-            .execute(arguments: [model.name, id])
+        for table in ["tandem_reference", "tandem_field", "tandem_conflict"] {
+            try db.cachedStatement(sql: "DELETE FROM \(table) WHERE tableName = ? AND rowId = ?")
+                .execute(arguments: [model.name, id])
+        }
     }
 }
 

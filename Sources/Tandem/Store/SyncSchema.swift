@@ -82,12 +82,32 @@ enum SyncSchema {
                     PRIMARY KEY (tableName, rowId, columnName)
                 );
                 CREATE INDEX IF NOT EXISTS tandem_reference_target ON tandem_reference(targetTable, targetServerId);
+                CREATE TABLE IF NOT EXISTS tandem_field (
+                    tableName TEXT NOT NULL,
+                    rowId INTEGER NOT NULL,
+                    field TEXT NOT NULL,
+                    time INTEGER NOT NULL,
+                    PRIMARY KEY (tableName, rowId, field)
+                ) WITHOUT ROWID;
+                CREATE TABLE IF NOT EXISTS tandem_conflict (
+                    tableName TEXT NOT NULL,
+                    rowId INTEGER NOT NULL,
+                    serverId TEXT NOT NULL,
+                    collection TEXT NOT NULL,
+                    local TEXT NOT NULL,
+                    server TEXT NOT NULL,
+                    base TEXT,
+                    fields TEXT NOT NULL,
+                    detectedAt INTEGER NOT NULL,
+                    PRIMARY KEY (tableName, rowId)
+                );
+                CREATE TABLE IF NOT EXISTS tandem_meta (key TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL);
                 """)
     }
 
     /// Checks the registered tables against the schema, adds sync columns, indexes and
     /// triggers, and returns the tables in push order (parents first).
-    static func install(_ db: Database, tables: [SyncTable]) throws -> [TableModel] {
+    static func install(_ db: Database, tables: [SyncTable], defaultPolicy: ConflictPolicy) throws -> [TableModel] {
         try installMetadata(db)
         let byName = Dictionary(tables.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
         guard byName.count == tables.count else {
@@ -95,7 +115,7 @@ enum SyncSchema {
         }
         var models: [TableModel] = []
         for table in try pushOrder(tables, byName) {
-            models.append(try install(db, table, byName))
+            models.append(try install(db, table, byName, defaultPolicy: defaultPolicy))
         }
         return models
     }
@@ -123,8 +143,9 @@ enum SyncSchema {
         return ordered
     }
 
-    private static func install(_ db: Database, _ table: SyncTable, _ byName: [String: SyncTable]) throws -> TableModel
-    {
+    private static func install(
+        _ db: Database, _ table: SyncTable, _ byName: [String: SyncTable], defaultPolicy: ConflictPolicy
+    ) throws -> TableModel {
         guard try db.tableExists(table.name) else {
             throw TandemError(
                 .invalidArgument, "table \(table.name) does not exist; create it before starting the sync service")
@@ -182,7 +203,7 @@ enum SyncSchema {
         let fieldColumns = columns.map(\.name).filter { !excluded.contains($0) }
         let model = TableModel(
             definition: table, fieldColumns: fieldColumns, references: references, optionalReferences: optional,
-            rootCollection: rootCollection)
+            rootCollection: rootCollection, policy: table.policy ?? defaultPolicy)
         try installTriggers(db, model)
         return model
     }
@@ -199,6 +220,27 @@ enum SyncSchema {
         for suffix in ["insert", "update", "guard", "delete", "references"] {
             try db.execute(sql: "DROP TRIGGER IF EXISTS \(trigger(suffix))")
         }
+
+        // Field-level tables keep when each field was last written here. These statements run
+        // after the row's `updatedAt` was stamped, and read it.
+        var insertTimes = ""
+        var updateTimes = ""
+        if model.mergesFields {
+            insertTimes = model.fieldColumns.map { column in
+                """
+                INSERT OR REPLACE INTO tandem_field (tableName, rowId, field, time)
+                SELECT \(literal), NEW.id, \(SQL.literal(column)), updatedAt FROM \(table) WHERE id = NEW.id;
+                """
+            }.joined(separator: "\n")
+            updateTimes = model.fieldColumns.map { column in
+                """
+                INSERT OR REPLACE INTO tandem_field (tableName, rowId, field, time)
+                SELECT \(literal), NEW.id, \(SQL.literal(column)), updatedAt FROM \(table)
+                WHERE id = NEW.id AND NEW.\(SQL.quote(column)) IS NOT OLD.\(SQL.quote(column));
+                """
+            }.joined(separator: "\n")
+        }
+
         try db.execute(
             sql: """
                 CREATE TRIGGER \(trigger("insert")) AFTER INSERT ON \(table)
@@ -206,6 +248,7 @@ enum SyncSchema {
                 BEGIN
                     UPDATE \(table) SET isDirty = 1, updatedAt = tandem_now(), localRevision = NEW.localRevision + 1
                     WHERE id = NEW.id;
+                    \(insertTimes)
                 END;
                 CREATE TRIGGER \(trigger("guard")) BEFORE UPDATE ON \(table)
                 WHEN NEW.localRevision NOT IN (OLD.localRevision, OLD.localRevision + 1)
@@ -215,11 +258,13 @@ enum SyncSchema {
                     SELECT RAISE(ABORT, \(explanation));
                 END;
                 CREATE TRIGGER \(trigger("delete")) AFTER DELETE ON \(table)
-                WHEN OLD.isDeleted = 0 AND OLD.serverId IS NOT NULL
+                WHEN OLD.isDeleted = 0
                 BEGIN
                     UPDATE tandem_row SET pendingOp = 'delete', idempotencyKey = NULL, attempts = 0,
                         state = 'pending', lastError = NULL
-                    WHERE tableName = \(literal) AND rowId = OLD.id;
+                    WHERE tableName = \(literal) AND rowId = OLD.id AND OLD.serverId IS NOT NULL;
+                    DELETE FROM tandem_field WHERE tableName = \(literal) AND rowId = OLD.id;
+                    DELETE FROM tandem_conflict WHERE tableName = \(literal) AND rowId = OLD.id;
                 END;
                 """)
         if !model.references.isEmpty {
@@ -244,6 +289,7 @@ enum SyncSchema {
                         WHERE id = NEW.id;
                         UPDATE tandem_row SET state = 'pending', attempts = 0, lastError = NULL
                         WHERE tableName = \(literal) AND rowId = NEW.id AND state = 'failed';
+                        \(updateTimes)
                     END;
                     """)
         }

@@ -25,7 +25,7 @@ import TandemWire
 ///
 /// Every other column (except `id` and Tandem's sync columns) becomes a field of the
 /// document, under the column's name.
-public struct SyncTable: Sendable, Hashable {
+public struct SyncTable: Sendable {
     public enum Location: Sendable, Hashable {
         /// All rows go to one collection.
         case root(collection: String)
@@ -46,6 +46,8 @@ public struct SyncTable: Sendable, Hashable {
     public var references: [Reference] = []
     /// Columns that never leave the device.
     public var localColumns: Set<String> = []
+    /// How conflicts on this table are settled; nil for ``SyncConfiguration/conflictPolicy``.
+    public var policy: ConflictPolicy?
 
     public init(name: String, location: Location) {
         self.name = name
@@ -94,6 +96,19 @@ public struct SyncTable: Sendable, Hashable {
     public func keepingLocal(_ columns: String...) -> SyncTable {
         var copy = self
         copy.localColumns.formUnion(columns)
+        return copy
+    }
+
+    /// Chooses how conflicts on this table are settled.
+    ///
+    /// For example:
+    ///
+    /// ```swift
+    /// static let syncTable = SyncTable.root(Note.self, collection: "notes").resolvingConflicts(with: .fieldLevel)
+    /// ```
+    public func resolvingConflicts(with policy: ConflictPolicy) -> SyncTable {
+        var copy = self
+        copy.policy = policy
         return copy
     }
 

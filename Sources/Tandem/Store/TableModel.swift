@@ -13,6 +13,18 @@ struct TableModel: Sendable {
     let optionalReferences: Set<String>
     /// For root tables, the collection.
     let rootCollection: CollectionPath?
+    /// How conflicts on this table are settled.
+    let policy: ConflictPolicy
+
+    /// Field-level tables keep a time per field (`tandem_field`) and merge on the server.
+    var mergesFields: Bool {
+        if case .fieldLevel = policy { true } else { false }
+    }
+
+    /// Manual tables keep conflicts for the app (`tandem_conflict`).
+    var isManual: Bool {
+        if case .manual = policy { true } else { false }
+    }
 
     var name: String { definition.name }
     var quotedName: String { SQL.quote(name) }

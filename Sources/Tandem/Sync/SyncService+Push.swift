@@ -46,15 +46,17 @@ extension SyncService {
                 }
                 configuration.hooks.afterAck?(results)
                 sent.formUnion(signatures)
-                let duplicates = try ownWrite { db in try store.recordAcknowledgement(batch, results, db) }
+                let (duplicates, merged) = try ownWrite { db in try store.recordAcknowledgement(batch, results, db) }
                 for duplicate in duplicates { noteError(duplicate) }
+                report.conflicts += merged
                 report.pushed += results.count
                 newParents =
                     newParents || batch.contains { $0.op.kind == .create && parentTables.contains($0.table) }
 
             case .success(.conflict(let index, let server)):
-                report.conflicts += 1
-                try ownWrite { db in try store.resolvePushConflict(batch[index], server: server, db) }
+                if try ownWrite({ db in try store.resolvePushConflict(batch[index], server: server, db) }) {
+                    report.conflicts += 1
+                }
 
             case .failure(let error):
                 let serverError = (error as? TandemError)?.serverError
@@ -91,6 +93,7 @@ extension SyncService {
         let (pending, failed) = try database.read { db in (try store.pendingCount(db), try store.failedCount(db)) }
         report.pending = pending
         report.failed = failed
+        if report.conflicts > 0 { updateStatus { $0.resolvedConflicts += report.conflicts } }
         return report
     }
 }

@@ -46,6 +46,8 @@ public final class SyncService: Sendable {
     let state = Mutex(State())
     let logger: Logger
     let parentTables: Set<String>
+    /// The device's hybrid logical clock: `updatedAt` and field times come from it.
+    public let clock: HybridLogicalClock
 
     struct State {
         var running = false
@@ -81,16 +83,19 @@ public final class SyncService: Sendable {
         self.clientId = clientId
         self.configuration = configuration
         self.logger = configuration.logger
-        let clock = configuration.clock
+        let clock = HybridLogicalClock(wall: configuration.clock)
+        self.clock = clock
         let models: [TableModel]
         do {
             models = try database.writeWithoutTransaction { db in
                 db.add(function: DatabaseFunction("tandem_now", argumentCount: 0, pure: false) { _ in clock.now() })
                 var models: [TableModel] = []
                 try db.inTransaction {
-                    models = try SyncSchema.install(db, tables: tables)
+                    models = try SyncSchema.install(db, tables: tables, defaultPolicy: configuration.conflictPolicy)
                     return .commit
                 }
+                // Never below a time this database has seen, whatever the wall clock says now.
+                clock.receive(try LocalStore(tables: models, clock: clock).latestTime(db))
                 return models
             }
         } catch let error as TandemError {
@@ -99,8 +104,7 @@ public final class SyncService: Sendable {
             throw TandemError(.database, "cannot prepare the database for syncing: \(error)")
         }
         store = LocalStore(
-            tables: models, policy: configuration.conflictPolicy,
-            recognizesOwnCreates: configuration.serialization == .barrier)
+            tables: models, clock: clock, recognizesOwnCreates: configuration.serialization == .barrier)
         parentTables = Set(models.compactMap(\.parentTable))
         observer = LocalChangeObserver(tables: Set(models.map(\.name)), parents: parentTables)
         queue = OperationQueue()
@@ -249,6 +253,45 @@ public final class SyncService: Sendable {
             }
         }
     }
+    // MARK: - Conflicts
+
+    /// Open conflicts of tables with the ``ConflictPolicy/manual`` policy. Their rows do not
+    /// sync until resolved.
+    public func conflicts() throws -> [ConflictRecord] {
+        try database.read { db in try store.conflicts(db) }
+    }
+
+    /// Resolves an open conflict: ``ConflictResolution/keepLocal`` pushes the local row over the
+    /// server's version, ``ConflictResolution/useServer`` takes the server's, and
+    /// ``ConflictResolution/merge(fields:)`` makes the row the given fields (the others keep
+    /// their local values) and pushes it.
+    ///
+    /// - Throws: ``TandemError`` `.invalidArgument` when the conflict is no longer open.
+    public func resolve(_ conflict: ConflictRecord, with resolution: ConflictResolution) throws {
+        try ownWrite { db in try store.resolve(conflict, with: resolution, db) }
+        updateStatus { $0.resolvedConflicts += 1 }
+        refreshStatus()
+        schedulePush(after: .zero)
+    }
+
+    /// The open conflicts now, then after every change of them.
+    public func conflictUpdates() -> AsyncStream<[ConflictRecord]> {
+        let statuses = statusUpdates()
+        return AsyncStream { continuation in
+            let task = Task { [weak self] in
+                var last: [ConflictRecord]?
+                for await _ in statuses {
+                    guard let self, let current = try? conflicts() else { break }
+                    if current != last {
+                        continuation.yield(current)
+                        last = current
+                    }
+                }
+                continuation.finish()
+            }
+            continuation.onTermination = { _ in task.cancel() }
+        }
+    }
 
     /// Makes failed rows pending again and pushes them.
     public func retryFailed() throws {
@@ -262,10 +305,13 @@ public final class SyncService: Sendable {
 
     func refreshStatus() {
         do {
-            let (pending, failed) = try database.read { db in (try store.pendingCount(db), try store.failedCount(db)) }
+            let (pending, failed, conflicts) = try database.read { db in
+                (try store.pendingCount(db), try store.failedCount(db), try store.conflictCount(db))
+            }
             updateStatus { status in
                 status.pendingCount = pending
                 status.failedCount = failed
+                status.openConflicts = conflicts
             }
         } catch {
             logger.error("reading the sync status failed", metadata: ["tandem.error": "\(error)"])
@@ -292,15 +338,17 @@ public final class SyncService: Sendable {
         updateStatus { $0.lastError = message }
     }
 
-    // MARK: - Writes
-
-    /// Writes as Tandem: changes made here are not mistaken for the app's local changes.
+    // MARK: - Writes    /// Writes as Tandem: changes made here are not mistaken for the app's local changes. The
+    /// clock is stored with them, so that it never goes back after a restart.
     func ownWrite<T>(_ body: (Database) throws -> T) throws -> T {
         let observer = self.observer
+        let store = self.store
         return try database.write { db in
             observer.isTandemWriting = true
             defer { observer.isTandemWriting = false }
-            return try body(db)
+            let result = try body(db)
+            try store.storeClock(db)
+            return result
         }
     }
 

@@ -6,6 +6,10 @@ public struct SyncStatus: Sendable, Equatable, CustomStringConvertible {
     public var pendingCount = 0
     /// Rows whose push failed for good; see ``SyncService/failedRecords()``.
     public var failedCount = 0
+    /// Conflicts waiting for the app (manual policy); see ``SyncService/conflicts()``.
+    public var openConflicts = 0
+    /// Conflicts settled since the service was created: by a policy, or by the app.
+    public var resolvedConflicts = 0
     /// The last problem met, if any.
     public var lastError: String?
 
@@ -13,6 +17,7 @@ public struct SyncStatus: Sendable, Equatable, CustomStringConvertible {
 
     public var description: String {
         "\(isConnected ? "connected" : "offline"), \(pendingCount) pending, \(failedCount) failed"
+            + (openConflicts > 0 ? ", \(openConflicts) open conflicts" : "")
             + (lastError.map { ", last error: \($0)" } ?? "")
     }
 }
