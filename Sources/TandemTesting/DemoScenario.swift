@@ -29,9 +29,13 @@ public enum DemoScenario {
         defer { server.stop() }
 
         let ackDelay = options.ackDelay
+        let skew = Int64(options.clockSkew.seconds * 1000)
+        let offsets = (1...options.devices).map { _ in skew > 0 ? Int64.random(in: -skew...skew, using: &random) : 0 }
         let devices = try (1...options.devices).map { index in
             try TestDevice(name: "device-\(index)", serverURL: server.url) { configuration in
                 configuration.serialization = options.serialization
+                configuration.conflictPolicy = options.policy
+                configuration.clock = SkewedClock(offset: offsets[index - 1])
                 configuration.pushDelay = .milliseconds(2)
                 configuration.pushInterval = .seconds(2)
                 if ackDelay > .zero {
@@ -94,15 +98,36 @@ public enum DemoScenario {
         }
 
         for (index, device) in devices.enumerated() where !online[index] { device.service.start() }
-        let report = try await Convergence.waitUntilQuiet(
-            server: server.server, devices: devices.map { ($0.name, $0.service) }, timeout: options.quietTimeout
-        ) { report in
-            progress(
-                DemoProgress(
-                    phase: "syncing until quiet", done: options.operations, total: options.operations,
-                    online: devices.count,
-                    pending: report.devices.map(\.pending).reduce(0, +)))
-        }
+        // Manual conflicts wait for "the user": here, each device settles its open ones in turn
+        // with keepLocal, useServer or a merge, and syncs until nothing new comes up.
+        var resolvedByHand = 0
+        var report: ConvergenceReport
+        let deadline = ContinuousClock.now + options.quietTimeout
+        repeat {
+            for device in devices {
+                for (index, conflict) in try device.service.conflicts().enumerated() {
+                    let choice: ConflictResolution =
+                        switch index % 3 {
+                        case 0: .keepLocal
+                        case 1: .useServer
+                        default: .merge(fields: conflict.server.fields.filter { $0.key == "title" })
+                        }
+                    try device.service.resolve(conflict, with: choice)
+                    resolvedByHand += 1
+                }
+            }
+            report = try await Convergence.waitUntilQuiet(
+                server: server.server, devices: devices.map { ($0.name, $0.service) },
+                timeout: max(.seconds(1), deadline - ContinuousClock.now), stall: .seconds(5)
+            ) { report in
+                progress(
+                    DemoProgress(
+                        phase: "syncing until quiet", done: options.operations, total: options.operations,
+                        online: devices.count, pending: report.devices.map(\.pending).reduce(0, +)))
+            }
+        } while try devices.contains(where: { try !$0.service.conflicts().isEmpty }) && ContinuousClock.now < deadline
+        let resolvedConflicts = devices.map { $0.service.status.resolvedConflicts }.reduce(0, +)
+        let openConflicts = try devices.map { try $0.service.conflicts().count }.reduce(0, +)
         for device in devices { await device.service.stop() }
         let collections = try server.server.collections().filter { $0.rawValue.hasSuffix("/entries") }
         let documents = try collections.flatMap { try server.server.documents(in: $0) }
@@ -114,7 +139,8 @@ public enum DemoScenario {
         }
         return DemoResult(
             report: report, entries: documents.count, serverDuplicates: serverDuplicates,
-            deviceDuplicates: deviceDuplicates, operations: counts, elapsed: ContinuousClock.now - started,
+            deviceDuplicates: deviceDuplicates, resolvedConflicts: resolvedConflicts, openConflicts: openConflicts,
+            resolvedByHand: resolvedByHand, operations: counts, elapsed: ContinuousClock.now - started,
             options: options)
     }
 
@@ -186,6 +212,10 @@ public struct DemoOptions: Sendable {
     /// the race that `Serialization.none` leaves open.
     public var ackDelay: Duration = .zero
     public var quietTimeout: Duration = .seconds(120)
+    /// How conflicts are settled on every device.
+    public var policy = ConflictPolicy.lastWriteWins
+    /// Each device's clock is off by a random amount within ± this.
+    public var clockSkew: Duration = .zero
 
     public init() {}
 }
@@ -208,6 +238,12 @@ public struct DemoResult: Sendable {
     public var serverDuplicates: Int
     /// Per device, entry rows that repeat another row's uid.
     public var deviceDuplicates: [Int]
+    /// Conflicts settled on the devices (by the policy, or by hand for the manual policy).
+    public var resolvedConflicts: Int
+    /// Conflicts still waiting at the end (manual policy).
+    public var openConflicts: Int
+    /// Manual conflicts the scenario resolved "by hand".
+    public var resolvedByHand: Int
     /// How many operations of each kind were made (create, transfer, edit, delete, offline).
     public var operations: [String: Int]
     public var elapsed: Duration
@@ -217,8 +253,8 @@ public struct DemoResult: Sendable {
     public var duplicates: Int { serverDuplicates + deviceDuplicates.reduce(0, +) }
     /// Server documents missing on some device, and local rows that never reached the server.
     public var lost: Int { report.devices.map { $0.missing.count }.reduce(0, +) }
-    /// Converged, and nothing stored twice.
-    public var isConverged: Bool { report.isConverged && duplicates == 0 }
+    /// Converged, nothing stored twice, no conflict left open.
+    public var isConverged: Bool { report.isConverged && duplicates == 0 && openConflicts == 0 }
 }
 
 extension Duration {

@@ -41,6 +41,12 @@ struct DemoCommand: AsyncParsableCommand {
     @Option(help: "Seconds to wait for the devices to become quiet.")
     var timeout = 120
 
+    @Option(help: "How conflicts are settled: lww (last write wins), field (field-level merge) or manual.")
+    var policy: PolicyName = .lww
+
+    @Option(help: "Each device's clock is off by a random amount within plus or minus this many seconds.")
+    var clockSkew = 0
+
     func validate() throws {
         guard (1...50).contains(devices) else { throw ValidationError("--devices must be between 1 and 50") }
         guard ops >= 1 else { throw ValidationError("--ops must be at least 1") }
@@ -51,6 +57,9 @@ struct DemoCommand: AsyncParsableCommand {
             throw ValidationError("--ack-delay must be between 0 and 10000 ms")
         }
         guard timeout >= 1 else { throw ValidationError("--timeout must be at least 1 second") }
+        guard (0...(30 * 24 * 3600)).contains(clockSkew) else {
+            throw ValidationError("--clock-skew must be between 0 and 2592000 seconds")
+        }
     }
 
     func run() async throws {
@@ -67,11 +76,14 @@ struct DemoCommand: AsyncParsableCommand {
         options.serialization = serialization
         options.ackDelay = .milliseconds(ackDelay)
         options.quietTimeout = .seconds(timeout)
+        options.policy = policy.policy
+        options.clockSkew = .seconds(clockSkew)
 
         emit(
             "Tandem demo: \(devices) devices, \(ops) operations, seed \(seed), "
                 + "\(Int((offlineFraction * 100).rounded()))% offline, serialization \(serialization.rawValue)"
-                + (ackDelay > 0 ? ", \(ackDelay) ms between ack and write-back" : ""))
+                + (ackDelay > 0 ? ", \(ackDelay) ms between ack and write-back" : "")
+                + ", policy \(policy.rawValue)" + (clockSkew > 0 ? ", clocks off by up to ±\(clockSkew) s" : ""))
         let progress = ProgressLine()
         let result = try await DemoScenario.run(options) { progress.show($0.description) }
         progress.finish()
@@ -96,6 +108,11 @@ struct DemoCommand: AsyncParsableCommand {
         let seconds = String(
             format: "%.1f",
             Double(result.elapsed.components.seconds) + Double(result.elapsed.components.attoseconds) / 1e18)
+        let conflicts =
+            "conflicts: \(result.resolvedConflicts) resolved"
+            + (policy == .manual ? " (\(result.resolvedByHand) by hand)" : "")
+            + ", \(result.openConflicts) open"
+        emit(conflicts)
         if result.isConverged {
             emit("converged: \(devices) devices, \(result.entries) entries, 0 duplicates, 0 lost (\(seconds) s)")
             return
@@ -150,6 +167,19 @@ final class ProgressLine: @unchecked Sendable {
             } else if !lastText.isEmpty {
                 emit(lastText)
             }
+        }
+    }
+}
+
+/// The `--policy` names.
+enum PolicyName: String, ExpressibleByArgument, CaseIterable {
+    case lww, field, manual
+
+    var policy: ConflictPolicy {
+        switch self {
+        case .lww: .lastWriteWins
+        case .field: .fieldLevel
+        case .manual: .manual
         }
     }
 }

@@ -59,8 +59,8 @@ struct ServiceBehaviorTests {
 
     @Test("last write wins: of two offline edits of one entry, the later one wins on every device")
     func lastWriteWins() async throws {
-        let server = try TestServer()
         let clock = TestClock()
+        let server = try TestServer { $0.clock = { clock.now() } }
         let phone = try TestDevice(name: "phone", serverURL: server.url) { $0.clock = clock }
         let laptop = try TestDevice(name: "laptop", serverURL: server.url) { $0.clock = clock }
         phone.service.start()
@@ -88,8 +88,8 @@ struct ServiceBehaviorTests {
 
     @Test("a listener change never overwrites a newer unpushed local edit")
     func listenerDoesNotOverwriteNewerLocalEdit() async throws {
-        let server = try TestServer()
         let clock = TestClock()
+        let server = try TestServer { $0.clock = { clock.now() } }
         let held = Checkpoint()
         let phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
             configuration.clock = clock

@@ -152,11 +152,13 @@ struct ServerMergeTests {
         let notes = try path("notes")
         var ids: [DocumentID] = []
         for _ in 0..<2 {
-            guard case .ack(let results) = try await connection.write([
-                WriteOp(
-                    kind: .create, collection: notes, id: nil, fields: ["title": "t0", "amount": 0, "note": "n0"],
-                    baseVersion: nil, idempotencyKey: key(), fieldTimes: ["title": 1, "amount": 1, "note": 1])
-            ]) else { throw TestFailure("create refused") }
+            guard
+                case .ack(let results) = try await connection.write([
+                    WriteOp(
+                        kind: .create, collection: notes, id: nil, fields: ["title": "t0", "amount": 0, "note": "n0"],
+                        baseVersion: nil, idempotencyKey: key(), fieldTimes: ["title": 1, "amount": 1, "note": 1])
+                ])
+            else { throw TestFailure("create refused") }
             ids.append(results[0].id)
         }
         func x(_ id: DocumentID) -> WriteOp {
@@ -178,7 +180,9 @@ struct ServerMergeTests {
         let second = try #require(try server.server.document(in: notes, id: ids[1]))
         #expect(first.fields == second.fields)
         #expect(first.fieldTimes == second.fieldTimes)
-        #expect(first.fields == ["title": "from X", "amount": 20, "note": "y"], "later title from X, amount from Y, tie by value")
+        #expect(
+            first.fields == ["title": "from X", "amount": 20, "note": "y"],
+            "later title from X, amount from Y, tie by value")
         #expect(last[0].document?.fields == second.fields, "a merge answers with the stored document")
     }
 

@@ -102,7 +102,8 @@ extension DocumentStore {
                         deleted: deleted, createKey: createKey, fieldTimes: fieldTimes)
                     // A merge answers with the stored document: it may keep other writers' fields.
                     let result = WriteResult(
-                        id: id, version: version, updateTime: updateTime, document: op.fieldTimes != nil ? document : nil)
+                        id: id, version: version, updateTime: updateTime,
+                        document: op.fieldTimes != nil ? document : nil)
                     try db.cachedStatement(
                         sql: """
                             INSERT INTO idempotency (clientId, key, id, version, updateTime, recordedAt, document)

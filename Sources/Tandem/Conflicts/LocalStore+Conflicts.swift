@@ -29,15 +29,18 @@ extension LocalStore {
         case .lastWriteWins:
             resolution = local.updatedAt > Self.updatedAt(of: remote) ? .keepLocal : .useServer
         case .fieldLevel:
-            return try apply(merge, model, rowId: rowId, local: local.fields, remote: remote, collection: collection, db)
+            return try apply(
+                merge, model, rowId: rowId, local: local.fields, remote: remote, collection: collection, db)
         case .manual:
             guard merge.inConflict.isEmpty else {
-                try recordConflict(model, rowId: rowId, local: local.fields, remote: remote, base: base,
+                try recordConflict(
+                    model, rowId: rowId, local: local.fields, remote: remote, base: base,
                     fields: merge.inConflict, collection: collection, db)
                 return .recorded
             }
             // Changes to different fields are merged without asking.
-            return try apply(merge, model, rowId: rowId, local: local.fields, remote: remote, collection: collection, db)
+            return try apply(
+                merge, model, rowId: rowId, local: local.fields, remote: remote, collection: collection, db)
         case .custom(let resolve):
             resolution = resolve(
                 ConflictContext(
@@ -46,7 +49,8 @@ extension LocalStore {
                     inConflict: merge.inConflict, localUpdatedAt: local.updatedAt,
                     remoteUpdatedAt: Self.updatedAt(of: remote)))
         }
-        return try apply(resolution, model, rowId: rowId, local: local.fields, remote: remote, collection: collection, db)
+        return try apply(
+            resolution, model, rowId: rowId, local: local.fields, remote: remote, collection: collection, db)
     }
 
     /// Carries out a resolution decided by a policy, a resolver or the app.
@@ -84,7 +88,8 @@ extension LocalStore {
             try storeFieldTimes(model, rowId: rowId, merge.times, db)
             return .keptLocal
         }
-        try writeMerged(model, rowId: rowId, fields: merge.fields, times: merge.times, remote: remote, collection: collection, db)
+        try writeMerged(
+            model, rowId: rowId, fields: merge.fields, times: merge.times, remote: remote, collection: collection, db)
         return .merged
     }
 
@@ -100,8 +105,10 @@ extension LocalStore {
         assignments += ["updatedAt = ?", "isDirty = 1", "localRevision = localRevision + 1"]
         var arguments = StatementArguments(incoming.values)
         arguments += [clock.now(), rowId]
-        try db.cachedStatement(sql: "UPDATE \(model.quotedName) SET \(assignments.joined(separator: ", ")) WHERE id = ?")
-            .execute(arguments: arguments)
+        try db.cachedStatement(
+            sql: "UPDATE \(model.quotedName) SET \(assignments.joined(separator: ", ")) WHERE id = ?"
+        )
+        .execute(arguments: arguments)
         try recordMissingReferences(model, rowId: rowId, incoming.missing, db)
         if let times { try storeFieldTimes(model, rowId: rowId, times, db) }
         try rebase(model.name, rowId, on: remote, db)
@@ -120,7 +127,8 @@ extension LocalStore {
 
     func markDirty(_ model: TableModel, rowId: Int64, _ db: Database) throws {
         try db.cachedStatement(
-            sql: "UPDATE \(model.quotedName) SET isDirty = 1, localRevision = localRevision + 1 WHERE id = ? AND isDirty = 0"
+            sql:
+                "UPDATE \(model.quotedName) SET isDirty = 1, localRevision = localRevision + 1 WHERE id = ? AND isDirty = 0"
         ).execute(arguments: [rowId])
     }
 
@@ -175,7 +183,8 @@ extension LocalStore {
         let server = try Wire.decode(Document.self, from: Array((row[0] as String).utf8))
         let collection = try CollectionPath(row[1] as String)
         try db.execute(
-            sql: "DELETE FROM tandem_conflict WHERE tableName = ? AND rowId = ?", arguments: [record.table, record.rowId])
+            sql: "DELETE FROM tandem_conflict WHERE tableName = ? AND rowId = ?",
+            arguments: [record.table, record.rowId])
         let local = try rowState(model, rowId: record.rowId, db)?.fields ?? record.local
         _ = try apply(resolution, model, rowId: record.rowId, local: local, remote: server, collection: collection, db)
     }
@@ -208,7 +217,8 @@ extension LocalStore {
 
     /// When each field of the row was last written here (the row's time for tables that do
     /// not keep field times).
-    func localFieldTimes(_ model: TableModel, rowId: Int64, updatedAt: Int64, _ db: Database) throws -> [String: Int64] {
+    func localFieldTimes(_ model: TableModel, rowId: Int64, updatedAt: Int64, _ db: Database) throws -> [String: Int64]
+    {
         var times = Dictionary(uniqueKeysWithValues: model.fieldColumns.map { ($0, updatedAt) })
         times["updatedAt"] = updatedAt
         guard model.mergesFields else { return times }

@@ -97,9 +97,11 @@ extension LocalStore {
                     arguments: [model.name, rowId]) ?? 0
             guard document.version > knownVersion else { return }  // an echo of our own write, or older
             let isDirty: Bool = local[1]
-            let inConflict = try Bool.fetchOne(
-                db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_conflict WHERE tableName = ? AND rowId = ?)"),
-                arguments: [model.name, rowId]) ?? false
+            let inConflict =
+                try Bool.fetchOne(
+                    db.cachedStatement(
+                        sql: "SELECT EXISTS (SELECT 1 FROM tandem_conflict WHERE tableName = ? AND rowId = ?)"),
+                    arguments: [model.name, rowId]) ?? false
             if isDirty || inConflict {
                 // Unpushed local changes: the table's policy decides.
                 if try settle(model, rowId: rowId, remote: document, collection: collection, db) != .recorded {

@@ -10,7 +10,8 @@ import TandemWire
 struct LocalStore: Sendable {
     /// In push order: parents before children.
     let tables: [TableModel]
-    let byName: [String: TableModel]    /// Stamps Tandem's own writes and takes in the times of remote ones.
+    let byName: [String: TableModel]
+    /// Stamps Tandem's own writes and takes in the times of remote ones.
     let clock: HybridLogicalClock
     /// Whether a listener's document carrying the key of one of this device's unanswered
     /// creates is taken as that row's document (see `adoptOwnCreate`). Off only with

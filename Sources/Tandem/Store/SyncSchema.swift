@@ -222,21 +222,25 @@ enum SyncSchema {
         }
 
         // Field-level tables keep when each field was last written here. These statements run
-        // after the row's `updatedAt` was stamped, and read it.
+        // after the row's `updatedAt` was stamped, and read it. (An upsert, not INSERT OR
+        // REPLACE: inside a trigger, SQLite lets the outer statement's conflict handling
+        // override an OR clause, and a foreign key action turns REPLACE into ABORT.)
         var insertTimes = ""
         var updateTimes = ""
         if model.mergesFields {
             insertTimes = model.fieldColumns.map { column in
                 """
-                INSERT OR REPLACE INTO tandem_field (tableName, rowId, field, time)
-                SELECT \(literal), NEW.id, \(SQL.literal(column)), updatedAt FROM \(table) WHERE id = NEW.id;
+                INSERT INTO tandem_field (tableName, rowId, field, time)
+                SELECT \(literal), NEW.id, \(SQL.literal(column)), updatedAt FROM \(table) WHERE id = NEW.id
+                ON CONFLICT (tableName, rowId, field) DO UPDATE SET time = excluded.time;
                 """
             }.joined(separator: "\n")
             updateTimes = model.fieldColumns.map { column in
                 """
-                INSERT OR REPLACE INTO tandem_field (tableName, rowId, field, time)
+                INSERT INTO tandem_field (tableName, rowId, field, time)
                 SELECT \(literal), NEW.id, \(SQL.literal(column)), updatedAt FROM \(table)
-                WHERE id = NEW.id AND NEW.\(SQL.quote(column)) IS NOT OLD.\(SQL.quote(column));
+                WHERE id = NEW.id AND NEW.\(SQL.quote(column)) IS NOT OLD.\(SQL.quote(column))
+                ON CONFLICT (tableName, rowId, field) DO UPDATE SET time = excluded.time;
                 """
             }.joined(separator: "\n")
         }
