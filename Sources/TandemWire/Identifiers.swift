@@ -138,41 +138,36 @@ public struct ClientName: Hashable, Sendable, CustomStringConvertible {
     public var description: String { rawValue }
 }
 
-extension CollectionPath: Codable {
-    public init(from decoder: any Decoder) throws {
-        let string = try decoder.singleValueContainer().decode(String.self)
-        do { try self.init(string) } catch { throw error.at(decoder.codingPath) }
-    }
-
-    public func encode(to encoder: any Encoder) throws {
-        var container = encoder.singleValueContainer()
-        try container.encode(rawValue)
-    }
+/// A string checked against naming rules on the way in, and written as a plain string.
+protocol ValidatedString: Codable {
+    var rawValue: String { get }
+    /// Checks `string`; `field` names the field it came from, for the error message.
+    init(validating string: String, field: String) throws(WireError)
 }
 
-extension DocumentID: Codable {
-    public init(from decoder: any Decoder) throws {
-        let string = try decoder.singleValueContainer().decode(String.self)
-        do { try self.init(string) } catch { throw error.at(decoder.codingPath) }
-    }
-
-    public func encode(to encoder: any Encoder) throws {
-        var container = encoder.singleValueContainer()
-        try container.encode(rawValue)
-    }
-}
-
-extension ClientName: Codable {
+extension ValidatedString {
     public init(from decoder: any Decoder) throws {
         let string = try decoder.singleValueContainer().decode(String.self)
         let field = decoder.codingPath.last?.stringValue ?? "name"
-        do { try self.init(string, field: field) } catch { throw error.at(decoder.codingPath) }
+        do { try self.init(validating: string, field: field) } catch { throw error.at(decoder.codingPath) }
     }
 
     public func encode(to encoder: any Encoder) throws {
         var container = encoder.singleValueContainer()
         try container.encode(rawValue)
     }
+}
+
+extension CollectionPath: ValidatedString {
+    init(validating string: String, field: String) throws(WireError) { try self.init(string) }
+}
+
+extension DocumentID: ValidatedString {
+    init(validating string: String, field: String) throws(WireError) { try self.init(string) }
+}
+
+extension ClientName: ValidatedString {
+    init(validating string: String, field: String) throws(WireError) { try self.init(string, field: field) }
 }
 
 extension WireError {

@@ -6,65 +6,12 @@ import TandemTesting
 import TandemWire
 import Testing
 
-/// Two devices sharing one entry, both synced, with a chosen policy and clocks.
-private struct Pair {
-    let server: TestServer
-    let phone: TestDevice
-    let laptop: TestDevice
-    let accountId: Int64
-
-    /// - Parameter serverClock: The server's clock; give it the devices' test clock, so that
-    ///   the times the devices take in from the server do not overtake the test's.
-    init(
-        policy: ConflictPolicy, phoneClock: any SyncClock = SystemClock(), laptopClock: any SyncClock = SystemClock(),
-        serverClock: (any SyncClock)? = nil, phoneHooks: SyncHooks = SyncHooks()
-    ) async throws {
-        server = try TestServer { configuration in
-            if let serverClock { configuration.clock = { serverClock.now() } }
-        }
-        phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
-            configuration.conflictPolicy = policy
-            configuration.clock = phoneClock
-            configuration.hooks = phoneHooks
-        }
-        laptop = try TestDevice(name: "laptop", serverURL: server.url) { configuration in
-            configuration.conflictPolicy = policy
-            configuration.clock = laptopClock
-        }
-        phone.service.start()
-        laptop.service.start()
-        let account = try phone.addAccount("Household")
-        accountId = account.id!
-        try phone.addEntry("Rent", amount: -100, account: accountId)
-        let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
-        guard report.isConverged else { throw TestFailure("the pair did not converge: \(report.firstDifferences)") }
-    }
-
-    func edit(_ device: TestDevice, _ assignment: String) async throws {
-        try await device.database.write { db in try db.execute(sql: "UPDATE entry SET \(assignment)") }
-    }
-
-    func converge() async throws {
-        let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
-        #expect(report.isConverged, "\(report.firstDifferences)")
-    }
-
-    func entries() throws -> (phone: [CashFlow.Entry], laptop: [CashFlow.Entry]) {
-        (try phone.entries(), try laptop.entries())
-    }
-}
-
-struct TestFailure: Error, CustomStringConvertible {
-    var description: String
-    init(_ description: String) { self.description = description }
-}
-
 @Suite("Conflict policies")
 struct ConflictTests {
     @Test("concurrent edits of different fields both survive under fieldLevel")
     func fieldLevelKeepsBoth() async throws {
         let clock = TestClock()
-        let pair = try await Pair(policy: .fieldLevel, phoneClock: clock, laptopClock: clock, serverClock: clock)
+        let pair = try await DevicePair(policy: .fieldLevel, phoneClock: clock, laptopClock: clock, serverClock: clock)
         await pair.phone.service.stop()
         await pair.laptop.service.stop()
         clock.advance(by: 1000)
@@ -84,7 +31,8 @@ struct ConflictTests {
     @Test("under lastWriteWins the later edit wins the whole row")
     func lastWriteWinsWhole() async throws {
         let clock = TestClock()
-        let pair = try await Pair(policy: .lastWriteWins, phoneClock: clock, laptopClock: clock, serverClock: clock)
+        let pair = try await DevicePair(
+            policy: .lastWriteWins, phoneClock: clock, laptopClock: clock, serverClock: clock)
         await pair.phone.service.stop()
         await pair.laptop.service.stop()
         clock.advance(by: 1000)
@@ -105,7 +53,7 @@ struct ConflictTests {
     func hybridLogicalClockKeepsCausality() async throws {
         // Field-level merges compare times with no version precondition: with wall clocks, the
         // fast phone's earlier edit would beat the laptop's later one.
-        let pair = try await Pair(policy: .fieldLevel, phoneClock: SkewedClock(offset: 3_600_000))
+        let pair = try await DevicePair(policy: .fieldLevel, phoneClock: SkewedClock(offset: 3_600_000))
         try await pair.edit(pair.phone, "title = 'from the fast phone'")
         try await pair.phone.service.syncNow()
         try await waitUntil("the laptop saw the phone's edit") {
@@ -127,7 +75,7 @@ struct ConflictTests {
     @Test("three-way merge: both devices changed the same field: the newer write wins, other fields kept")
     func threeWaySameField() async throws {
         let clock = TestClock()
-        let pair = try await Pair(policy: .fieldLevel, phoneClock: clock, laptopClock: clock, serverClock: clock)
+        let pair = try await DevicePair(policy: .fieldLevel, phoneClock: clock, laptopClock: clock, serverClock: clock)
         await pair.phone.service.stop()
         await pair.laptop.service.stop()
         clock.advance(by: 1000)
@@ -158,7 +106,7 @@ struct ConflictTests {
         let holdPushes = Mutex(false)
         let held = Checkpoint(times: 100)
         hooks.beforeSend = { _ in if holdPushes.withLock({ $0 }) { held.pause() } }
-        let pair = try await Pair(policy: policy, phoneHooks: hooks)
+        let pair = try await DevicePair(policy: policy, phoneHooks: hooks)
 
         // 1. Conflict on push: the phone edits offline; the laptop's edit gets there first.
         await pair.phone.service.stop()
@@ -196,7 +144,7 @@ struct ConflictTests {
         let sent = Mutex<[WriteOp]>([])
         var hooks = SyncHooks()
         hooks.beforeSend = { ops in sent.withLock { $0 += ops } }
-        let pair = try await Pair(policy: .manual, phoneHooks: hooks)
+        let pair = try await DevicePair(policy: .manual, phoneHooks: hooks)
         await pair.phone.service.stop()
         try await pair.edit(pair.phone, "title = 'Rent (phone)'")
         try await pair.edit(pair.laptop, "title = 'Rent (laptop)'")
@@ -237,7 +185,7 @@ struct ConflictTests {
         arguments: [ConflictPolicyName.lastWriteWins, .fieldLevel, .manual])
     func deleteWins(policy: ConflictPolicyName) async throws {
         // Remote delete against a local edit.
-        let pair = try await Pair(policy: policy.policy)
+        let pair = try await DevicePair(policy: policy.policy)
         await pair.phone.service.stop()
         try await pair.edit(pair.phone, "title = 'edited offline'")
         try await pair.laptop.database.write { db in try db.execute(sql: "DELETE FROM entry") }

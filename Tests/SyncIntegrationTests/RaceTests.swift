@@ -294,54 +294,33 @@ struct RaceTests {
 
     @Test("a remote delete removes a row with unpushed local edits; it is not resurrected")
     func remoteDeleteOfDirtyRow() async throws {
-        let server = try TestServer()
-        let phone = try TestDevice(name: "phone", serverURL: server.url)
-        let laptop = try TestDevice(name: "laptop", serverURL: server.url)
-        phone.service.start()
-        laptop.service.start()
-        let account = try phone.addAccount("Household")
-        let rent = try phone.addEntry("Rent", amount: -100, account: account.id!)
-        _ = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
+        let pair = try await DevicePair()
+        await pair.laptop.service.stop()
+        try await pair.edit(pair.laptop, "amount = -200")
+        #expect(try pair.laptop.isDirty(entry: pair.laptop.entries()[0].id!))
+        try await pair.phone.database.write { db in try db.execute(sql: "DELETE FROM entry") }
+        try await pair.phone.service.syncNow()
 
-        await laptop.service.stop()
-        let onLaptop = try laptop.entries()[0]
-        try await laptop.database.write { db in
-            try db.execute(sql: "UPDATE entry SET amount = -200 WHERE id = ?", arguments: [onLaptop.id!])
-        }
-        #expect(try laptop.isDirty(entry: onLaptop.id!))
-        _ = try await phone.database.write { db in try CashFlow.Entry.deleteOne(db, key: rent.id!) }
-        try await phone.service.syncNow()
-
-        laptop.service.start()
-        let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
-        #expect(report.isConverged, "\(report.firstDifferences)")
-        #expect(try laptop.entries().isEmpty)
-        #expect(try phone.entries().isEmpty)
-        let accountServerId = try #require(try phone.serverId(ofAccount: account.id!))
-        #expect(try serverDocuments(server, "accounts/\(accountServerId)/entries").isEmpty)
+        pair.laptop.service.start()
+        try await pair.converge()
+        #expect(try pair.laptop.entries().isEmpty)
+        #expect(try pair.phone.entries().isEmpty)
+        let accountServerId = try #require(try pair.phone.serverId(ofAccount: pair.accountId))
+        #expect(try serverDocuments(pair.server, "accounts/\(accountServerId)/entries").isEmpty)
     }
 
     @Test("a local delete of a row modified remotely wins; the remote edit does not bring it back")
     func localDeleteOfRemotelyModifiedRow() async throws {
-        let server = try TestServer()
-        let phone = try TestDevice(name: "phone", serverURL: server.url)
-        let laptop = try TestDevice(name: "laptop", serverURL: server.url)
-        phone.service.start()
-        laptop.service.start()
-        let account = try phone.addAccount("Household")
-        let rent = try phone.addEntry("Rent", amount: -100, account: account.id!)
-        _ = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
+        let pair = try await DevicePair()
+        await pair.phone.service.stop()
+        try await pair.phone.database.write { db in try db.execute(sql: "DELETE FROM entry") }
+        try await pair.edit(pair.laptop, "amount = -300")
+        try await pair.laptop.service.syncNow()
 
-        await phone.service.stop()
-        _ = try await phone.database.write { db in try CashFlow.Entry.deleteOne(db, key: rent.id!) }
-        try await laptop.database.write { db in try db.execute(sql: "UPDATE entry SET amount = -300") }
-        try await laptop.service.syncNow()
-
-        phone.service.start()
-        let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
-        #expect(report.isConverged, "\(report.firstDifferences)")
-        #expect(try phone.entries().isEmpty)
-        #expect(try laptop.entries().isEmpty)
+        pair.phone.service.start()
+        try await pair.converge()
+        #expect(try pair.phone.entries().isEmpty)
+        #expect(try pair.laptop.entries().isEmpty)
     }
 
     @Test("a child that arrives before its parent is kept and inserted when the parent arrives")

@@ -4,6 +4,7 @@ import Synchronization
 import Tandem
 import TandemTesting
 import TandemWire
+import Testing
 
 /// Collects what a hook sees, for tests to wait on.
 final class Seen<Value: Sendable>: Sendable {
@@ -31,4 +32,59 @@ extension ServerMessage.Snapshot {
 /// The documents of a collection on the server.
 func serverDocuments(_ server: TestServer, _ collection: String) throws -> [Document] {
     try server.server.documents(in: try CollectionPath(collection))
+}
+
+/// A phone and a laptop sharing an account with one entry ("Rent", -100), both synced, with a
+/// chosen conflict policy and clocks.
+struct DevicePair {
+    let server: TestServer
+    let phone: TestDevice
+    let laptop: TestDevice
+    let accountId: Int64
+
+    /// - Parameter serverClock: The server's clock; give it the devices' test clock, so that
+    ///   the times the devices take in from the server do not overtake the test's.
+    init(
+        policy: ConflictPolicy = .lastWriteWins, phoneClock: any SyncClock = SystemClock(),
+        laptopClock: any SyncClock = SystemClock(),
+        serverClock: (any SyncClock)? = nil, phoneHooks: SyncHooks = SyncHooks()
+    ) async throws {
+        server = try TestServer { configuration in
+            if let serverClock { configuration.clock = { serverClock.now() } }
+        }
+        phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
+            configuration.conflictPolicy = policy
+            configuration.clock = phoneClock
+            configuration.hooks = phoneHooks
+        }
+        laptop = try TestDevice(name: "laptop", serverURL: server.url) { configuration in
+            configuration.conflictPolicy = policy
+            configuration.clock = laptopClock
+        }
+        phone.service.start()
+        laptop.service.start()
+        let account = try phone.addAccount("Household")
+        accountId = account.id!
+        try phone.addEntry("Rent", amount: -100, account: accountId)
+        let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
+        guard report.isConverged else { throw TestFailure("the pair did not converge: \(report.firstDifferences)") }
+    }
+
+    func edit(_ device: TestDevice, _ assignment: String) async throws {
+        try await device.database.write { db in try db.execute(sql: "UPDATE entry SET \(assignment)") }
+    }
+
+    func converge() async throws {
+        let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
+        #expect(report.isConverged, "\(report.firstDifferences)")
+    }
+
+    func entries() throws -> (phone: [CashFlow.Entry], laptop: [CashFlow.Entry]) {
+        (try phone.entries(), try laptop.entries())
+    }
+}
+
+struct TestFailure: Error, CustomStringConvertible {
+    var description: String
+    init(_ description: String) { self.description = description }
 }
