@@ -58,7 +58,7 @@ public struct ConvergenceReport: Sendable {
 
 public enum Convergence {
     private static func describe(_ value: JSONValue) -> String {
-        (try? Wire.encodeString(value)) ?? "?"
+        Wire.encodeString(value)
     }
 
     /// Compares what each device holds with the server's live documents, in the collections

@@ -50,6 +50,7 @@ public final class ServerProcess: @unchecked Sendable {
         process.arguments = ["serve", "--port", "0", "--data", dataDirectory.path, "--log-level", "warning"]
         let output = Pipe()
         process.standardOutput = output
+        process.standardError = FileHandle.nullDevice
         try process.run()
         let line = try Self.readLine(from: output.fileHandleForReading, timeout: 30)
         guard let url = line.split(separator: " ").last, line.hasPrefix("listening on ") else {
@@ -64,6 +65,9 @@ public final class ServerProcess: @unchecked Sendable {
             self.url = String(url)
         }
     }
+
+    /// The running process's id (0 when it is not running).
+    public var processIdentifier: Int32 { lock.withLock { process?.processIdentifier ?? 0 } }
 
     /// Kills the process with `signal` (SIGKILL by default: no chance to flush or clean up)
     /// and waits for it to exit.

@@ -14,7 +14,7 @@
 /// `createKey` is the idempotency key of the `create` op that made the document. It lets the
 /// client that created it recognize the document as its own when the acknowledgement was
 /// lost and the document reaches it through a listener first.
-public struct Document: Sendable, Hashable, Codable {
+public struct Document: Sendable, Hashable {
     public var id: DocumentID
     public var version: Int64
     public var fields: JSONObject
@@ -40,21 +40,6 @@ public struct Document: Sendable, Hashable, Codable {
         self.fieldTimes = fieldTimes
     }
 
-    private enum CodingKeys: String, CodingKey {
-        case id, version, fields, createTime, updateTime, deleted, createKey, fieldTimes
-    }
-
-    public init(from decoder: any Decoder) throws {
-        let container = try decoder.container(keyedBy: CodingKeys.self)
-        id = try container.decode(DocumentID.self, forKey: .id)
-        version = try container.decode(Int64.self, forKey: .version)
-        fields = try container.decodeIfPresent(JSONObject.self, forKey: .fields) ?? [:]
-        createTime = try container.decodeIfPresent(Int64.self, forKey: .createTime) ?? 0
-        updateTime = try container.decodeIfPresent(Int64.self, forKey: .updateTime) ?? 0
-        deleted = try container.decodeIfPresent(Bool.self, forKey: .deleted) ?? false
-        createKey = try container.decodeIfPresent(String.self, forKey: .createKey)
-        fieldTimes = try container.decodeIfPresent([String: Int64].self, forKey: .fieldTimes)
-    }
 }
 
 /// One entry of a snapshot: a document that appeared, changed or went away since the
@@ -66,7 +51,7 @@ public struct Document: Sendable, Hashable, Codable {
 /// {"kind":"modified","id":"a1B2c3D4e5F6g7H8i9J0","version":4,"fields":{"title":"Rent"},
 ///  "createTime":1763683200000,"updateTime":1763683320000,"deleted":false}
 /// ```
-public struct Change: Sendable, Hashable, Codable {
+public struct Change: Sendable, Hashable {
     public enum Kind: String, Sendable, Hashable, Codable {
         /// The document was created after the resume token (or this is the initial snapshot).
         case added
@@ -84,16 +69,4 @@ public struct Change: Sendable, Hashable, Codable {
         self.document = document
     }
 
-    private enum CodingKeys: String, CodingKey { case kind }
-
-    public init(from decoder: any Decoder) throws {
-        kind = try decoder.container(keyedBy: CodingKeys.self).decode(Kind.self, forKey: .kind)
-        document = try Document(from: decoder)
-    }
-
-    public func encode(to encoder: any Encoder) throws {
-        var container = encoder.container(keyedBy: CodingKeys.self)
-        try container.encode(kind, forKey: .kind)
-        try document.encode(to: encoder)
-    }
 }

@@ -38,8 +38,8 @@ public enum FieldMerge {
 
     /// Whether `value` wins a tie against `other`: a total order on JSON values.
     public static func sortsAfter(_ value: JSONValue, _ other: JSONValue) -> Bool {
-        let left = (try? Wire.encodeCanonical(value)) ?? []
-        let right = (try? Wire.encodeCanonical(other)) ?? []
+        let left = Wire.encodeCanonical(value)
+        let right = Wire.encodeCanonical(other)
         return left.lexicographicallyPrecedes(right) == false && left != right
     }
 }

@@ -173,9 +173,14 @@ extension ClientName: ValidatedString {
 extension WireError {
     /// The same error, its message prefixed with the field it is about (`ops[2].collection: …`).
     func at(_ codingPath: [any CodingKey]) -> WireError {
-        guard !codingPath.isEmpty else { return self }
+        at(codingPath.fieldName)
+    }
+
+    /// The same error, its message prefixed with the field it is about.
+    func at(_ field: String) -> WireError {
+        guard !field.isEmpty else { return self }
         var copy = self
-        copy.message = "\(codingPath.fieldName): \(message)"
+        copy.message = "\(field): \(message)"
         return copy
     }
 }

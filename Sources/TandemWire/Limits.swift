@@ -6,7 +6,7 @@
 /// {"maxMessageBytes":1048576,"maxOpsPerWrite":500,"maxListenersPerConnection":100,
 ///  "maxDocumentBytes":262144}
 /// ```
-public struct Limits: Sendable, Hashable, Codable {
+public struct Limits: Sendable, Hashable {
     /// The largest frame the server accepts; a larger one closes the connection with 1009.
     public var maxMessageBytes: Int
     /// The most ops one `write` may carry; more gets `too-large`.

@@ -18,7 +18,7 @@ public enum ServerMessage: Sendable, Hashable {
     case error(WireError)
 
     /// `{"type":"welcome","sessionId":"…","serverTime":1763683200000,"protocol":1,"limits":{…}}`
-    public struct Welcome: Sendable, Hashable, Codable {
+    public struct Welcome: Sendable, Hashable {
         public var sessionId: String
         public var serverTime: Int64
         public var protocolVersion: Int
@@ -31,14 +31,10 @@ public enum ServerMessage: Sendable, Hashable {
             self.limits = limits
         }
 
-        private enum CodingKeys: String, CodingKey {
-            case sessionId, serverTime, limits
-            case protocolVersion = "protocol"
-        }
     }
 
     /// `{"type":"snapshot","target":"t1","changes":[…],"resumeToken":"…","initial":true,"hasMore":false}`
-    public struct Snapshot: Sendable, Hashable, Codable {
+    public struct Snapshot: Sendable, Hashable {
         public var target: String
         /// In the order the server committed them.
         public var changes: [Change]
@@ -59,7 +55,7 @@ public enum ServerMessage: Sendable, Hashable {
     }
 
     /// `{"type":"reset","target":"t1","reason":"…"}`
-    public struct Reset: Sendable, Hashable, Codable {
+    public struct Reset: Sendable, Hashable {
         public var target: String
         public var reason: String
 
@@ -70,7 +66,7 @@ public enum ServerMessage: Sendable, Hashable {
     }
 
     /// `{"type":"ack","request":"r1","results":[{"id":"…","version":1,"updateTime":…}]}`
-    public struct Ack: Sendable, Hashable, Codable {
+    public struct Ack: Sendable, Hashable {
         public var request: String
         /// One per op, in order.
         public var results: [WriteResult]
@@ -82,7 +78,7 @@ public enum ServerMessage: Sendable, Hashable {
     }
 
     /// `{"type":"conflict","request":"r1","op":0,"server":{…document…}}`
-    public struct Conflict: Sendable, Hashable, Codable {
+    public struct Conflict: Sendable, Hashable {
         public var request: String
         /// The index of the op whose precondition failed.
         public var op: Int
@@ -97,7 +93,7 @@ public enum ServerMessage: Sendable, Hashable {
     }
 
     /// `{"type":"document","request":"r2","document":{…}}`
-    public struct DocumentReply: Sendable, Hashable, Codable {
+    public struct DocumentReply: Sendable, Hashable {
         public var request: String
         public var document: Document
 
@@ -109,7 +105,7 @@ public enum ServerMessage: Sendable, Hashable {
 }
 
 /// The outcome of one write op.
-public struct WriteResult: Sendable, Hashable, Codable {
+public struct WriteResult: Sendable, Hashable {
     public var id: DocumentID
     /// The document's version after the op.
     public var version: Int64
@@ -126,72 +122,3 @@ public struct WriteResult: Sendable, Hashable, Codable {
     }
 }
 
-extension WireError: Codable {
-    private enum CodingKeys: String, CodingKey {
-        case code, message, request, target, op
-    }
-
-    public init(from decoder: any Decoder) throws {
-        let container = try decoder.container(keyedBy: CodingKeys.self)
-        self.init(
-            try container.decode(ErrorCode.self, forKey: .code),
-            try container.decode(String.self, forKey: .message),
-            request: try container.decodeIfPresent(String.self, forKey: .request),
-            target: try container.decodeIfPresent(String.self, forKey: .target),
-            op: try container.decodeIfPresent(Int.self, forKey: .op))
-    }
-
-    public func encode(to encoder: any Encoder) throws {
-        var container = encoder.container(keyedBy: CodingKeys.self)
-        try container.encode(code, forKey: .code)
-        try container.encode(message, forKey: .message)
-        try container.encodeIfPresent(request, forKey: .request)
-        try container.encodeIfPresent(target, forKey: .target)
-        try container.encodeIfPresent(op, forKey: .op)
-    }
-}
-
-extension ServerMessage: Codable {
-    private enum TypeKey: String, CodingKey { case type }
-
-    public init(from decoder: any Decoder) throws {
-        let type = try decoder.container(keyedBy: TypeKey.self).decode(String.self, forKey: .type)
-        switch type {
-        case "welcome": self = .welcome(try Welcome(from: decoder))
-        case "snapshot": self = .snapshot(try Snapshot(from: decoder))
-        case "reset": self = .reset(try Reset(from: decoder))
-        case "ack": self = .ack(try Ack(from: decoder))
-        case "conflict": self = .conflict(try Conflict(from: decoder))
-        case "document": self = .document(try DocumentReply(from: decoder))
-        case "error": self = .error(try WireError(from: decoder))
-        default: throw WireError(.badMessage, "unknown server message type '\(type.prefix(40))'")
-        }
-    }
-
-    public func encode(to encoder: any Encoder) throws {
-        var container = encoder.container(keyedBy: TypeKey.self)
-        switch self {
-        case .welcome(let message):
-            try container.encode("welcome", forKey: .type)
-            try message.encode(to: encoder)
-        case .snapshot(let message):
-            try container.encode("snapshot", forKey: .type)
-            try message.encode(to: encoder)
-        case .reset(let message):
-            try container.encode("reset", forKey: .type)
-            try message.encode(to: encoder)
-        case .ack(let message):
-            try container.encode("ack", forKey: .type)
-            try message.encode(to: encoder)
-        case .conflict(let message):
-            try container.encode("conflict", forKey: .type)
-            try message.encode(to: encoder)
-        case .document(let message):
-            try container.encode("document", forKey: .type)
-            try message.encode(to: encoder)
-        case .error(let message):
-            try container.encode("error", forKey: .type)
-            try message.encode(to: encoder)
-        }
-    }
-}

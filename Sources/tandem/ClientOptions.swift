@@ -69,8 +69,8 @@ func parseFields(_ text: String) throws -> JSONObject {
 }
 
 /// Canonical one-line JSON of a value.
-func json(_ value: some Encodable) -> String {
-    (try? String(decoding: Wire.encodeCanonical(value), as: UTF8.self)) ?? "{}"
+func json(_ value: some JSONWritable) -> String {
+    String(decoding: Wire.encodeCanonical(value), as: UTF8.self)
 }
 
 /// Writes a line to standard output at once (unbuffered), so that pipes see it as it happens.

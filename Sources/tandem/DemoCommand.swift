@@ -144,18 +144,26 @@ extension Serialization: ExpressibleByArgument {}
 /// One progress line: rewritten in place on a terminal, printed every few seconds otherwise.
 final class ProgressLine: @unchecked Sendable {
     private let lock = NSLock()
-    private let isTerminal = isatty(STDOUT_FILENO) != 0
+    private let output: FileHandle
+    private let isTerminal: Bool
     private var lastPrinted = Date.distantPast
     private var lastText = ""
+
+    /// - Parameter toStandardError: Progress goes to standard error (when standard output
+    ///   carries results).
+    init(toStandardError: Bool = false) {
+        output = toStandardError ? FileHandle.standardError : FileHandle.standardOutput
+        isTerminal = isatty(toStandardError ? STDERR_FILENO : STDOUT_FILENO) != 0
+    }
 
     func show(_ text: String) {
         lock.withLock {
             lastText = text
             if isTerminal {
-                FileHandle.standardOutput.write(Data("\r\u{1B}[K\(text)".utf8))
+                output.write(Data("\r\u{1B}[K\(text)".utf8))
             } else if Date().timeIntervalSince(lastPrinted) >= 2 {
                 lastPrinted = Date()
-                emit(text)
+                output.write(Data((text + "\n").utf8))
             }
         }
     }
@@ -163,10 +171,11 @@ final class ProgressLine: @unchecked Sendable {
     func finish() {
         lock.withLock {
             if isTerminal {
-                FileHandle.standardOutput.write(Data("\n".utf8))
+                output.write(Data("\n".utf8))
             } else if !lastText.isEmpty {
-                emit(lastText)
+                output.write(Data((lastText + "\n").utf8))
             }
+            lastText = ""
         }
     }
 }

@@ -159,7 +159,7 @@ struct ConflictTests {
         #expect(conflict.local["title"] == "Rent (phone)")
         #expect(conflict.server.fields["title"] == "Rent (laptop)")
         #expect(conflict.base?["title"] == "Rent")
-        #expect(pair.phone.service.status.openConflicts == 1)
+        try await waitUntil("the status counts it") { pair.phone.service.status.openConflicts == 1 }
 
         // While the conflict is open the row is not pushed, however often the phone syncs.
         try await pair.phone.service.syncNow()

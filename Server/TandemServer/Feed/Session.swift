@@ -24,8 +24,8 @@ final class Session: @unchecked Sendable {
     /// Encodes and queues a message. A connection that is closing drops it silently: its
     /// session is about to go.
     func send(_ message: ServerMessage) {
-        guard !isClosed, let bytes = try? Wire.encode(message) else { return }
-        try? connection.send(OutboundMessage(text: bytes))
+        guard !isClosed else { return }
+        try? connection.send(OutboundMessage(text: Wire.encode(message)))
     }
 
     func send(_ error: WireError) {

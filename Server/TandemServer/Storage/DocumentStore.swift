@@ -247,7 +247,7 @@ struct StoredDocument {
         createSequence = row[7]
         createKey = row[8]
         createClient = row[9]
-        fieldTimes = try (row[10] as String?).map { try Wire.decode([String: Int64].self, from: Array($0.utf8)) }
+        fieldTimes = try (row[10] as String?).map { try Wire.decodeTimes(Array($0.utf8)) }
     }
 
     var fieldsBytes: Int { fieldsJSON.utf8.count }

@@ -68,7 +68,7 @@ extension DocumentStore {
                             incoming: (fields, incomingTimes))
                         fields = merged.fields
                         fieldTimes = merged.times
-                        fieldsJSON = String(decoding: try Wire.encodeCanonical(fields), as: UTF8.self)
+                        fieldsJSON = String(decoding: Wire.encodeCanonical(fields), as: UTF8.self)
                         if fieldsJSON.utf8.count > maxDocumentBytes {
                             throw WireError(
                                 .tooLarge,
@@ -77,7 +77,7 @@ extension DocumentStore {
                         }
                     }
                     if deleted { fieldTimes = existing?.fieldTimes }
-                    let timesJSON = try fieldTimes.map { String(decoding: try Wire.encodeCanonical($0), as: UTF8.self) }
+                    let timesJSON = fieldTimes.map { String(decoding: Wire.encodeTimes($0), as: UTF8.self) }
 
                     try db.cachedStatement(
                         sql: """
@@ -111,7 +111,7 @@ extension DocumentStore {
                             """
                     ).execute(arguments: [
                         clientId.rawValue, op.idempotencyKey.rawValue, id.rawValue, version, updateTime, now,
-                        try result.document.map { String(decoding: try Wire.encode($0), as: UTF8.self) },
+                        result.document.map { String(decoding: Wire.encode($0), as: UTF8.self) },
                     ])
                     results.append(result)
                     let kind: Change.Kind = isCreate ? .added : deleted ? .deleted : .modified

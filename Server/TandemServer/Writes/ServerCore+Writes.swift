@@ -16,14 +16,7 @@ extension ServerCore {
         var prepared: [PreparedOp] = []
         prepared.reserveCapacity(write.ops.count)
         for (index, op) in write.ops.enumerated() {
-            let fieldsJSON: String
-            do {
-                fieldsJSON = String(decoding: try Wire.encodeCanonical(op.fields ?? [:]), as: UTF8.self)
-            } catch {
-                session.send(
-                    WireError(.badMessage, "ops[\(index)].fields: \(error.message)", request: write.request, op: index))
-                return
-            }
+            let fieldsJSON = String(decoding: Wire.encodeCanonical(op.fields ?? [:]), as: UTF8.self)
             if fieldsJSON.utf8.count > limits.maxDocumentBytes {
                 session.send(
                     WireError(

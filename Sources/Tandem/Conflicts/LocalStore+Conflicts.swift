@@ -147,8 +147,8 @@ extension LocalStore {
                 """
         ).execute(arguments: [
             model.name, rowId, remote.id.rawValue, collection.rawValue, Self.fieldsText(local),
-            String(decoding: try Wire.encode(remote), as: UTF8.self), base.map(Self.fieldsText),
-            String(decoding: try Wire.encode(fields.sorted()), as: UTF8.self),
+            String(decoding: Wire.encode(remote), as: UTF8.self), base.map(Self.fieldsText),
+            String(decoding: Wire.encode(fields.sorted()), as: UTF8.self),
             HybridLogicalClock.milliseconds(clock.now()),
         ])
     }
@@ -166,7 +166,7 @@ extension LocalStore {
                 local: try Wire.decodeFields(Array((row[3] as String).utf8)),
                 server: try Wire.decode(Document.self, from: Array((row[4] as String).utf8)),
                 base: try (row[5] as String?).map { try Wire.decodeFields(Array($0.utf8)) },
-                fields: try Wire.decode([String].self, from: Array((row[6] as String).utf8)), detectedAt: row[7])
+                fields: try Wire.decodeStrings(Array((row[6] as String).utf8)), detectedAt: row[7])
         }
     }
 

@@ -241,7 +241,7 @@ public final class ServerConnection: Sendable {
 
     private func sendRaw(_ message: ClientMessage) {
         do {
-            try socket.send(OutboundMessage(text: try Wire.encode(message)))
+            try socket.send(OutboundMessage(text: Wire.encode(message)))
         } catch {
             logger.debug("send failed", metadata: ["tandem.error": "\(error)"])
         }

@@ -36,6 +36,6 @@ enum FieldCoding {
     }
 
     private static func jsonText(_ value: JSONValue) -> DatabaseValue {
-        ((try? Wire.encodeCanonical(value)).map { String(decoding: $0, as: UTF8.self) } ?? "null").databaseValue
+        String(decoding: Wire.encodeCanonical(value), as: UTF8.self).databaseValue
     }
 }

@@ -197,8 +197,8 @@ extension LocalStore {
         guard recognizesOwnCreates, let key = document.createKey else { return nil }
         return try Int64.fetchOne(
             db.cachedStatement(
-                sql: "SELECT rowId FROM tandem_row WHERE tableName = ? AND pendingOp = 'create' AND idempotencyKey = ?"),
-            arguments: [model.name, key])
+                sql: "SELECT rowId FROM tandem_row WHERE pendingOp = 'create' AND idempotencyKey = ? AND tableName = ?"),
+            arguments: [key, model.name])
     }
 
     /// Replaces a row's synced columns with the server's document and marks it clean.
@@ -245,7 +245,7 @@ extension LocalStore {
                     """
             ).execute(arguments: [
                 collection.rawValue, document.id.rawValue, model.name, parentRowId,
-                String(decoding: try Wire.encode(document), as: UTF8.self), waiting.table, waiting.serverId,
+                String(decoding: Wire.encode(document), as: UTF8.self), waiting.table, waiting.serverId,
             ])
             return false
         }

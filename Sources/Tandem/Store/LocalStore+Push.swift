@@ -172,7 +172,7 @@ extension LocalStore {
     private static func estimatedSize(_ value: JSONValue) -> Int {
         switch value {
         case .string(let string): string.utf8.count + 8
-        case .array, .object: ((try? Wire.encode(value))?.count ?? 64) + 8
+        case .array, .object: Wire.encode(value).count + 8
         default: 16
         }
     }
@@ -195,7 +195,7 @@ extension LocalStore {
             guard let model = byName[push.table] else { continue }
             clock.receive(HybridLogicalClock.timestamp(milliseconds: result.updateTime))
             if let stored = result.document { receiveTimes(of: stored) }
-            let fieldsJSON = String(decoding: (try? Wire.encodeCanonical(push.op.fields ?? [:])) ?? [], as: UTF8.self)
+            let fieldsJSON = String(decoding: Wire.encodeCanonical(push.op.fields ?? [:]), as: UTF8.self)
             switch push.op.kind {
             case .delete:
                 try forget(push.table, push.rowId, db)
@@ -345,6 +345,6 @@ extension LocalStore {
     }
 
     static func fieldsText(_ fields: JSONObject) -> String {
-        String(decoding: (try? Wire.encodeCanonical(fields)) ?? Array("{}".utf8), as: UTF8.self)
+        String(decoding: Wire.encodeCanonical(fields), as: UTF8.self)
     }
 }

@@ -52,6 +52,7 @@ enum SyncSchema {
                 CREATE INDEX IF NOT EXISTS tandem_row_deletes ON tandem_row(pendingOp) WHERE pendingOp = 'delete';
                 CREATE INDEX IF NOT EXISTS tandem_row_failed ON tandem_row(state) WHERE state = 'failed';
                 CREATE INDEX IF NOT EXISTS tandem_row_server ON tandem_row(tableName, serverId);
+                CREATE INDEX IF NOT EXISTS tandem_row_creates ON tandem_row(idempotencyKey) WHERE pendingOp = 'create';
                 CREATE TABLE IF NOT EXISTS tandem_listener (
                     collection TEXT PRIMARY KEY NOT NULL,
                     resumeToken TEXT,

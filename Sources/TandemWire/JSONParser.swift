@@ -1,0 +1,288 @@
+/// A JSON parser into ``JSONValue``: RFC 8259, with a depth limit, strict UTF-8 and numbers
+/// that keep 64-bit integers exact.
+///
+/// It reads the bytes once, without building intermediate strings for keys and values that
+/// need no unescaping. Errors name the byte offset and what was expected.
+struct JSONParser {
+    private let bytes: UnsafeBufferPointer<UInt8>
+    private var index = 0
+    private var depth = 0
+    private let maxDepth: Int
+
+    /// Parses one JSON value that makes up the whole of `bytes` (surrounding whitespace aside).
+    static func parse(_ bytes: UnsafeBufferPointer<UInt8>, maxDepth: Int) throws(JSONError) -> JSONValue {
+        var parser = JSONParser(bytes: bytes, maxDepth: maxDepth)
+        parser.skipWhitespace()
+        let value = try parser.value()
+        parser.skipWhitespace()
+        guard parser.index == bytes.count else { throw parser.error("unexpected content after the JSON value") }
+        return value
+    }
+
+    private init(bytes: UnsafeBufferPointer<UInt8>, maxDepth: Int) {
+        self.bytes = bytes
+        self.maxDepth = maxDepth
+    }
+
+    private func error(_ message: String) -> JSONError {
+        JSONError(message: message, offset: index)
+    }
+
+    private mutating func skipWhitespace() {
+        while index < bytes.count {
+            switch bytes[index] {
+            case 0x20, 0x0A, 0x0D, 0x09: index += 1
+            default: return
+            }
+        }
+    }
+
+    private mutating func value() throws(JSONError) -> JSONValue {
+        guard index < bytes.count else { throw error("unexpected end of input") }
+        switch bytes[index] {
+        case UInt8(ascii: "{"): return try object()
+        case UInt8(ascii: "["): return try array()
+        case UInt8(ascii: "\""): return .string(try string())
+        case UInt8(ascii: "t"):
+            try literal("true")
+            return .bool(true)
+        case UInt8(ascii: "f"):
+            try literal("false")
+            return .bool(false)
+        case UInt8(ascii: "n"):
+            try literal("null")
+            return .null
+        case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"):
+            return try number()
+        default:
+            throw error("unexpected character '\(Self.describe(bytes[index]))'")
+        }
+    }
+
+    private mutating func literal(_ word: StaticString) throws(JSONError) {
+        let count = word.utf8CodeUnitCount
+        guard index + count <= bytes.count else { throw error("unexpected end of input") }
+        for offset in 0..<count where bytes[index + offset] != word.utf8Start[offset] {
+            throw error("invalid literal, expected \(word)")
+        }
+        index += count
+    }
+
+    private mutating func enter() throws(JSONError) {
+        depth += 1
+        if depth > maxDepth { throw error("JSON nested deeper than \(maxDepth) levels") }
+    }
+
+    private mutating func object() throws(JSONError) -> JSONValue {
+        try enter()
+        index += 1
+        var object: JSONObject = [:]
+        skipWhitespace()
+        if index < bytes.count && bytes[index] == UInt8(ascii: "}") {
+            index += 1
+            depth -= 1
+            return .object(object)
+        }
+        while true {
+            skipWhitespace()
+            guard index < bytes.count, bytes[index] == UInt8(ascii: "\"") else { throw error("expected a string key") }
+            let key = try string()
+            skipWhitespace()
+            guard index < bytes.count, bytes[index] == UInt8(ascii: ":") else { throw error("expected ':' after a key") }
+            index += 1
+            skipWhitespace()
+            object[key] = try value()
+            skipWhitespace()
+            guard index < bytes.count else { throw error("unexpected end of input in an object") }
+            if bytes[index] == UInt8(ascii: ",") {
+                index += 1
+                continue
+            }
+            guard bytes[index] == UInt8(ascii: "}") else { throw error("expected ',' or '}' in an object") }
+            index += 1
+            depth -= 1
+            return .object(object)
+        }
+    }
+
+    private mutating func array() throws(JSONError) -> JSONValue {
+        try enter()
+        index += 1
+        var array: [JSONValue] = []
+        skipWhitespace()
+        if index < bytes.count && bytes[index] == UInt8(ascii: "]") {
+            index += 1
+            depth -= 1
+            return .array(array)
+        }
+        while true {
+            skipWhitespace()
+            array.append(try value())
+            skipWhitespace()
+            guard index < bytes.count else { throw error("unexpected end of input in an array") }
+            if bytes[index] == UInt8(ascii: ",") {
+                index += 1
+                continue
+            }
+            guard bytes[index] == UInt8(ascii: "]") else { throw error("expected ',' or ']' in an array") }
+            index += 1
+            depth -= 1
+            return .array(array)
+        }
+    }
+
+    private mutating func string() throws(JSONError) -> String {
+        index += 1  // the opening quote
+        let start = index
+        // Fast path: no escapes.
+        while index < bytes.count {
+            let byte = bytes[index]
+            if byte == UInt8(ascii: "\"") {
+                let text = try Self.text(UnsafeBufferPointer(rebasing: bytes[start..<index]), at: start)
+                index += 1
+                return text
+            }
+            if byte == UInt8(ascii: "\\") { break }
+            if byte < 0x20 { throw error("control character in a string; escape it") }
+            index += 1
+        }
+        var unescaped = Array(bytes[start..<index])
+        while index < bytes.count {
+            let byte = bytes[index]
+            switch byte {
+            case UInt8(ascii: "\""):
+                index += 1
+                return try unescaped.withUnsafeBufferPointer { buffer throws(JSONError) in
+                    try Self.text(buffer, at: start)
+                }
+            case UInt8(ascii: "\\"):
+                index += 1
+                guard index < bytes.count else { throw error("unexpected end of input in an escape") }
+                let escape = bytes[index]
+                index += 1
+                switch escape {
+                case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"): unescaped.append(escape)
+                case UInt8(ascii: "b"): unescaped.append(0x08)
+                case UInt8(ascii: "f"): unescaped.append(0x0C)
+                case UInt8(ascii: "n"): unescaped.append(0x0A)
+                case UInt8(ascii: "r"): unescaped.append(0x0D)
+                case UInt8(ascii: "t"): unescaped.append(0x09)
+                case UInt8(ascii: "u"): try unicodeEscape(into: &unescaped)
+                default: throw error("invalid escape '\\\(Self.describe(escape))'")
+                }
+            default:
+                if byte < 0x20 { throw error("control character in a string; escape it") }
+                unescaped.append(byte)
+                index += 1
+            }
+        }
+        throw error("unterminated string")
+    }
+
+    private mutating func unicodeEscape(into output: inout [UInt8]) throws(JSONError) {
+        var scalar = try hex4()
+        if (0xD800...0xDBFF).contains(scalar) {
+            guard index + 1 < bytes.count, bytes[index] == UInt8(ascii: "\\"), bytes[index + 1] == UInt8(ascii: "u")
+            else { throw error("a high surrogate must be followed by a low one") }
+            index += 2
+            let low = try hex4()
+            guard (0xDC00...0xDFFF).contains(low) else { throw error("invalid low surrogate") }
+            scalar = 0x10000 + ((scalar - 0xD800) << 10) + (low - 0xDC00)
+        } else if (0xDC00...0xDFFF).contains(scalar) {
+            throw error("a low surrogate without a high one")
+        }
+        guard let unicode = Unicode.Scalar(scalar) else { throw error("invalid unicode escape") }
+        output.append(contentsOf: String(Character(unicode)).utf8)
+    }
+
+    private mutating func hex4() throws(JSONError) -> UInt32 {
+        guard index + 4 <= bytes.count else { throw error("unexpected end of input in a \\u escape") }
+        var value: UInt32 = 0
+        for _ in 0..<4 {
+            let byte = bytes[index]
+            let digit: UInt32
+            switch byte {
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): digit = UInt32(byte - UInt8(ascii: "0"))
+            case UInt8(ascii: "a")...UInt8(ascii: "f"): digit = UInt32(byte - UInt8(ascii: "a") + 10)
+            case UInt8(ascii: "A")...UInt8(ascii: "F"): digit = UInt32(byte - UInt8(ascii: "A") + 10)
+            default: throw error("invalid hexadecimal digit in a \\u escape")
+            }
+            value = value << 4 | digit
+            index += 1
+        }
+        return value
+    }
+
+    private mutating func number() throws(JSONError) -> JSONValue {
+        let start = index
+        var negative = false
+        if bytes[index] == UInt8(ascii: "-") {
+            negative = true
+            index += 1
+        }
+        guard index < bytes.count, (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(bytes[index]) else {
+            throw error("expected a digit")
+        }
+        if bytes[index] == UInt8(ascii: "0") {
+            index += 1
+            if index < bytes.count, (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(bytes[index]) {
+                throw error("a number may not start with 0")
+            }
+        }
+        // Accumulate the integer part as a negative number, which reaches Int64.min.
+        var integer: Int64 = 0
+        var overflow = false
+        while index < bytes.count, (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(bytes[index]) {
+            let digit = Int64(bytes[index] - UInt8(ascii: "0"))
+            let (times, o1) = integer.multipliedReportingOverflow(by: 10)
+            let (next, o2) = times.subtractingReportingOverflow(digit)
+            overflow = overflow || o1 || o2
+            integer = next
+            index += 1
+        }
+        var isInteger = true
+        if index < bytes.count, bytes[index] == UInt8(ascii: ".") {
+            isInteger = false
+            index += 1
+            guard index < bytes.count, (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(bytes[index]) else {
+                throw error("expected a digit after the decimal point")
+            }
+            while index < bytes.count, (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(bytes[index]) { index += 1 }
+        }
+        if index < bytes.count, bytes[index] == UInt8(ascii: "e") || bytes[index] == UInt8(ascii: "E") {
+            isInteger = false
+            index += 1
+            if index < bytes.count, bytes[index] == UInt8(ascii: "+") || bytes[index] == UInt8(ascii: "-") { index += 1 }
+            guard index < bytes.count, (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(bytes[index]) else {
+                throw error("expected a digit in the exponent")
+            }
+            while index < bytes.count, (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(bytes[index]) { index += 1 }
+        }
+        if isInteger && !overflow {
+            if negative { return .int(integer) }
+            if integer != .min { return .int(-integer) }
+        }
+        let text = String(decoding: UnsafeBufferPointer(rebasing: bytes[start..<index]), as: UTF8.self)
+        guard let double = Double(text), double.isFinite else {
+            throw JSONError(message: "number \(text.prefix(40)) is out of range", offset: start)
+        }
+        return .double(double)
+    }
+
+    private static func text(_ bytes: UnsafeBufferPointer<UInt8>, at offset: Int) throws(JSONError) -> String {
+        guard let text = String(validating: bytes, as: UTF8.self) else {
+            throw JSONError(message: "a string is not valid UTF-8", offset: offset)
+        }
+        return text
+    }
+
+    private static func describe(_ byte: UInt8) -> String {
+        byte >= 0x20 && byte < 0x7F ? String(Character(Unicode.Scalar(byte))) : "0x" + String(byte, radix: 16)
+    }
+}
+
+/// A JSON syntax error.
+struct JSONError: Error {
+    var message: String
+    var offset: Int
+}

@@ -1,0 +1,177 @@
+/// Writes JSON into a byte buffer: compact, no escaped slashes, keys sorted on request.
+///
+/// Protocol types write themselves field by field (``JSONWritable``), so that encoding a
+/// message does not build a tree of values first.
+public struct JSONWriter {
+    public private(set) var bytes: [UInt8]
+    /// Sorts object keys: the same value always gives the same bytes (canonical form).
+    public var sortsKeys: Bool
+    private var needsComma: [Bool] = []
+
+    public init(sortsKeys: Bool = false, capacity: Int = 256, prefix: Int = 0) {
+        bytes = []
+        bytes.reserveCapacity(prefix + capacity)
+        bytes.append(contentsOf: repeatElement(0, count: prefix))
+        self.sortsKeys = sortsKeys
+    }
+
+    // MARK: Structure
+
+    public mutating func beginObject() {
+        separate()
+        bytes.append(UInt8(ascii: "{"))
+        needsComma.append(false)
+    }
+
+    public mutating func endObject() {
+        needsComma.removeLast()
+        bytes.append(UInt8(ascii: "}"))
+    }
+
+    public mutating func beginArray() {
+        separate()
+        bytes.append(UInt8(ascii: "["))
+        needsComma.append(false)
+    }
+
+    public mutating func endArray() {
+        needsComma.removeLast()
+        bytes.append(UInt8(ascii: "]"))
+    }
+
+    /// Writes `"key":`; the next value written is its value.
+    public mutating func key(_ key: String) {
+        separate()
+        writeString(key)
+        bytes.append(UInt8(ascii: ":"))
+        if !needsComma.isEmpty { needsComma[needsComma.count - 1] = false }
+    }
+
+    private mutating func separate() {
+        guard let last = needsComma.last else { return }
+        if last { bytes.append(UInt8(ascii: ",")) }
+        needsComma[needsComma.count - 1] = true
+    }
+
+    // MARK: Values
+
+    public mutating func value(_ value: JSONValue) {
+        switch value {
+        case .null: scalar("null")
+        case .bool(let bool): scalar(bool ? "true" : "false")
+        case .int(let int): self.int(int)
+        case .double(let double): self.double(double)
+        case .string(let string): self.string(string)
+        case .array(let values):
+            beginArray()
+            for element in values { self.value(element) }
+            endArray()
+        case .object(let object): self.object(object)
+        }
+    }
+
+    public mutating func object(_ object: JSONObject) {
+        beginObject()
+        if sortsKeys {
+            for key in object.keys.sorted() {
+                self.key(key)
+                value(object[key]!)
+            }
+        } else {
+            for (key, element) in object {
+                self.key(key)
+                value(element)
+            }
+        }
+        endObject()
+    }
+
+    public mutating func string(_ string: String) {
+        separate()
+        writeString(string)
+    }
+
+    public mutating func int(_ value: Int64) {
+        separate()
+        if value == 0 {
+            bytes.append(UInt8(ascii: "0"))
+            return
+        }
+        var magnitude = value.magnitude
+        if value < 0 { bytes.append(UInt8(ascii: "-")) }
+        var digits: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
+            UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) =
+            (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        var count = 0
+        withUnsafeMutableBytes(of: &digits) { buffer in
+            while magnitude > 0 {
+                buffer[count] = UInt8(ascii: "0") + UInt8(magnitude % 10)
+                magnitude /= 10
+                count += 1
+            }
+        }
+        withUnsafeBytes(of: &digits) { buffer in
+            for index in stride(from: count - 1, through: 0, by: -1) { bytes.append(buffer[index]) }
+        }
+    }
+
+    /// A double, in Swift's shortest form that reads back to the same value. Non-finite
+    /// numbers, which JSON cannot carry, are written as null.
+    public mutating func double(_ value: Double) {
+        guard value.isFinite else {
+            scalar("null")
+            return
+        }
+        separate()
+        bytes.append(contentsOf: value.description.utf8)
+    }
+
+    public mutating func bool(_ value: Bool) { scalar(value ? "true" : "false") }
+
+    public mutating func null() { scalar("null") }
+
+    /// Writes bytes that are already one JSON value (canonical fields stored as text).
+    public mutating func raw(_ json: some Collection<UInt8>) {
+        separate()
+        bytes.append(contentsOf: json)
+    }
+
+    private mutating func scalar(_ text: StaticString) {
+        separate()
+        bytes.append(contentsOf: UnsafeBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount))
+    }
+
+    private mutating func writeString(_ string: String) {
+        bytes.append(UInt8(ascii: "\""))
+        var string = string
+        string.withUTF8 { utf8 in
+            var start = 0
+            for index in 0..<utf8.count {
+                let byte = utf8[index]
+                guard byte < 0x20 || byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\") else { continue }
+                bytes.append(contentsOf: UnsafeBufferPointer(rebasing: utf8[start..<index]))
+                switch byte {
+                case UInt8(ascii: "\""): bytes.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "\"")])
+                case UInt8(ascii: "\\"): bytes.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "\\")])
+                case 0x0A: bytes.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "n")])
+                case 0x0D: bytes.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "r")])
+                case 0x09: bytes.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "t")])
+                default:
+                    let hex = Array("0123456789abcdef".utf8)
+                    bytes.append(contentsOf: [
+                        UInt8(ascii: "\\"), UInt8(ascii: "u"), UInt8(ascii: "0"), UInt8(ascii: "0"), hex[Int(byte >> 4)],
+                        hex[Int(byte & 0xF)],
+                    ])
+                }
+                start = index + 1
+            }
+            bytes.append(contentsOf: UnsafeBufferPointer(rebasing: utf8[start..<utf8.count]))
+        }
+        bytes.append(UInt8(ascii: "\""))
+    }
+}
+
+/// A protocol type that writes its own JSON form.
+public protocol JSONWritable {
+    func write(to writer: inout JSONWriter)
+}

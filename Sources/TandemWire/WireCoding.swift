@@ -1,0 +1,607 @@
+/// The JSON form of every protocol type, read and written by hand.
+///
+/// Decoding works on a parsed ``JSONValue`` and names the field at fault in every error
+/// (`ops[2].fields: expected an object`); encoding writes straight into a byte buffer. The
+/// types' `Codable` conformances go through the same code (``WireCodable``), so there is one
+/// definition of each JSON form.
+
+/// A protocol type that reads itself from its JSON form.
+public protocol JSONReadable {
+    /// - Parameter path: Where the value sits in the message (`ops[2]`), for error messages.
+    init(json: JSONValue, path: String) throws(WireError)
+}
+
+/// A protocol type whose `Codable` conformance is its JSON form.
+public protocol WireCodable: JSONReadable, JSONWritable, Codable {}
+
+extension WireCodable {
+    public init(from decoder: any Decoder) throws {
+        try self.init(json: try JSONValue(from: decoder), path: decoder.codingPath.fieldName)
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        try Wire.value(of: self).encode(to: encoder)
+    }
+}
+
+/// Reads the fields of a JSON object, naming each in errors.
+struct ObjectReader {
+    let object: JSONObject
+    let path: String
+
+    init(_ value: JSONValue, path: String) throws(WireError) {
+        guard case .object(let object) = value else {
+            throw WireError(.badMessage, "\(path.isEmpty ? "the message" : path): expected an object")
+        }
+        self.object = object
+        self.path = path
+    }
+
+    func name(_ key: String) -> String { path.isEmpty ? key : "\(path).\(key)" }
+
+    private func present(_ key: String) -> JSONValue? {
+        guard let value = object[key], value != .null else { return nil }
+        return value
+    }
+
+    func required(_ key: String) throws(WireError) -> JSONValue {
+        guard let value = present(key) else { throw WireError(.badMessage, "\(name(key)): missing") }
+        return value
+    }
+
+    func string(_ key: String) throws(WireError) -> String {
+        guard case .string(let string) = try required(key) else { throw mistyped(key, "a string") }
+        return string
+    }
+
+    func optionalString(_ key: String) throws(WireError) -> String? {
+        guard let value = present(key) else { return nil }
+        guard case .string(let string) = value else { throw mistyped(key, "a string") }
+        return string
+    }
+
+    func int(_ key: String) throws(WireError) -> Int64 {
+        guard let value = Self.integer(try required(key)) else { throw mistyped(key, "an integer") }
+        return value
+    }
+
+    func optionalInt(_ key: String) throws(WireError) -> Int64? {
+        guard let value = present(key) else { return nil }
+        guard let integer = Self.integer(value) else { throw mistyped(key, "an integer") }
+        return integer
+    }
+
+    func optionalBool(_ key: String) throws(WireError) -> Bool? {
+        guard let value = present(key) else { return nil }
+        guard case .bool(let bool) = value else { throw mistyped(key, "true or false") }
+        return bool
+    }
+
+    func object(_ key: String) throws(WireError) -> JSONObject {
+        guard case .object(let object) = try required(key) else { throw mistyped(key, "an object") }
+        return object
+    }
+
+    func optionalObject(_ key: String) throws(WireError) -> JSONObject? {
+        guard let value = present(key) else { return nil }
+        guard case .object(let object) = value else { throw mistyped(key, "an object") }
+        return object
+    }
+
+    func array(_ key: String) throws(WireError) -> [JSONValue] {
+        guard case .array(let array) = try required(key) else { throw mistyped(key, "an array") }
+        return array
+    }
+
+    func optionalTimes(_ key: String) throws(WireError) -> [String: Int64]? {
+        guard let object = try optionalObject(key) else { return nil }
+        var times: [String: Int64] = [:]
+        for (field, value) in object {
+            guard let time = Self.integer(value) else { throw mistyped("\(key).\(field)", "an integer") }
+            times[field] = time
+        }
+        return times
+    }
+
+    func read<T: JSONReadable>(_ key: String, as type: T.Type) throws(WireError) -> T {
+        try T(json: try required(key), path: name(key))
+    }
+
+    func optionalRead<T: JSONReadable>(_ key: String, as type: T.Type) throws(WireError) -> T? {
+        guard let value = present(key) else { return nil }
+        return try T(json: value, path: name(key))
+    }
+
+    /// A client-chosen label (`request`, `target`): 1 to 128 bytes, no control characters.
+    func label(_ key: String) throws(WireError) -> String {
+        let label = try string(key)
+        if label.isEmpty || label.utf8.count > 128 {
+            throw WireError(.badMessage, "\(name(key)): must be 1 to 128 bytes long")
+        }
+        if label.unicodeScalars.contains(where: { $0.properties.generalCategory == .control }) {
+            throw WireError(.badMessage, "\(name(key)): may not contain control characters")
+        }
+        return label
+    }
+
+    private func mistyped(_ key: String, _ expected: String) -> WireError {
+        WireError(.badMessage, "\(name(key)): expected \(expected)")
+    }
+
+    private static func integer(_ value: JSONValue) -> Int64? {
+        switch value {
+        case .int(let int): int
+        case .double(let double) where double.rounded() == double && abs(double) < 9.2e18: Int64(double)
+        default: nil
+        }
+    }
+}
+
+// MARK: - Names
+
+extension CollectionPath: JSONReadable {
+    public init(json: JSONValue, path: String) throws(WireError) {
+        guard case .string(let string) = json else { throw WireError(.badMessage, "\(path): expected a string") }
+        do { try self.init(string) } catch { throw error.at(path) }
+    }
+}
+
+extension DocumentID: JSONReadable {
+    public init(json: JSONValue, path: String) throws(WireError) {
+        guard case .string(let string) = json else { throw WireError(.badMessage, "\(path): expected a string") }
+        do { try self.init(string) } catch { throw error.at(path) }
+    }
+}
+
+extension ClientName: JSONReadable {
+    public init(json: JSONValue, path: String) throws(WireError) {
+        guard case .string(let string) = json else { throw WireError(.badMessage, "\(path): expected a string") }
+        let field = path.split(separator: ".").last.map(String.init) ?? "name"
+        do { try self.init(string, field: field) } catch { throw error.at(path) }
+    }
+}
+
+// MARK: - Documents
+
+extension Document: WireCodable {
+    public init(json: JSONValue, path: String) throws(WireError) {
+        let reader = try ObjectReader(json, path: path)
+        try self.init(reader)
+    }
+
+    init(_ reader: ObjectReader) throws(WireError) {
+        self.init(
+            id: try reader.read("id", as: DocumentID.self), version: try reader.int("version"),
+            fields: try reader.optionalObject("fields") ?? [:], createTime: try reader.optionalInt("createTime") ?? 0,
+            updateTime: try reader.optionalInt("updateTime") ?? 0, deleted: try reader.optionalBool("deleted") ?? false,
+            createKey: try reader.optionalString("createKey"), fieldTimes: try reader.optionalTimes("fieldTimes"))
+    }
+
+    public func write(to writer: inout JSONWriter) {
+        writer.beginObject()
+        writeMembers(to: &writer)
+        writer.endObject()
+    }
+
+    func writeMembers(to writer: inout JSONWriter) {
+        writer.key("id")
+        writer.string(id.rawValue)
+        writer.key("version")
+        writer.int(version)
+        writer.key("fields")
+        writer.object(fields)
+        writer.key("createTime")
+        writer.int(createTime)
+        writer.key("updateTime")
+        writer.int(updateTime)
+        writer.key("deleted")
+        writer.bool(deleted)
+        if let createKey {
+            writer.key("createKey")
+            writer.string(createKey)
+        }
+        if let fieldTimes {
+            writer.key("fieldTimes")
+            writer.beginObject()
+            for field in fieldTimes.keys.sorted() {
+                writer.key(field)
+                writer.int(fieldTimes[field]!)
+            }
+            writer.endObject()
+        }
+    }
+}
+
+extension Change: WireCodable {
+    public init(json: JSONValue, path: String) throws(WireError) {
+        let reader = try ObjectReader(json, path: path)
+        let name = try reader.string("kind")
+        guard let kind = Kind(rawValue: name) else {
+            throw WireError(.badMessage, "\(reader.name("kind")): unknown kind '\(name.prefix(40))'")
+        }
+        self.init(kind, try Document(reader))
+    }
+
+    public func write(to writer: inout JSONWriter) {
+        writer.beginObject()
+        writer.key("kind")
+        writer.string(kind.rawValue)
+        document.writeMembers(to: &writer)
+        writer.endObject()
+    }
+}
+
+extension Limits: WireCodable {
+    public init(json: JSONValue, path: String) throws(WireError) {
+        let reader = try ObjectReader(json, path: path)
+        self.init(
+            maxMessageBytes: Int(try reader.int("maxMessageBytes")), maxOpsPerWrite: Int(try reader.int("maxOpsPerWrite")),
+            maxListenersPerConnection: Int(try reader.int("maxListenersPerConnection")),
+            maxDocumentBytes: Int(try reader.int("maxDocumentBytes")))
+    }
+
+    public func write(to writer: inout JSONWriter) {
+        writer.beginObject()
+        writer.key("maxMessageBytes")
+        writer.int(Int64(maxMessageBytes))
+        writer.key("maxOpsPerWrite")
+        writer.int(Int64(maxOpsPerWrite))
+        writer.key("maxListenersPerConnection")
+        writer.int(Int64(maxListenersPerConnection))
+        writer.key("maxDocumentBytes")
+        writer.int(Int64(maxDocumentBytes))
+        writer.endObject()
+    }
+}
+
+// MARK: - Client messages
+
+extension WriteOp: WireCodable {
+    public init(json: JSONValue, path at: String) throws(WireError) {
+        let reader = try ObjectReader(json, path: at)
+        let name = try reader.string("op")
+        guard let kind = Kind(rawValue: name) else {
+            throw WireError(.badMessage, "\(reader.name("op")): unknown op '\(name.prefix(40))'; expected create, update or delete")
+        }
+        self.init(
+            kind: kind, collection: try reader.read("collection", as: CollectionPath.self),
+            id: try reader.optionalRead("id", as: DocumentID.self), fields: try reader.optionalObject("fields"),
+            baseVersion: try reader.optionalInt("baseVersion"),
+            idempotencyKey: try reader.read("idempotencyKey", as: ClientName.self),
+            fieldTimes: try reader.optionalTimes("fieldTimes"))
+        switch kind {
+        case .create:
+            if fields == nil { throw WireError(.badMessage, "\(at): a create needs fields") }
+            if baseVersion != nil { throw WireError(.badMessage, "\(at): a create takes no baseVersion") }
+        case .update:
+            if id == nil { throw WireError(.badMessage, "\(at): an update needs an id") }
+            if fields == nil { throw WireError(.badMessage, "\(at): an update needs fields") }
+        case .delete:
+            if id == nil { throw WireError(.badMessage, "\(at): a delete needs an id") }
+            if fields != nil { throw WireError(.badMessage, "\(at): a delete takes no fields") }
+            if fieldTimes != nil { throw WireError(.badMessage, "\(at): a delete takes no fieldTimes") }
+        }
+        if let fieldTimes, let fields, let unknown = fieldTimes.keys.first(where: { fields[$0] == nil }) {
+            throw WireError(.badMessage, "\(at).fieldTimes: '\(unknown.prefix(40))' is not one of the fields")
+        }
+        if let baseVersion, baseVersion < 1 {
+            throw WireError(.badMessage, "\(at).baseVersion: must be 1 or more, not \(baseVersion)")
+        }
+    }
+
+    public func write(to writer: inout JSONWriter) {
+        writer.beginObject()
+        writer.key("op")
+        writer.string(kind.rawValue)
+        writer.key("collection")
+        writer.string(collection.rawValue)
+        if let id {
+            writer.key("id")
+            writer.string(id.rawValue)
+        }
+        if let fields {
+            writer.key("fields")
+            writer.object(fields)
+        }
+        if let baseVersion {
+            writer.key("baseVersion")
+            writer.int(baseVersion)
+        }
+        writer.key("idempotencyKey")
+        writer.string(idempotencyKey.rawValue)
+        if let fieldTimes {
+            writer.key("fieldTimes")
+            writer.beginObject()
+            for (field, time) in fieldTimes {
+                writer.key(field)
+                writer.int(time)
+            }
+            writer.endObject()
+        }
+        writer.endObject()
+    }
+}
+
+extension ClientMessage: WireCodable {
+    public static let typeNames = ["hello", "listen", "unlisten", "write", "get"]
+
+    public init(json: JSONValue, path: String) throws(WireError) {
+        let reader = try ObjectReader(json, path: path)
+        let type = try reader.string("type")
+        switch type {
+        case "hello":
+            self = .hello(
+                Hello(
+                    protocolVersion: Int(try reader.int("protocol")),
+                    clientId: try reader.read("clientId", as: ClientName.self),
+                    token: try reader.optionalString("token")))
+        case "listen":
+            self = .listen(
+                Listen(
+                    target: try reader.label("target"), collection: try reader.read("collection", as: CollectionPath.self),
+                    resumeToken: try reader.optionalString("resumeToken")))
+        case "unlisten":
+            self = .unlisten(Unlisten(target: try reader.label("target")))
+        case "write":
+            let request = try reader.label("request")
+            let values = try reader.array("ops")
+            if values.isEmpty { throw WireError(.badMessage, "ops: a write needs at least one op", request: request) }
+            var ops: [WriteOp] = []
+            ops.reserveCapacity(values.count)
+            for (index, value) in values.enumerated() {
+                ops.append(try WriteOp(json: value, path: "\(reader.name("ops"))[\(index)]"))
+            }
+            self = .write(Write(request: request, ops: ops))
+        case "get":
+            self = .get(
+                Get(
+                    request: try reader.label("request"), collection: try reader.read("collection", as: CollectionPath.self),
+                    id: try reader.read("id", as: DocumentID.self)))
+        default:
+            throw WireError(
+                .badMessage,
+                "unknown message type '\(type.prefix(40))'; expected \(Self.typeNames.joined(separator: ", "))")
+        }
+    }
+
+    public func write(to writer: inout JSONWriter) {
+        writer.beginObject()
+        writer.key("type")
+        switch self {
+        case .hello(let hello):
+            writer.string("hello")
+            writer.key("protocol")
+            writer.int(Int64(hello.protocolVersion))
+            writer.key("clientId")
+            writer.string(hello.clientId.rawValue)
+            if let token = hello.token {
+                writer.key("token")
+                writer.string(token)
+            }
+        case .listen(let listen):
+            writer.string("listen")
+            writer.key("target")
+            writer.string(listen.target)
+            writer.key("collection")
+            writer.string(listen.collection.rawValue)
+            if let token = listen.resumeToken {
+                writer.key("resumeToken")
+                writer.string(token)
+            }
+        case .unlisten(let unlisten):
+            writer.string("unlisten")
+            writer.key("target")
+            writer.string(unlisten.target)
+        case .write(let write):
+            writer.string("write")
+            writer.key("request")
+            writer.string(write.request)
+            writer.key("ops")
+            writer.beginArray()
+            for op in write.ops { op.write(to: &writer) }
+            writer.endArray()
+        case .get(let get):
+            writer.string("get")
+            writer.key("request")
+            writer.string(get.request)
+            writer.key("collection")
+            writer.string(get.collection.rawValue)
+            writer.key("id")
+            writer.string(get.id.rawValue)
+        }
+        writer.endObject()
+    }
+}
+
+// MARK: - Server messages
+
+extension WriteResult: WireCodable {
+    public init(json: JSONValue, path: String) throws(WireError) {
+        let reader = try ObjectReader(json, path: path)
+        self.init(
+            id: try reader.read("id", as: DocumentID.self), version: try reader.int("version"),
+            updateTime: try reader.optionalInt("updateTime") ?? 0,
+            document: try reader.optionalRead("document", as: Document.self))
+    }
+
+    public func write(to writer: inout JSONWriter) {
+        writer.beginObject()
+        writer.key("id")
+        writer.string(id.rawValue)
+        writer.key("version")
+        writer.int(version)
+        writer.key("updateTime")
+        writer.int(updateTime)
+        if let document {
+            writer.key("document")
+            document.write(to: &writer)
+        }
+        writer.endObject()
+    }
+}
+
+extension WireError: WireCodable {
+    public init(json: JSONValue, path: String) throws(WireError) {
+        let reader = try ObjectReader(json, path: path)
+        self.init(
+            ErrorCode(rawValue: try reader.string("code")), try reader.string("message"),
+            request: try reader.optionalString("request"), target: try reader.optionalString("target"),
+            op: try reader.optionalInt("op").map(Int.init))
+    }
+
+    public func write(to writer: inout JSONWriter) {
+        writer.beginObject()
+        writeMembers(to: &writer)
+        writer.endObject()
+    }
+
+    func writeMembers(to writer: inout JSONWriter) {
+        writer.key("code")
+        writer.string(code.rawValue)
+        writer.key("message")
+        writer.string(message)
+        if let request {
+            writer.key("request")
+            writer.string(request)
+        }
+        if let target {
+            writer.key("target")
+            writer.string(target)
+        }
+        if let op {
+            writer.key("op")
+            writer.int(Int64(op))
+        }
+    }
+}
+
+extension ServerMessage: WireCodable {
+    public init(json: JSONValue, path: String) throws(WireError) {
+        let reader = try ObjectReader(json, path: path)
+        let type = try reader.string("type")
+        switch type {
+        case "welcome":
+            self = .welcome(
+                Welcome(
+                    sessionId: try reader.string("sessionId"), serverTime: try reader.int("serverTime"),
+                    protocolVersion: Int(try reader.int("protocol")), limits: try reader.read("limits", as: Limits.self)))
+        case "snapshot":
+            let values = try reader.array("changes")
+            var changes: [Change] = []
+            changes.reserveCapacity(values.count)
+            for (index, value) in values.enumerated() {
+                changes.append(try Change(json: value, path: "changes[\(index)]"))
+            }
+            self = .snapshot(
+                Snapshot(
+                    target: try reader.string("target"), changes: changes, resumeToken: try reader.string("resumeToken"),
+                    initial: try reader.optionalBool("initial") ?? false, hasMore: try reader.optionalBool("hasMore") ?? false))
+        case "reset":
+            self = .reset(Reset(target: try reader.string("target"), reason: try reader.string("reason")))
+        case "ack":
+            let values = try reader.array("results")
+            var results: [WriteResult] = []
+            for (index, value) in values.enumerated() {
+                results.append(try WriteResult(json: value, path: "results[\(index)]"))
+            }
+            self = .ack(Ack(request: try reader.string("request"), results: results))
+        case "conflict":
+            self = .conflict(
+                Conflict(
+                    request: try reader.string("request"), op: Int(try reader.int("op")),
+                    server: try reader.read("server", as: Document.self)))
+        case "document":
+            self = .document(
+                DocumentReply(request: try reader.string("request"), document: try reader.read("document", as: Document.self)))
+        case "error":
+            self = .error(try WireError(json: json, path: path))
+        default:
+            throw WireError(.badMessage, "unknown server message type '\(type.prefix(40))'")
+        }
+    }
+
+    public func write(to writer: inout JSONWriter) {
+        writer.beginObject()
+        writer.key("type")
+        switch self {
+        case .welcome(let welcome):
+            writer.string("welcome")
+            writer.key("sessionId")
+            writer.string(welcome.sessionId)
+            writer.key("serverTime")
+            writer.int(welcome.serverTime)
+            writer.key("protocol")
+            writer.int(Int64(welcome.protocolVersion))
+            writer.key("limits")
+            welcome.limits.write(to: &writer)
+        case .snapshot(let snapshot):
+            writer.string("snapshot")
+            writer.key("target")
+            writer.string(snapshot.target)
+            writer.key("changes")
+            writer.beginArray()
+            for change in snapshot.changes { change.write(to: &writer) }
+            writer.endArray()
+            writer.key("resumeToken")
+            writer.string(snapshot.resumeToken)
+            writer.key("initial")
+            writer.bool(snapshot.initial)
+            writer.key("hasMore")
+            writer.bool(snapshot.hasMore)
+        case .reset(let reset):
+            writer.string("reset")
+            writer.key("target")
+            writer.string(reset.target)
+            writer.key("reason")
+            writer.string(reset.reason)
+        case .ack(let ack):
+            writer.string("ack")
+            writer.key("request")
+            writer.string(ack.request)
+            writer.key("results")
+            writer.beginArray()
+            for result in ack.results { result.write(to: &writer) }
+            writer.endArray()
+        case .conflict(let conflict):
+            writer.string("conflict")
+            writer.key("request")
+            writer.string(conflict.request)
+            writer.key("op")
+            writer.int(Int64(conflict.op))
+            writer.key("server")
+            conflict.server.write(to: &writer)
+        case .document(let reply):
+            writer.string("document")
+            writer.key("request")
+            writer.string(reply.request)
+            writer.key("document")
+            reply.document.write(to: &writer)
+        case .error(let error):
+            writer.string("error")
+            error.writeMembers(to: &writer)
+        }
+        writer.endObject()
+    }
+}
+
+// MARK: - Plain values
+
+extension JSONValue: JSONWritable {
+    public func write(to writer: inout JSONWriter) { writer.value(self) }
+}
+
+extension Dictionary: JSONWritable where Key == String, Value == JSONValue {
+    public func write(to writer: inout JSONWriter) { writer.object(self) }
+}
+
+extension Array: JSONWritable where Element: JSONWritable {
+    public func write(to writer: inout JSONWriter) {
+        writer.beginArray()
+        for element in self { element.write(to: &writer) }
+        writer.endArray()
+    }
+}
+
+extension String: JSONWritable {
+    public func write(to writer: inout JSONWriter) { writer.string(self) }
+}

@@ -1,0 +1,101 @@
+import ArgumentParser
+import Foundation
+import Logging
+
+struct BenchCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "bench",
+        abstract: "Measure how fast Tandem is, against what the machine can do without it.",
+        discussion: """
+            Each scenario runs on loopback with a real server and real clients, each client with \
+            its own SQLite file, and measures its floor in the same run: a raw libwebsockets echo, \
+            raw SQLite inserts, or JSON coding. Build in release mode first \
+            (swift build -c release).
+
+            Scenarios: propagation, throughput, snapshot, fanout, apply, connections, or all.
+
+            Examples:
+              tandem bench all
+              tandem bench propagation --quick
+              tandem bench all --json > results.jsonl
+            """)
+
+    @Argument(help: "A scenario, or all.")
+    var scenario: String = "all"
+
+    @Flag(help: "Print one JSON object per scenario instead of a table.")
+    var json = false
+
+    @Flag(help: "Shrink every scenario so that the whole run takes under a minute.")
+    var quick = false
+
+    enum Scenario: String, CaseIterable {
+        case propagation, throughput, snapshot, fanout, apply, connections
+    }
+
+    func validate() throws {
+        guard scenario == "all" || Scenario(rawValue: scenario) != nil else {
+            throw ValidationError(
+                "unknown scenario '\(scenario)'; choose one of \(Scenario.allCases.map(\.rawValue).joined(separator: ", ")) or all")
+        }
+    }
+
+    func run() async throws {
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = .critical
+            return handler
+        }
+        #if DEBUG
+            note("# this is a debug build: figures are far from release ones (swift build -c release)")
+        #endif
+        let chosen = scenario == "all" ? Scenario.allCases : [Scenario(rawValue: scenario)!]
+        let progress = ProgressLine(toStandardError: json)
+        var results: [BenchResult] = []
+        for scenario in chosen {
+            progress.show("\(scenario.rawValue): starting")
+            let result: BenchResult
+            switch scenario {
+            case .propagation: result = try await Scenarios.propagation(quick: quick, progress: progress)
+            case .throughput: result = try await Scenarios.throughput(quick: quick, progress: progress)
+            case .snapshot: result = try await Scenarios.snapshot(quick: quick, progress: progress)
+            case .fanout: result = try await Scenarios.fanout(quick: quick, progress: progress)
+            case .apply: result = try await Scenarios.apply(quick: quick, progress: progress)
+            case .connections: result = try await Scenarios.connections(quick: quick, progress: progress)
+            }
+            progress.finish()
+            results.append(result)
+            if json {
+                let encoder = JSONEncoder()
+                encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+                emit(String(decoding: try encoder.encode(result), as: UTF8.self))
+            }
+        }
+        if !json { printTable(results) }
+    }
+
+    private func printTable(_ results: [BenchResult]) {
+        emit("")
+        emit(pad(["scenario", "result", "goal", "met", "floor", "vs floor"], [12, 22, 34, 5, 42, 8]))
+        for result in results {
+            let value = "\(result.metric) \(format(result.value)) \(result.unit)"
+            let floor = result.floor.map { "\($0): \(format(result.floorValue ?? 0))" } ?? "–"
+            let ratio = result.floorRatio.map { String(format: "%.2f", $0) } ?? "–"
+            emit(pad([result.scenario, value, result.goal, result.met ? "yes" : "no", floor, ratio], [12, 22, 34, 5, 42, 8]))
+            for (name, figure) in result.details.sorted(by: { $0.key < $1.key }) {
+                emit("    \(name): \(format(figure))")
+            }
+        }
+    }
+
+    private func format(_ value: Double) -> String {
+        if value >= 1000 { return String(format: "%.0f", value) }
+        if value >= 10 { return String(format: "%.1f", value) }
+        return String(format: "%.3f", value)
+    }
+
+    private func pad(_ cells: [String], _ widths: [Int]) -> String {
+        zip(cells, widths).map { cell, width in cell.padding(toLength: max(width, cell.count + 1), withPad: " ", startingAt: 0) }
+            .joined()
+    }
+}

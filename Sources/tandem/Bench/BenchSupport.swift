@@ -1,0 +1,142 @@
+import Foundation
+import GRDB
+import Histogram
+import Synchronization
+import Tandem
+import TandemTesting
+import TandemWire
+
+/// One scenario's outcome, printed in the summary table or as one JSON object.
+struct BenchResult: Encodable {
+    var scenario: String
+    /// What the headline figure is ("p50", "docs/s", …).
+    var metric: String
+    var value: Double
+    var unit: String
+    var goal: String
+    var met: Bool
+    /// More figures of the scenario (p99, each table size, …).
+    var details: [String: Double] = [:]
+    /// What the scenario is measured against, and its figure.
+    var floor: String?
+    var floorValue: Double?
+    /// How close Tandem comes to the floor: Tandem's figure over the floor's (a rate) or the
+    /// floor's over Tandem's (a time), so that 1.0 means as fast as the floor.
+    var floorRatio: Double?
+}
+
+/// Latencies in microseconds, with percentiles from HdrHistogram.
+struct Latencies {
+    private var histogram = Histogram<UInt64>(highestTrackableValue: 600_000_000, numberOfSignificantValueDigits: .three)
+
+    mutating func record(_ duration: Duration) {
+        _ = histogram.record(UInt64(max(1, duration.microseconds)))
+    }
+
+    /// The percentile in milliseconds.
+    func milliseconds(at percentile: Double) -> Double {
+        Double(histogram.valueAtPercentile(percentile)) / 1000
+    }
+
+    var count: UInt64 { histogram.totalCount }
+}
+
+extension Duration {
+    var microseconds: Int64 { components.seconds * 1_000_000 + components.attoseconds / 1_000_000_000_000 }
+    var seconds: Double { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
+}
+
+/// A table of items for the benchmarks: one root collection, rows of about 400 bytes.
+enum BenchModel {
+    static let tables = [SyncTable.root("item", collection: "items")]
+
+    static let device = DeviceModel(tables: tables) { db in
+        try db.execute(
+            sql: """
+                CREATE TABLE IF NOT EXISTS item (
+                    id INTEGER PRIMARY KEY AUTOINCREMENT,
+                    title TEXT NOT NULL,
+                    amount INTEGER NOT NULL,
+                    note TEXT NOT NULL,
+                    isShared INTEGER NOT NULL DEFAULT 1
+                )
+                """)
+    }
+
+    /// A note that makes the document about 400 bytes.
+    static let note = String(repeating: "lorem ipsum dolor sit amet ", count: 12)
+
+    static func fields(_ index: Int) -> JSONObject {
+        ["title": .string("item \(index)"), "amount": .int(Int64(index)), "note": .string(note), "updatedAt": .int(0)]
+    }
+
+    /// Inserts `count` rows through the app's path (triggers mark them dirty).
+    static func insert(_ count: Int, into database: DatabaseQueue) throws {
+        try database.write { db in
+            let statement = try db.makeStatement(sql: "INSERT INTO item (title, amount, note) VALUES (?, ?, ?)")
+            for index in 0..<count {
+                try statement.execute(arguments: ["item \(index)", index, note])
+            }
+        }
+    }
+
+    static func count(_ database: DatabaseQueue) throws -> Int {
+        try database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM item") ?? 0 }
+    }
+
+    /// Puts `count` documents on the server through one protocol connection, in batches.
+    static func seed(_ count: Int, url: String, progress: (Int) -> Void) async throws {
+        let connection = try await ServerConnection.connect(to: url, clientId: "bench-seeder")
+        defer { connection.close() }
+        let items = try CollectionPath("items")
+        var done = 0
+        while done < count {
+            let size = min(500, count - done)
+            let ops = try (done..<(done + size)).map { index in
+                WriteOp.create(in: items, fields: fields(index), idempotencyKey: try ClientName("seed-\(index)"))
+            }
+            guard case .ack = try await connection.write(ops, timeout: .seconds(120)) else {
+                throw CLIError("seeding the benchmark's server failed")
+            }
+            done += size
+            progress(done)
+        }
+    }
+}
+
+/// Waits until `check` holds, checking every `interval`.
+func poll(_ what: String, timeout: Duration = .seconds(300), interval: Duration = .milliseconds(2), _ check: () throws -> Bool)
+    async throws
+{
+    let deadline = ContinuousClock.now + timeout
+    while try !check() {
+        if ContinuousClock.now > deadline { throw CLIError("benchmark timed out waiting until \(what)") }
+        try await Task.sleep(for: interval)
+    }
+}
+
+/// Lets the process open as many files as the system allows (1,000 connections need more
+/// than the usual 1,024 descriptors once the server's are counted).
+func raiseOpenFilesLimit() {
+    var limit = rlimit()
+    guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return }
+    limit.rlim_cur = limit.rlim_max
+    _ = setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+}
+
+/// A device for the benchmarks: pushes at once, logs nothing.
+func benchDevice(
+    _ name: String, server: TestServer, model: DeviceModel = BenchModel.device,
+    configure: @escaping @Sendable (inout SyncConfiguration) -> Void = { _ in }
+) throws -> TestDevice {
+    try TestDevice(name: name, serverURL: server.url, model: model) { configuration in
+        configuration.pushDelay = .zero
+        configuration.pushInterval = .seconds(3600)
+        configure(&configuration)
+    }
+}
+
+/// A quiet test server for the benchmarks.
+func benchServer() throws -> TestServer {
+    try TestServer { $0.logger.logLevel = .critical }
+}

@@ -1,0 +1,292 @@
+import Foundation
+import GRDB
+import Synchronization
+import Tandem
+import TandemServer
+import TandemTesting
+import TandemWire
+
+/// The benchmark scenarios. Each runs on loopback with a real server and real clients, each
+/// client with its own SQLite file, and measures its floor in the same run.
+enum Scenarios {
+    // MARK: propagation
+
+    /// Device A writes documents one at a time (push delay 0); the time from A's local commit
+    /// to B's local commit of the same document.
+    static func propagation(quick: Bool, progress: ProgressLine) async throws -> BenchResult {
+        let count = quick ? 200 : 1000
+        let server = try benchServer()
+        defer { server.stop() }
+        let arrivals = Mutex<[String: ContinuousClock.Instant]>([:])
+        let a = try benchDevice("a", server: server)
+        let b = try benchDevice("b", server: server) { configuration in
+            configuration.hooks.afterApply = { snapshot in
+                let now = ContinuousClock.now
+                arrivals.withLock { arrivals in
+                    for change in snapshot.changes {
+                        if let title = change.document.fields["title"]?.stringValue { arrivals[title] = now }
+                    }
+                }
+            }
+        }
+        a.service.start()
+        b.service.start()
+        try await poll("b is connected") { b.service.status.isConnected && a.service.status.isConnected }
+        try await Task.sleep(for: .milliseconds(200))
+
+        var latencies = Latencies()
+        for index in 0..<count {
+            let title = "p\(index)"
+            try await a.database.write { db in
+                try db.execute(
+                    sql: "INSERT INTO item (title, amount, note) VALUES (?, ?, ?)", arguments: [title, index, BenchModel.note])
+            }
+            let committed = ContinuousClock.now
+            try await poll("b has \(title)", interval: .microseconds(50)) { arrivals.withLock { $0[title] } != nil }
+            latencies.record(arrivals.withLock { $0[title]! } - committed)
+            if index % 50 == 0 { progress.show("propagation: \(index)/\(count) documents") }
+        }
+        await a.service.stop()
+        await b.service.stop()
+        let echo = try Floors.echo(messages: quick ? 20_000 : 100_000)
+        let p50 = latencies.milliseconds(at: 50)
+        let p99 = latencies.milliseconds(at: 99)
+        let echoP50 = echo.roundTrip.milliseconds(at: 50)
+        return BenchResult(
+            scenario: "propagation", metric: "p50", value: p50, unit: "ms", goal: "p50 ≤ 2 ms, p99 ≤ 10 ms",
+            met: p50 <= 2 && p99 <= 10, details: ["p50 ms": p50, "p99 ms": p99, "documents": Double(count)],
+            floor: "raw libwebsockets echo round trip, p50 ms", floorValue: echoP50, floorRatio: echoP50 / p50)
+    }
+
+    // MARK: throughput
+
+    /// Device A holds dirty rows of about 400 bytes; the time until B has them all in SQLite.
+    static func throughput(quick: Bool, progress: ProgressLine) async throws -> BenchResult {
+        let count = quick ? 10_000 : 100_000
+        let server = try benchServer()
+        defer { server.stop() }
+        let a = try benchDevice("a", server: server)
+        let b = try benchDevice("b", server: server)
+        b.service.start()
+        try await poll("b is connected") { b.service.status.isConnected }
+        try BenchModel.insert(count, into: a.database)
+
+        let start = ContinuousClock.now
+        a.service.start()
+        try await poll("b has every row", interval: .milliseconds(10)) {
+            let have = try BenchModel.count(b.database)
+            progress.show("throughput: \(have)/\(count) documents on B")
+            return have == count
+        }
+        let elapsed = ContinuousClock.now - start
+        await a.service.stop()
+        await b.service.stop()
+        let rate = Double(count) / elapsed.seconds
+        let sqlite = try Floors.sqliteInserts(rows: count)
+        let json = try Floors.json(documents: count)
+        return BenchResult(
+            scenario: "throughput", metric: "documents/s", value: rate, unit: "docs/s", goal: "≥ 50,000 docs/s",
+            met: rate >= 50_000,
+            details: ["seconds": elapsed.seconds, "documents": Double(count), "json encode+decode docs/s": json],
+            floor: "raw SQLite inserts, rows/s", floorValue: sqlite, floorRatio: rate / sqlite)
+    }
+
+    // MARK: snapshot
+
+    /// The server holds documents; a fresh client listens and stores them all.
+    static func snapshot(quick: Bool, progress: ProgressLine) async throws -> BenchResult {
+        let count = quick ? 10_000 : 100_000
+        let server = try benchServer()
+        defer { server.stop() }
+        try await BenchModel.seed(count, url: server.url) { done in progress.show("snapshot: seeding \(done)/\(count)") }
+        let fresh = try benchDevice("fresh", server: server)
+        let start = ContinuousClock.now
+        fresh.service.start()
+        try await poll("the fresh client stored every document", interval: .milliseconds(5)) {
+            let have = try BenchModel.count(fresh.database)
+            progress.show("snapshot: \(have)/\(count) documents stored")
+            return have == count
+        }
+        let elapsed = ContinuousClock.now - start
+        await fresh.service.stop()
+        let sqlite = try Floors.sqliteInserts(rows: count)
+        let floorSeconds = Double(count) / sqlite
+        return BenchResult(
+            scenario: "snapshot", metric: "seconds", value: elapsed.seconds, unit: "s",
+            goal: "≤ 2 s for 100,000 documents", met: elapsed.seconds * (100_000 / Double(count)) <= 2,
+            details: ["documents": Double(count), "documents/s": Double(count) / elapsed.seconds],
+            floor: "raw SQLite inserts of the same rows, s", floorValue: floorSeconds,
+            floorRatio: floorSeconds / elapsed.seconds)
+    }
+
+    // MARK: fanout
+
+    /// Listener connections on one collection; writes one at a time; for each write, the time
+    /// until the last listener has it.
+    static func fanout(quick: Bool, progress: ProgressLine) async throws -> BenchResult {
+        let listeners = quick ? 100 : 1000
+        let writes = quick ? 20 : 100
+        raiseOpenFilesLimit()
+        let server = try benchServer()
+        defer { server.stop() }
+        let items = try CollectionPath("items")
+        final class Tally: Sendable {
+            let received = Mutex<[String: (count: Int, last: ContinuousClock.Instant)]>([:])
+            let current = Atomic<Int>(0)
+        }
+        let tally = Tally()
+        var connections: [ServerConnection] = []
+        for index in 0..<listeners {
+            let connection = try await ServerConnection.connect(to: server.url, clientId: "listener-\(index)")
+            connection.listen(to: items) { event in
+                guard case .snapshot(let snapshot) = event else { return }
+                if snapshot.initial {
+                    tally.current.add(1, ordering: .relaxed)
+                    return
+                }
+                let now = ContinuousClock.now
+                tally.received.withLock { received in
+                    for change in snapshot.changes {
+                        let id = change.document.id.rawValue
+                        let count = (received[id]?.count ?? 0) + 1
+                        received[id] = (count, now)
+                    }
+                }
+            }
+            connections.append(connection)
+            if index % 100 == 0 { progress.show("fanout: \(index)/\(listeners) listeners connected") }
+        }
+        try await poll("every listener is current") { tally.current.load(ordering: .relaxed) >= listeners }
+        let writer = try await ServerConnection.connect(to: server.url, clientId: "writer")
+        var latencies = Latencies()
+        for index in 0..<writes {
+            let start = ContinuousClock.now
+            guard
+                case .ack(let results) = try await writer.write([
+                    .create(in: items, fields: BenchModel.fields(index), idempotencyKey: try ClientName("w\(index)"))
+                ])
+            else { throw CLIError("the fan-out write was refused") }
+            let id = results[0].id.rawValue
+            try await poll("every listener has write \(index)", interval: .microseconds(100)) {
+                (tally.received.withLock { $0[id]?.count } ?? 0) >= listeners
+            }
+            latencies.record(tally.received.withLock { $0[id]!.last } - start)
+            progress.show("fanout: \(index + 1)/\(writes) writes delivered to \(listeners) listeners")
+        }
+        for connection in connections { connection.close() }
+        writer.close()
+        let echo = try Floors.echo(messages: quick ? 20_000 : 100_000)
+        let p99 = latencies.milliseconds(at: 99)
+        let deliveriesPerSecond = Double(listeners) / (latencies.milliseconds(at: 50) / 1000)
+        return BenchResult(
+            scenario: "fanout", metric: "p99", value: p99, unit: "ms", goal: "p99 ≤ 50 ms (1,000 listeners)",
+            met: p99 <= 50 && listeners >= 1000,
+            details: [
+                "p50 ms": latencies.milliseconds(at: 50), "p99 ms": p99, "listeners": Double(listeners),
+                "deliveries/s at p50": deliveriesPerSecond,
+            ],
+            floor: "raw libwebsockets echo, messages/s", floorValue: echo.perSecond,
+            floorRatio: deliveriesPerSecond / echo.perSecond)
+    }
+
+    // MARK: apply
+
+    /// A client with many local rows applies a one-document change: the time of that apply
+    /// (finding the row by server id, writing it, storing the resume token), at three sizes.
+    static func apply(quick: Bool, progress: ProgressLine) async throws -> BenchResult {
+        let sizes = quick ? [1000, 10_000] : [1000, 10_000, 100_000]
+        var medians: [String: Double] = [:]
+        for size in sizes {
+            let server = try benchServer()
+            try await BenchModel.seed(size, url: server.url) { done in progress.show("apply: seeding \(done)/\(size)") }
+            let durations = Mutex<[Duration]>([])
+            let began = Mutex<ContinuousClock.Instant?>(nil)
+            let device = try benchDevice("applier", server: server) { configuration in
+                configuration.hooks.beforeApply = { snapshot in
+                    if !snapshot.initial { began.withLock { $0 = ContinuousClock.now } }
+                }
+                configuration.hooks.afterApply = { snapshot in
+                    guard !snapshot.initial, let start = began.withLock({ $0 }) else { return }
+                    let elapsed = ContinuousClock.now - start
+                    durations.withLock { $0.append(elapsed) }
+                }
+            }
+            device.service.start()
+            try await poll("the client has \(size) rows", interval: .milliseconds(10)) {
+                try BenchModel.count(device.database) == size
+            }
+            let writer = try await ServerConnection.connect(to: server.url, clientId: "writer")
+            let documents = try server.server.documents(in: try CollectionPath("items"))
+            let changes = quick ? 100 : 200
+            for index in 0..<changes {
+                let document = documents[(index * 7919) % documents.count]
+                var fields = document.fields
+                fields["amount"] = .int(Int64(-index))
+                _ = try await writer.write([
+                    .update(
+                        in: try CollectionPath("items"), id: document.id, fields: fields, baseVersion: nil,
+                        idempotencyKey: try ClientName("change-\(index)"))
+                ])
+                try await poll("the change was applied", interval: .microseconds(100)) {
+                    durations.withLock { $0.count } > index
+                }
+            }
+            let sorted = durations.withLock { $0 }.sorted()
+            medians["\(size) rows, median ms"] = Double(sorted[sorted.count / 2].microseconds) / 1000
+            progress.show("apply: \(size) rows done")
+            writer.close()
+            await device.service.stop()
+            server.stop()
+        }
+        let largest = medians["\(sizes.last!) rows, median ms"]!
+        let smallest = medians["\(sizes.first!) rows, median ms"]!
+        medians["growth, largest over smallest"] = largest / smallest
+        return BenchResult(
+            scenario: "apply", metric: "median at \(sizes.last!) rows", value: largest, unit: "ms",
+            goal: "median ≤ 1 ms, flat from 1k to 100k rows", met: largest <= 1 && largest / smallest < 2,
+            details: medians)
+    }
+
+    // MARK: connections
+
+    /// Idle listener connections to a server in its own process: the server's memory per
+    /// connection.
+    static func connections(quick: Bool, progress: ProgressLine) async throws -> BenchResult {
+        let count = quick ? 200 : 1000
+        raiseOpenFilesLimit()
+        let folder = try TemporaryDirectory(prefix: "tandem-bench-connections")
+        let process = try ServerProcess(
+            dataDirectory: folder.url, executable: URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath())
+        defer { process.kill(SIGTERM) }
+        try await Task.sleep(for: .milliseconds(300))
+        let before = try residentKilobytes(of: process.processIdentifier)
+        var connections: [ServerConnection] = []
+        let current = Atomic<Int>(0)
+        let idle = try CollectionPath("idle")
+        for index in 0..<count {
+            let connection = try await ServerConnection.connect(to: process.url, clientId: "idle-\(index)")
+            connection.listen(to: idle) { event in
+                if case .snapshot(let snapshot) = event, snapshot.initial { current.add(1, ordering: .relaxed) }
+            }
+            connections.append(connection)
+            if index % 100 == 0 { progress.show("connections: \(index)/\(count) open") }
+        }
+        try await poll("every connection listens") { current.load(ordering: .relaxed) >= count }
+        try await Task.sleep(for: .milliseconds(500))
+        let after = try residentKilobytes(of: process.processIdentifier)
+        for connection in connections { connection.close() }
+        let perConnection = Double(after - before) / Double(count)
+        return BenchResult(
+            scenario: "connections", metric: "server memory per connection", value: perConnection, unit: "KB",
+            goal: "≤ 60 KB per connection (1,000 idle listeners)", met: perConnection <= 60 && count >= 1000,
+            details: ["connections": Double(count), "server RSS before KB": Double(before), "server RSS after KB": Double(after)])
+    }
+
+    private static func residentKilobytes(of pid: Int32) throws -> Int {
+        let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
+        guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
+            let kilobytes = Int(line.split(separator: " ").dropFirst().first ?? "")
+        else { throw CLIError("cannot read the server's memory from /proc/\(pid)/status") }
+        return kilobytes
+    }
+}
