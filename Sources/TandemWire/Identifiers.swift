@@ -105,19 +105,30 @@ public struct DocumentID: Hashable, Sendable, Comparable, CustomStringConvertibl
 
     init(unchecked rawValue: String) { self.rawValue = rawValue }
 
-    /// A new random id: 20 characters from `A-Za-z0-9` (about 119 bits).
+    /// A new random id: 20 characters from `A-Za-z0-9` (about 119 bits), from the system's
+    /// cryptographic generator.
     public static func random() -> DocumentID {
         var generator = SystemRandomNumberGenerator()
         return random(using: &generator)
     }
 
     public static func random(using generator: inout some RandomNumberGenerator) -> DocumentID {
-        let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789".utf8)
+        // Eight random bytes give eight characters: a byte below 248 (4 × 62) maps to the
+        // alphabet without bias; the rare byte above is drawn again.
         var bytes = [UInt8]()
         bytes.reserveCapacity(20)
-        for _ in 0..<20 { bytes.append(alphabet[Int(generator.next(upperBound: UInt64(alphabet.count)))]) }
+        while bytes.count < 20 {
+            var word = generator.next()
+            for _ in 0..<8 where bytes.count < 20 {
+                let byte = UInt8(truncatingIfNeeded: word)
+                word >>= 8
+                if byte < 248 { bytes.append(alphabet[Int(byte % 62)]) }
+            }
+        }
         return DocumentID(unchecked: String(decoding: bytes, as: UTF8.self))
     }
+
+    private static let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789".utf8)
 
     public var description: String { rawValue }
     public static func < (lhs: Self, rhs: Self) -> Bool { lhs.rawValue < rhs.rawValue }

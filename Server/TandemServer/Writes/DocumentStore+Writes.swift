@@ -46,7 +46,7 @@ extension DocumentStore {
                         results.append(earlier)
                         continue
                     }
-                    let (id, existing) = try Self.target(db, op, index: index)
+                    var (id, existing) = try Self.target(db, op, index: index)
                     let sequence = try Self.nextSequence(db, op.collection)
                     let version = (existing?.version ?? 0) + 1
                     // Monotonic per document even if the server's clock steps back.
@@ -79,23 +79,43 @@ extension DocumentStore {
                     if deleted { fieldTimes = existing?.fieldTimes }
                     let timesJSON = fieldTimes.map { String(decoding: Wire.encodeTimes($0), as: UTF8.self) }
 
-                    try db.cachedStatement(
-                        sql: """
-                            INSERT INTO document
-                                (collection, id, fields, version, createTime, updateTime, deleted, sequence, createSequence,
-                                createKey, createClient, fieldTimes)
-                            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                            ON CONFLICT (collection, id) DO UPDATE SET
-                                fields = excluded.fields, version = excluded.version,
-                                createTime = excluded.createTime, updateTime = excluded.updateTime,
-                                deleted = excluded.deleted, sequence = excluded.sequence,
-                                createSequence = excluded.createSequence, createKey = excluded.createKey,
-                                createClient = excluded.createClient, fieldTimes = excluded.fieldTimes
-                            """
-                    ).execute(arguments: [
-                        op.collection.rawValue, id.rawValue, fieldsJSON, version, createTime, updateTime,
-                        deleted, sequence, createSequence, createKey, createClient, timesJSON,
-                    ])
+                    let columns = """
+                        INSERT INTO document
+                            (collection, id, fields, version, createTime, updateTime, deleted, sequence, createSequence,
+                            createKey, createClient, fieldTimes)
+                        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                        """
+                    if isCreate && op.id == nil {
+                        // A fresh random id: inserted without looking first. Should it ever
+                        // collide (119 random bits), the unique index refuses it and another
+                        // id is drawn.
+                        while true {
+                            do {
+                                try db.cachedStatement(sql: columns).execute(arguments: [
+                                    op.collection.rawValue, id.rawValue, fieldsJSON, version, createTime, updateTime,
+                                    deleted, sequence, createSequence, createKey, createClient, timesJSON,
+                                ])
+                                break
+                            } catch let error as DatabaseError where error.resultCode == .SQLITE_CONSTRAINT {
+                                id = DocumentID.random()
+                            }
+                        }
+                    } else {
+                        try db.cachedStatement(
+                            sql: columns + """
+
+                                ON CONFLICT (collection, id) DO UPDATE SET
+                                    fields = excluded.fields, version = excluded.version,
+                                    createTime = excluded.createTime, updateTime = excluded.updateTime,
+                                    deleted = excluded.deleted, sequence = excluded.sequence,
+                                    createSequence = excluded.createSequence, createKey = excluded.createKey,
+                                    createClient = excluded.createClient, fieldTimes = excluded.fieldTimes
+                                """
+                        ).execute(arguments: [
+                            op.collection.rawValue, id.rawValue, fieldsJSON, version, createTime, updateTime,
+                            deleted, sequence, createSequence, createKey, createClient, timesJSON,
+                        ])
+                    }
 
                     let document = Document(
                         id: id, version: version, fields: fields, createTime: createTime, updateTime: updateTime,
@@ -137,12 +157,7 @@ extension DocumentStore {
     private static func target(_ db: Database, _ op: WriteOp, index: Int) throws -> (DocumentID, StoredDocument?) {
         switch op.kind {
         case .create:
-            guard let proposed = op.id else {
-                while true {
-                    let id = DocumentID.random()
-                    if try fetchDocument(db, op.collection, id) == nil { return (id, nil) }
-                }
-            }
+            guard let proposed = op.id else { return (DocumentID.random(), nil) }
             let existing = try fetchDocument(db, op.collection, proposed)
             if let existing, !existing.deleted {
                 throw PreconditionFailed(op: index, server: try existing.document)

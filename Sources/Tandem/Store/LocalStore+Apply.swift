@@ -269,7 +269,9 @@ extension LocalStore {
         try recordSynced(model, rowId: rowId, document, collection, db)
         try storeFieldTimes(model, rowId: rowId, Self.fieldTimes(of: document), db)
         try recordMissingReferences(model, rowId: rowId, incoming.missing, db)
-        try resolveWaiting(model, serverId: document.id.rawValue, localId: rowId, db)
+        if try anythingWaits(db) {
+            try resolveWaiting(model, serverId: document.id.rawValue, localId: rowId, db)
+        }
         return true
     }
 
@@ -323,7 +325,7 @@ extension LocalStore {
                 """
         ).execute(arguments: [
             model.name, rowId, document.id.rawValue, collection.rawValue, document.version,
-            Self.fieldsText(document.fields),
+            model.keepsServerFields ? Self.fieldsText(document.fields) : nil,
         ])
     }
 
@@ -340,6 +342,14 @@ extension LocalStore {
                     """
             ).execute(arguments: [model.name, rowId, reference.column, reference.table, reference.serverId])
         }
+    }
+
+    /// Whether any reference or document waits for a row to arrive (usually not: then
+    /// inserting a row need not look for what waited for it).
+    func anythingWaits(_ db: Database) throws -> Bool {
+        try Bool.fetchOne(
+            db.cachedStatement(
+                sql: "SELECT EXISTS (SELECT 1 FROM tandem_reference) OR EXISTS (SELECT 1 FROM tandem_deferred)")) ?? false
     }
 
     /// A row of `model` now has `serverId` here: fills in the references that waited for it

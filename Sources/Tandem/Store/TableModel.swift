@@ -21,6 +21,12 @@ struct TableModel: Sendable {
         if case .fieldLevel = policy { true } else { false }
     }
 
+    /// Whether the last server version's fields are kept, as the base of three-way merges.
+    /// Last-write-wins compares whole rows by time and needs no base.
+    var keepsServerFields: Bool {
+        if case .lastWriteWins = policy { false } else { true }
+    }
+
     /// Manual tables keep conflicts for the app (`tandem_conflict`).
     var isManual: Bool {
         if case .manual = policy { true } else { false }
@@ -39,11 +45,22 @@ struct TableModel: Sendable {
 enum SQL {
     /// `"name"`, with embedded quotes doubled.
     static func quote(_ identifier: String) -> String {
-        "\"" + identifier.replacingOccurrences(of: "\"", with: "\"\"") + "\""
+        "\"" + doubling(identifier, "\"") + "\""
     }
 
     /// `'text'`, with embedded quotes doubled.
     static func literal(_ text: String) -> String {
-        "'" + text.replacingOccurrences(of: "'", with: "''") + "'"
+        "'" + doubling(text, "'") + "'"
+    }
+
+    /// Doubles every `quote` (on hot paths: no Foundation, no copy when there is none).
+    private static func doubling(_ text: String, _ quote: Character) -> String {
+        guard text.contains(quote) else { return text }
+        var result = ""
+        for character in text {
+            result.append(character)
+            if character == quote { result.append(quote) }
+        }
+        return result
     }
 }
