@@ -108,11 +108,16 @@ public struct DocumentID: Hashable, Sendable, Comparable, CustomStringConvertibl
     /// A new random id: 20 characters from `A-Za-z0-9` (about 119 bits), from the system's
     /// cryptographic generator.
     public static func random() -> DocumentID {
-        var generator = SystemRandomNumberGenerator()
+        var generator = RandomPool()
         return random(using: &generator)
     }
 
     public static func random(using generator: inout some RandomNumberGenerator) -> DocumentID {
+        DocumentID(unchecked: randomName(using: &generator))
+    }
+
+    /// 20 characters from `A-Za-z0-9`: a valid name of about 119 random bits.
+    static func randomName(using generator: inout some RandomNumberGenerator) -> String {
         // Eight random bytes give eight characters: a byte below 248 (4 × 62) maps to the
         // alphabet without bias; the rare byte above is drawn again.
         var bytes = [UInt8]()
@@ -125,7 +130,7 @@ public struct DocumentID: Hashable, Sendable, Comparable, CustomStringConvertibl
                 if byte < 248 { bytes.append(alphabet[Int(byte % 62)]) }
             }
         }
-        return DocumentID(unchecked: String(decoding: bytes, as: UTF8.self))
+        return String(decoding: bytes, as: UTF8.self)
     }
 
     private static let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789".utf8)
@@ -138,7 +143,15 @@ public struct DocumentID: Hashable, Sendable, Comparable, CustomStringConvertibl
 public struct ClientName: Hashable, Sendable, CustomStringConvertible {
     public let rawValue: String
 
+    /// A new random name of 20 letters and digits (about 119 bits): an idempotency key.
+    public static func random() -> ClientName {
+        var generator = RandomPool()
+        return ClientName(unchecked: DocumentID.randomName(using: &generator))
+    }
+
     /// - Throws: ``WireError`` with code ``ErrorCode/badMessage``.
+    init(unchecked rawValue: String) { self.rawValue = rawValue }
+
     public init(_ rawValue: String, field: String = "name") throws(WireError) {
         if let problem = Name.problem(with: Substring(rawValue)) {
             throw WireError(.badMessage, "\(field) '\(rawValue.prefix(300))' \(problem)")

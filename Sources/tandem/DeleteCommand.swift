@@ -22,7 +22,7 @@ struct DeleteCommand: AsyncParsableCommand {
         defer { connection.close() }
         let reply = try await request("delete") {
             try await connection.write([
-                .delete(in: collection, id: id, baseVersion: nil, idempotencyKey: try ClientName(UUID().uuidString))
+                .delete(in: collection, id: id, baseVersion: nil, idempotencyKey: ClientName.random())
             ])
         }
         let result = try reply.results("delete \(collection)/\(id)")[0]

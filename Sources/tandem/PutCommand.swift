@@ -39,7 +39,7 @@ struct PutCommand: AsyncParsableCommand {
         let connection = try await options.connect()
         defer { connection.close() }
 
-        let key = { try! ClientName(UUID().uuidString) }
+        let key = { ClientName.random() }
         var reply = try await request("put") {
             try await connection.write([.create(in: path, id: documentID, fields: fields, idempotencyKey: key())])
         }

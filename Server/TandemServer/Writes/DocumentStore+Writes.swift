@@ -39,6 +39,7 @@ extension DocumentStore {
             return try database.write { db in
                 var results: [WriteResult] = []
                 var changes: [CommittedChange] = []
+                var sequences = SequenceCounter()
                 results.reserveCapacity(ops.count)
                 for (index, prepared) in ops.enumerated() {
                     let op = prepared.op
@@ -47,7 +48,7 @@ extension DocumentStore {
                         continue
                     }
                     var (id, existing) = try Self.target(db, op, index: index)
-                    let sequence = try Self.nextSequence(db, op.collection)
+                    let sequence = try sequences.next(op.collection, db)
                     let version = (existing?.version ?? 0) + 1
                     // Monotonic per document even if the server's clock steps back.
                     let updateTime = max(now, existing?.updateTime ?? 0)
@@ -140,6 +141,7 @@ extension DocumentStore {
                             collection: op.collection, change: Change(kind, document), sequence: sequence,
                             size: fieldsJSON.utf8.count + 160))
                 }
+                try sequences.store(db)
                 return .applied(results, changes)
             }
         } catch let conflict as PreconditionFailed {
@@ -188,14 +190,35 @@ extension DocumentStore {
         return WriteResult(id: try DocumentID(row[0]), version: row[1], updateTime: row[2], document: document)
     }
 
-    /// Takes the collection's next sequence number (1 for its first write).
-    private static func nextSequence(_ db: Database, _ collection: CollectionPath) throws -> Int64 {
-        let statement = try db.cachedStatement(
-            sql: """
-                INSERT INTO collection (path, lastSequence) VALUES (?, 1)
-                ON CONFLICT (path) DO UPDATE SET lastSequence = lastSequence + 1
-                RETURNING lastSequence
-                """)
-        return try Int64.fetchOne(statement, arguments: [collection.rawValue])!
+    /// Hands out each collection's sequence numbers for one transaction: read once, counted
+    /// here, stored once at the end (one statement per collection, not one per op).
+    private struct SequenceCounter {
+        private var last: [CollectionPath: Int64] = [:]
+
+        /// The collection's next sequence number (1 for its first write).
+        mutating func next(_ collection: CollectionPath, _ db: Database) throws -> Int64 {
+            let current: Int64
+            if let known = last[collection] {
+                current = known
+            } else {
+                current =
+                    try Int64.fetchOne(
+                        db.cachedStatement(sql: "SELECT lastSequence FROM collection WHERE path = ?"),
+                        arguments: [collection.rawValue]) ?? 0
+            }
+            last[collection] = current + 1
+            return current + 1
+        }
+
+        func store(_ db: Database) throws {
+            let statement = try db.cachedStatement(
+                sql: """
+                    INSERT INTO collection (path, lastSequence) VALUES (?, ?)
+                    ON CONFLICT (path) DO UPDATE SET lastSequence = excluded.lastSequence
+                    """)
+            for (collection, sequence) in last {
+                try statement.execute(arguments: [collection.rawValue, sequence])
+            }
+        }
     }
 }

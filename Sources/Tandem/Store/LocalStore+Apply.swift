@@ -23,26 +23,42 @@ extension LocalStore {
     func apply(
         _ snapshot: ServerMessage.Snapshot, collection: CollectionPath, target: ListenerTarget, _ db: Database
     ) throws -> ApplyOutcome {
-        var outcome = ApplyOutcome()
-        guard let model = byName[target.table] else { return outcome }
+        guard let model = byName[target.table] else { return ApplyOutcome() }
         let resetting =
             try Bool.fetchOne(
                 db.cachedStatement(sql: "SELECT resetting FROM tandem_listener WHERE collection = ?"),
                 arguments: [collection.rawValue]) ?? false
-        for change in snapshot.changes {
-            do {
-                try db.inSavepoint {
-                    try applyChange(change, model, collection, target.parentRowId, &outcome, db)
-                    return .commit
+        var outcome = ApplyOutcome()
+        // Usually every change applies: then all of them go in one savepoint. When one fails,
+        // that savepoint is rolled back and each change gets its own, so that only the change
+        // that failed is left out.
+        do {
+            try db.inSavepoint {
+                var context = try ApplyContext(model, db)
+                for change in snapshot.changes {
+                    try applyChange(change, model, collection, target.parentRowId, &context, &outcome, db)
                 }
-            } catch {
-                outcome.failures.append("\(collection)/\(change.document.id): \(error)")
+                return .commit
             }
-            if resetting {
-                try db.cachedStatement(
-                    sql: "INSERT OR IGNORE INTO tandem_reset_seen (collection, serverId) VALUES (?, ?)"
-                )
-                .execute(arguments: [collection.rawValue, change.document.id.rawValue])
+        } catch {
+            outcome = ApplyOutcome()
+            var context = try ApplyContext(model, db)
+            for change in snapshot.changes {
+                do {
+                    try db.inSavepoint {
+                        try applyChange(change, model, collection, target.parentRowId, &context, &outcome, db)
+                        return .commit
+                    }
+                } catch {
+                    outcome.failures.append("\(collection)/\(change.document.id): \(error)")
+                }
+            }
+        }
+        if resetting {
+            let statement = try db.cachedStatement(
+                sql: "INSERT OR IGNORE INTO tandem_reset_seen (collection, serverId) VALUES (?, ?)")
+            for change in snapshot.changes {
+                try statement.execute(arguments: [collection.rawValue, change.document.id.rawValue])
             }
         }
         try storeResumeToken(snapshot.resumeToken, for: collection, db)
@@ -52,9 +68,43 @@ extension LocalStore {
         return outcome
     }
 
+    /// What a snapshot's changes need not look for, found out once per snapshot: most
+    /// snapshots meet no unanswered creates, no filed deletes and nothing waiting.
+    struct ApplyContext {
+        /// Some row's create was sent and not answered (its document may be in the snapshot).
+        var unansweredCreates: Bool
+        /// Some local delete is filed and not pushed yet.
+        var filedDeletes: Bool
+        /// Some reference or document waits for a row to arrive. Set once a change adds one.
+        var waiting: Bool
+
+        init(_ model: TableModel, _ db: Database) throws {
+            unansweredCreates =
+                try Bool.fetchOne(
+                    db.cachedStatement(
+                        sql: "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE pendingOp = 'create' AND tableName = ?)"),
+                    arguments: [model.name]) ?? true
+            filedDeletes =
+                try Bool.fetchOne(
+                    db.cachedStatement(
+                        sql: "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE pendingOp = 'delete' AND tableName = ?)"),
+                    arguments: [model.name]) ?? true
+            waiting = try LocalStore.anythingWaits(db)
+        }
+
+        /// For changes applied outside a snapshot (a deferred document): look for everything.
+        static let everything = ApplyContext(unansweredCreates: true, filedDeletes: true, waiting: true)
+
+        private init(unansweredCreates: Bool, filedDeletes: Bool, waiting: Bool) {
+            self.unansweredCreates = unansweredCreates
+            self.filedDeletes = filedDeletes
+            self.waiting = waiting
+        }
+    }
+
     private func applyChange(
         _ change: Change, _ model: TableModel, _ collection: CollectionPath, _ parentRowId: Int64?,
-        _ outcome: inout ApplyOutcome, _ db: Database
+        _ context: inout ApplyContext, _ outcome: inout ApplyOutcome, _ db: Database
     ) throws {
         let document = change.document
         let serverId = document.id.rawValue
@@ -68,7 +118,7 @@ extension LocalStore {
             if let local {
                 try removeRow(model, id: local[0], db)
                 outcome.deleted += 1
-            } else if let rowId = try unansweredCreate(of: document, model, db) {
+            } else if context.unansweredCreates, let rowId = try unansweredCreate(of: document, model, db) {
                 // This device's own create, applied by the server but never answered, was
                 // deleted since: the delete wins here too.
                 if try Bool.fetchOne(
@@ -114,10 +164,13 @@ extension LocalStore {
             return
         }
 
-        if try adoptOwnCreate(document, model, collection, &outcome, db) { return }
+        if context.unansweredCreates, try adoptOwnCreate(document, model, collection, &context, &outcome, db) {
+            return
+        }
 
         // Deleted here and not pushed yet: the delete wins; it goes out at this version.
-        if try Bool.fetchOne(
+        if context.filedDeletes,
+            try Bool.fetchOne(
             db.cachedStatement(
                 sql:
                     "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE tableName = ? AND serverId = ? AND pendingOp = 'delete')"
@@ -132,7 +185,7 @@ extension LocalStore {
             ).execute(arguments: [document.version, model.name, serverId])
             return
         }
-        if try insert(document, into: model, parentRowId: parentRowId, collection: collection, db) {
+        if try insert(document, into: model, parentRowId: parentRowId, collection: collection, &context, db) {
             outcome.inserted += 1
         }
     }
@@ -144,8 +197,8 @@ extension LocalStore {
     ///
     /// - Returns: true when the document was this device's own.
     private func adoptOwnCreate(
-        _ document: Document, _ model: TableModel, _ collection: CollectionPath, _ outcome: inout ApplyOutcome,
-        _ db: Database
+        _ document: Document, _ model: TableModel, _ collection: CollectionPath, _ context: inout ApplyContext,
+        _ outcome: inout ApplyOutcome, _ db: Database
     ) throws -> Bool {
         guard let rowId = try unansweredCreate(of: document, model, db) else { return false }
         let pushedRevision = try Int64.fetchOne(
@@ -165,6 +218,7 @@ extension LocalStore {
                     WHERE tableName = ? AND rowId = ?
                     """
             ).execute(arguments: [serverId, collection.rawValue, document.version, model.name, rowId])
+            context.filedDeletes = true
             return true
         }
         try db.cachedStatement(
@@ -186,7 +240,7 @@ extension LocalStore {
             ).execute(arguments: [serverId, collection.rawValue, model.name, rowId])
             _ = try settle(model, rowId: rowId, remote: document, collection: collection, db)
         }
-        try resolveWaiting(model, serverId: serverId, localId: rowId, db)
+        if context.waiting { try resolveWaiting(model, serverId: serverId, localId: rowId, db) }
         outcome.updated += 1
         return true
     }
@@ -217,7 +271,7 @@ extension LocalStore {
         )
         .execute(arguments: arguments)
         try recordSynced(model, rowId: rowId, document, collection, db)
-        try storeFieldTimes(model, rowId: rowId, Self.fieldTimes(of: document), db)
+        if model.mergesFields { try storeFieldTimes(model, rowId: rowId, Self.fieldTimes(of: document), db) }
         // The document says what each reference is now: forget what the row waited for.
         for column in model.references.keys where document.fields[column] != nil {
             try db.cachedStatement(
@@ -233,7 +287,8 @@ extension LocalStore {
     ///
     /// - Returns: false when the document was deferred.
     private func insert(
-        _ document: Document, into model: TableModel, parentRowId: Int64?, collection: CollectionPath, _ db: Database
+        _ document: Document, into model: TableModel, parentRowId: Int64?, collection: CollectionPath,
+        _ context: inout ApplyContext, _ db: Database
     ) throws -> Bool {
         let incoming = try incomingValues(model, document, db)
         if let waiting = incoming.missing.first(where: { !model.optionalReferences.contains($0.column) }) {
@@ -247,6 +302,7 @@ extension LocalStore {
                 collection.rawValue, document.id.rawValue, model.name, parentRowId,
                 String(decoding: Wire.encode(document), as: UTF8.self), waiting.table, waiting.serverId,
             ])
+            context.waiting = true
             return false
         }
         var columns = incoming.columns
@@ -255,23 +311,20 @@ extension LocalStore {
             columns.append(foreignKey)
             values.append(parentRowId.databaseValue)
         }
-        columns += ["serverId", "isDirty", "updatedAt", "isShared", "localRevision"]
         values += [
             document.id.rawValue.databaseValue, 0.databaseValue, Self.updatedAt(of: document).databaseValue,
             1.databaseValue, 1.databaseValue,
         ]
-        let placeholders = Array(repeating: "?", count: columns.count).joined(separator: ", ")
-        try db.cachedStatement(
-            sql:
-                "INSERT INTO \(model.quotedName) (\(columns.map(SQL.quote).joined(separator: ", "))) VALUES (\(placeholders))"
-        ).execute(arguments: StatementArguments(values))
+        let sql =
+            incoming.columns.count == model.fieldColumns.count
+            ? model.insertEveryFieldSQL : TableModel.insertSQL(model.quotedName, columns: columns)
+        try db.cachedStatement(sql: sql).execute(arguments: StatementArguments(values))
         let rowId = db.lastInsertedRowID
         try recordSynced(model, rowId: rowId, document, collection, db)
-        try storeFieldTimes(model, rowId: rowId, Self.fieldTimes(of: document), db)
+        if model.mergesFields { try storeFieldTimes(model, rowId: rowId, Self.fieldTimes(of: document), db) }
         try recordMissingReferences(model, rowId: rowId, incoming.missing, db)
-        if try anythingWaits(db) {
-            try resolveWaiting(model, serverId: document.id.rawValue, localId: rowId, db)
-        }
+        if !incoming.missing.isEmpty { context.waiting = true }
+        if context.waiting { try resolveWaiting(model, serverId: document.id.rawValue, localId: rowId, db) }
         return true
     }
 
@@ -344,12 +397,12 @@ extension LocalStore {
         }
     }
 
-    /// Whether any reference or document waits for a row to arrive (usually not: then
-    /// inserting a row need not look for what waited for it).
-    func anythingWaits(_ db: Database) throws -> Bool {
+    /// Whether any reference or document waits for a row to arrive (usually not: then a row
+    /// that gets its server id need not look for what waited for it).
+    static func anythingWaits(_ db: Database) throws -> Bool {
         try Bool.fetchOne(
             db.cachedStatement(
-                sql: "SELECT EXISTS (SELECT 1 FROM tandem_reference) OR EXISTS (SELECT 1 FROM tandem_deferred)")) ?? false
+                sql: "SELECT EXISTS (SELECT 1 FROM tandem_reference) OR EXISTS (SELECT 1 FROM tandem_deferred)")) ?? true
     }
 
     /// A row of `model` now has `serverId` here: fills in the references that waited for it
@@ -387,7 +440,8 @@ extension LocalStore {
                 let document = try? Wire.decode(Document.self, from: Array((row[4] as String).utf8))
             else { continue }
             var outcome = ApplyOutcome()
-            try applyChange(Change(.added, document), child, collection, row[3], &outcome, db)
+            var context = ApplyContext.everything
+            try applyChange(Change(.added, document), child, collection, row[3], &context, &outcome, db)
         }
     }
 

@@ -51,13 +51,20 @@ extension LocalStore {
         for model in tables where prepared.count < maxOps && bytes < maxBytes {
             let foreignKey = model.foreignKey.map { "t.\(SQL.quote($0))" } ?? "NULL"
             let fields = model.fieldColumns.map { "t.\(SQL.quote($0))" }
-            let columns = (["t.id", "t.localRevision", "t.updatedAt", "t.serverId", foreignKey] + fields).joined(
-                separator: ", ")
+            // The row and its bookkeeping in one step. Columns 0…8, then the fields.
+            let columns = (
+                [
+                    "t.id", "t.localRevision", "t.updatedAt", "t.serverId", foreignKey, "m.serverVersion",
+                    "m.idempotencyKey", "m.collection", "m.pushedRevision",
+                ] + fields
+            ).joined(separator: ", ")
+            let fieldOffset = 9
             let rows = try Row.fetchCursor(
                 db.cachedStatement(
                     sql: """
                         SELECT \(columns) FROM \(model.quotedName) AS t
-                        WHERE t.isDirty = 1 AND \(syncsCondition(model, alias: "t")) AND NOT EXISTS (                            SELECT 1 FROM tandem_row m WHERE m.tableName = ?1 AND m.rowId = t.id AND m.state = 'failed')
+                        LEFT JOIN tandem_row AS m ON m.tableName = ?1 AND m.rowId = t.id
+                        WHERE t.isDirty = 1 AND \(syncsCondition(model, alias: "t")) AND m.state IS NOT 'failed'
                         AND NOT EXISTS (SELECT 1 FROM tandem_conflict c WHERE c.tableName = ?1 AND c.rowId = t.id)
                         LIMIT ?2
                         """), arguments: [model.name, maxOps - prepared.count])
@@ -71,7 +78,7 @@ extension LocalStore {
                 var incomplete = false
                 var waitsForTarget = false
                 for (index, column) in model.fieldColumns.enumerated() {
-                    let value = row[5 + index] as DatabaseValue
+                    let value = row[fieldOffset + index] as DatabaseValue
                     if let target = model.references[column] {
                         let (reference, targetId) = try outgoingReferenceValue(
                             model, rowId: rowId, column: column, target: target, value: value, db)
@@ -89,14 +96,9 @@ extension LocalStore {
                     bytes += Self.estimatedSize(document[column]!)
                 }
                 if waitsForTarget { continue }
-                let meta = try Row.fetchOne(
-                    db.cachedStatement(
-                        sql: """
-                            SELECT serverVersion, idempotencyKey, collection, pushedRevision FROM tandem_row
-                            WHERE tableName = ? AND rowId = ?
-                            """),
-                    arguments: [model.name, rowId])
-                if let serverId, let known: String = meta?[2], known != collection.rawValue {
+                let serverVersion: Int64? = row[5]
+                let recordedKey: String? = row[6]
+                if let serverId, let known: String = row[7], known != collection.rawValue {
                     try fail(
                         model.name, rowId,
                         "the row moved to another parent (\(known) → \(collection)); Tandem cannot move documents: "
@@ -104,16 +106,17 @@ extension LocalStore {
                     _ = serverId
                     continue
                 }
-                let recordedKey: String? = meta?[1]
-                let key = try key(recordedKey, model.name, rowId, db)
+                // The key is recorded with the op below, before anything is sent.
+                let key = (recordedKey.flatMap { try? ClientName($0) }) ?? ClientName.random()
                 // A key stays bound to the revision it was first sent with. If an op went out,
                 // was applied, and its answer was lost, the resend under the same key gets that
                 // first answer back: the row must then stay dirty when it changed since, or its
                 // newer content would be taken for pushed.
-                let keyRevision: Int64 = recordedKey != nil ? (meta?[3] ?? revision) : revision
+                let keyRevision: Int64 = recordedKey != nil ? (row[8] ?? revision) : revision
                 var op: WriteOp
                 if let serverId, let id = try? DocumentID(serverId) {
-                    op = .update(in: collection, id: id, fields: document, baseVersion: meta?[0], idempotencyKey: key)
+                    op = .update(
+                        in: collection, id: id, fields: document, baseVersion: serverVersion, idempotencyKey: key)
                 } else {
                     op = .create(in: collection, fields: document, idempotencyKey: key)
                 }
@@ -160,10 +163,10 @@ extension LocalStore {
             arguments: [localId, model.name]) ?? false
     }
 
-    /// The key already recorded for a row's pending op, or a new one.
+    /// The key already recorded for a row's pending op, or a new one, recorded.
     private func key(_ recorded: String?, _ table: String, _ rowId: Int64, _ db: Database) throws -> ClientName {
         if let recorded, let key = try? ClientName(recorded) { return key }
-        let key = try! ClientName(UUID().uuidString)
+        let key = ClientName.random()
         try db.cachedStatement(sql: "UPDATE tandem_row SET idempotencyKey = ? WHERE tableName = ? AND rowId = ?")
             .execute(arguments: [key.rawValue, table, rowId])
         return key
@@ -191,23 +194,42 @@ extension LocalStore {
     {
         var duplicates: [String] = []
         var conflicts = 0
+        let waiting = try Self.anythingWaits(db)
+        var latest: Int64 = 0
+        defer { clock.receive(HybridLogicalClock.timestamp(milliseconds: latest)) }
         for (push, result) in zip(pushes, results) {
             guard let model = byName[push.table] else { continue }
-            clock.receive(HybridLogicalClock.timestamp(milliseconds: result.updateTime))
+            latest = max(latest, result.updateTime)
             if let stored = result.document { receiveTimes(of: stored) }
-            let fieldsJSON = String(decoding: Wire.encodeCanonical(push.op.fields ?? [:]), as: UTF8.self)
-            switch push.op.kind {
-            case .delete:
+            if push.op.kind == .delete {
                 try forget(push.table, push.rowId, db)
                 continue
-            case .create, .update:
-                break
             }
-            guard
-                let current = try Int64.fetchOne(
-                    db.cachedStatement(sql: "SELECT localRevision FROM \(model.quotedName) WHERE id = ?"),
-                    arguments: [push.rowId])
-            else {
+            let fieldsJSON = model.keepsServerFields ? Self.fieldsText(push.op.fields ?? [:]) : nil
+            // One step: the server id, clean unless the row changed since its op was sent.
+            let clean: Bool?
+            do {
+                clean = try Bool.fetchOne(
+                    db.cachedStatement(
+                        sql: """
+                            UPDATE \(model.quotedName) SET serverId = ?,
+                                isDirty = (localRevision != ? OR ?), localRevision = localRevision + 1
+                            WHERE id = ? RETURNING isDirty = 0
+                            """), arguments: [result.id.rawValue, push.revision, push.incomplete, push.rowId])
+            } catch let error as DatabaseError
+                where error.extendedResultCode == .SQLITE_CONSTRAINT_UNIQUE && push.op.kind == .create
+            {
+                // Another row holds this server id: the listener inserted the server's echo of
+                // this create before its write-back, the race the sync queue's barrier prevents.
+                let other = try localId(model, serverId: result.id.rawValue, db).map(String.init) ?? "?"
+                let message =
+                    "duplicate: the server's document \(result.id) was already inserted as row \(other) by the "
+                    + "listener before this push's write-back"
+                try fail(model.name, push.rowId, message, db)
+                duplicates.append("\(model.name) row \(push.rowId): \(message)")
+                continue
+            }
+            guard let clean else {
                 // Deleted while its push was in flight: the document exists now, so delete it.
                 try db.cachedStatement(
                     sql: """
@@ -219,21 +241,6 @@ extension LocalStore {
                 ).execute(arguments: [result.id.rawValue, result.version, fieldsJSON, model.name, push.rowId])
                 continue
             }
-            if push.op.kind == .create, let other = try localId(model, serverId: result.id.rawValue, db),
-                other != push.rowId
-            {
-                let message =
-                    "duplicate: the server's document \(result.id) was already inserted as row \(other) by the listener "
-                    + "before this push's write-back"
-                try fail(model.name, push.rowId, message, db)
-                duplicates.append("\(model.name) row \(push.rowId): \(message)")
-                continue
-            }
-            let clean = current == push.revision && !push.incomplete
-            try db.cachedStatement(
-                sql:
-                    "UPDATE \(model.quotedName) SET serverId = ?, isDirty = ?, localRevision = localRevision + 1 WHERE id = ?"
-            ).execute(arguments: [result.id.rawValue, clean ? 0 : 1, push.rowId])
             try db.cachedStatement(
                 sql: """
                     UPDATE tandem_row SET serverId = ?, serverVersion = ?, serverFields = ?, pendingOp = NULL,
@@ -243,7 +250,7 @@ extension LocalStore {
             ).execute(arguments: [
                 result.id.rawValue, result.version, fieldsJSON, clean ? "synced" : "pending", model.name, push.rowId,
             ])
-            if push.op.kind == .create {
+            if push.op.kind == .create, waiting {
                 try resolveWaiting(model, serverId: result.id.rawValue, localId: push.rowId, db)
             }
             // A field-level merge kept fields of other writers that were newer than ours.

@@ -15,6 +15,31 @@ struct TableModel: Sendable {
     let rootCollection: CollectionPath?
     /// How conflicts on this table are settled.
     let policy: ConflictPolicy
+    let quotedName: String
+    /// The insert of a document that carries every field: the common case, prepared once.
+    let insertEveryFieldSQL: String
+
+    init(
+        definition: SyncTable, fieldColumns: [String], references: [String: String], optionalReferences: Set<String>,
+        rootCollection: CollectionPath?, policy: ConflictPolicy
+    ) {
+        self.definition = definition
+        self.fieldColumns = fieldColumns
+        self.references = references
+        self.optionalReferences = optionalReferences
+        self.rootCollection = rootCollection
+        self.policy = policy
+        quotedName = SQL.quote(definition.name)
+        insertEveryFieldSQL = Self.insertSQL(
+            quotedName, columns: fieldColumns + (definition.foreignKey.map { [$0] } ?? []))
+    }
+
+    /// `INSERT INTO table (columns…, serverId, isDirty, updatedAt, isShared, localRevision) VALUES (?, …)`.
+    static func insertSQL(_ quotedName: String, columns: [String]) -> String {
+        let all = columns + ["serverId", "isDirty", "updatedAt", "isShared", "localRevision"]
+        let placeholders = Array(repeating: "?", count: all.count).joined(separator: ", ")
+        return "INSERT INTO \(quotedName) (\(all.map(SQL.quote).joined(separator: ", "))) VALUES (\(placeholders))"
+    }
 
     /// Field-level tables keep a time per field (`tandem_field`) and merge on the server.
     var mergesFields: Bool {
@@ -33,7 +58,6 @@ struct TableModel: Sendable {
     }
 
     var name: String { definition.name }
-    var quotedName: String { SQL.quote(name) }
     var parentTable: String? { definition.parentTable }
     var foreignKey: String? { definition.foreignKey }
 

@@ -84,6 +84,10 @@ enum BenchModel {
         try database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM item") ?? 0 }
     }
 
+    static func dirtyCount(_ database: DatabaseQueue) throws -> Int {
+        try database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM item WHERE isDirty = 1") ?? 0 }
+    }
+
     /// Puts `count` documents on the server through one protocol connection, in batches.
     static func seed(_ count: Int, url: String, progress: (Int) -> Void) async throws {
         let connection = try await ServerConnection.connect(to: url, clientId: "bench-seeder")
