@@ -12,16 +12,26 @@ import Foundation
 /// try process.start()   // same data folder, a new port
 /// ```
 public final class ServerProcess: @unchecked Sendable {
-    public let dataDirectory: URL
+    /// The command line after the executable's name.
+    public let arguments: [String]
     public let executable: URL
     /// `ws://127.0.0.1:PORT` of the running process.
     public private(set) var url = ""
     private var process: Process?
     private let lock = NSLock()
 
-    /// Starts `tandem serve --port 0 --data DIR` and waits for its `listening on` line.
-    public init(dataDirectory: URL, executable: URL? = nil) throws {
-        self.dataDirectory = dataDirectory
+    /// Starts `tandem serve --port 0 --data DIR` with `options` (`--tokens FILE`, …) and
+    /// waits for its `listening on` line.
+    public convenience init(dataDirectory: URL, options: [String] = [], executable: URL? = nil) throws {
+        try self.init(
+            arguments: ["serve", "--port", "0", "--data", dataDirectory.path, "--log-level", "warning"] + options,
+            executable: executable)
+    }
+
+    /// Starts `tandem` with these arguments, a command that prints `listening on URL` as its
+    /// first line when it is ready.
+    public init(arguments: [String], executable: URL? = nil) throws {
+        self.arguments = arguments
         self.executable = try executable ?? Self.findExecutable()
         try start()
     }
@@ -47,7 +57,7 @@ public final class ServerProcess: @unchecked Sendable {
     public func start() throws {
         let process = Process()
         process.executableURL = executable
-        process.arguments = ["serve", "--port", "0", "--data", dataDirectory.path, "--log-level", "warning"]
+        process.arguments = arguments
         let output = Pipe()
         process.standardOutput = output
         process.standardError = FileHandle.nullDevice
@@ -55,7 +65,7 @@ public final class ServerProcess: @unchecked Sendable {
         let line = try Self.readLine(from: output.fileHandleForReading, timeout: 30)
         guard let url = line.split(separator: " ").last, line.hasPrefix("listening on ") else {
             process.terminate()
-            throw ServerProcessError("unexpected first line from tandem serve: \(line)")
+            throw ServerProcessError("unexpected first line from tandem \(arguments.first ?? ""): \(line)")
         }
         // Keep draining stdout so the child never blocks on a full pipe.
         let handle = output.fileHandleForReading

@@ -42,7 +42,10 @@ public final class TestDevice: Sendable {
         // for fsync, and a crash of the app (not of the machine) loses nothing committed.
         var configuration = Configuration()
         configuration.journalMode = .wal
-        configuration.prepareDatabase { db in try db.execute(sql: "PRAGMA synchronous = NORMAL") }
+        configuration.prepareDatabase { db in
+            try db.execute(sql: "PRAGMA synchronous = NORMAL")
+            try db.execute(sql: "PRAGMA cache_size = -65536")
+        }
         database = try DatabaseQueue(path: folder.path("\(name).sqlite"), configuration: configuration)
         try database.write(model.createTables)
         current = Mutex(try Self.makeService(name, database, serverURL, model.tables, configure))

@@ -159,4 +159,3 @@ public struct WriteOp: Sendable, Hashable {
     }
 
 }
-

@@ -116,6 +116,29 @@ public struct DocumentID: Hashable, Sendable, Comparable, CustomStringConvertibl
         DocumentID(unchecked: randomName(using: &generator))
     }
 
+    /// A new id that sorts after the ids of earlier milliseconds: 8 characters of time, then
+    /// 12 random ones (about 71 bits), 20 in all, from `0-9A-Za-z`.
+    ///
+    /// The server assigns these. New documents then land at the end of every index keyed by
+    /// id (the server's, and each client's `serverId` index) instead of at random places,
+    /// which spares SQLite from rewriting a different index page for every insert. The id
+    /// does tell roughly when the document was created.
+    public static func timeOrdered(milliseconds: Int64) -> DocumentID {
+        var generator = RandomPool()
+        var bytes = [UInt8](repeating: 0, count: 20)
+        var time = UInt64(max(0, milliseconds))
+        for index in (0..<8).reversed() {
+            bytes[index] = sortedAlphabet[Int(time % 62)]
+            time /= 62
+        }
+        let random = randomName(using: &generator).utf8
+        for (index, byte) in zip(8..<20, random) { bytes[index] = byte }
+        return DocumentID(unchecked: String(decoding: bytes, as: UTF8.self))
+    }
+
+    /// The alphabet in ASCII order, so that ids sort as their times do.
+    private static let sortedAlphabet = Array("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz".utf8)
+
     /// 20 characters from `A-Za-z0-9`: a valid name of about 119 random bits.
     static func randomName(using generator: inout some RandomNumberGenerator) -> String {
         // Eight random bytes give eight characters: a byte below 248 (4 × 62) maps to the

@@ -121,4 +121,3 @@ public struct WriteResult: Sendable, Hashable {
         self.document = document
     }
 }
-

@@ -58,9 +58,11 @@ public enum Wire {
         let result: Result<JSONValue, JSONError>? = bytes.withContiguousStorageIfAvailable { buffer in
             Result { () throws(JSONError) in try JSONParser.parse(buffer, maxDepth: maxNestingDepth) }
         }
-        let parsed = result ?? Array(bytes).withUnsafeBufferPointer { buffer in
-            Result { () throws(JSONError) in try JSONParser.parse(buffer, maxDepth: maxNestingDepth) }
-        }
+        let parsed =
+            result
+            ?? Array(bytes).withUnsafeBufferPointer { buffer in
+                Result { () throws(JSONError) in try JSONParser.parse(buffer, maxDepth: maxNestingDepth) }
+            }
         switch parsed {
         case .success(let value): return value
         case .failure(let error):

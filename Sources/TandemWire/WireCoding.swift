@@ -235,7 +235,8 @@ extension Limits: WireCodable {
     public init(json: JSONValue, path: String) throws(WireError) {
         let reader = try ObjectReader(json, path: path)
         self.init(
-            maxMessageBytes: Int(try reader.int("maxMessageBytes")), maxOpsPerWrite: Int(try reader.int("maxOpsPerWrite")),
+            maxMessageBytes: Int(try reader.int("maxMessageBytes")),
+            maxOpsPerWrite: Int(try reader.int("maxOpsPerWrite")),
             maxListenersPerConnection: Int(try reader.int("maxListenersPerConnection")),
             maxDocumentBytes: Int(try reader.int("maxDocumentBytes")))
     }
@@ -261,7 +262,8 @@ extension WriteOp: WireCodable {
         let reader = try ObjectReader(json, path: at)
         let name = try reader.string("op")
         guard let kind = Kind(rawValue: name) else {
-            throw WireError(.badMessage, "\(reader.name("op")): unknown op '\(name.prefix(40))'; expected create, update or delete")
+            throw WireError(
+                .badMessage, "\(reader.name("op")): unknown op '\(name.prefix(40))'; expected create, update or delete")
         }
         self.init(
             kind: kind, collection: try reader.read("collection", as: CollectionPath.self),
@@ -338,7 +340,8 @@ extension ClientMessage: WireCodable {
         case "listen":
             self = .listen(
                 Listen(
-                    target: try reader.label("target"), collection: try reader.read("collection", as: CollectionPath.self),
+                    target: try reader.label("target"),
+                    collection: try reader.read("collection", as: CollectionPath.self),
                     resumeToken: try reader.optionalString("resumeToken")))
         case "unlisten":
             self = .unlisten(Unlisten(target: try reader.label("target")))
@@ -355,7 +358,8 @@ extension ClientMessage: WireCodable {
         case "get":
             self = .get(
                 Get(
-                    request: try reader.label("request"), collection: try reader.read("collection", as: CollectionPath.self),
+                    request: try reader.label("request"),
+                    collection: try reader.read("collection", as: CollectionPath.self),
                     id: try reader.read("id", as: DocumentID.self)))
         default:
             throw WireError(
@@ -484,7 +488,8 @@ extension ServerMessage: WireCodable {
             self = .welcome(
                 Welcome(
                     sessionId: try reader.string("sessionId"), serverTime: try reader.int("serverTime"),
-                    protocolVersion: Int(try reader.int("protocol")), limits: try reader.read("limits", as: Limits.self)))
+                    protocolVersion: Int(try reader.int("protocol")), limits: try reader.read("limits", as: Limits.self)
+                ))
         case "snapshot":
             let values = try reader.array("changes")
             var changes: [Change] = []
@@ -494,8 +499,10 @@ extension ServerMessage: WireCodable {
             }
             self = .snapshot(
                 Snapshot(
-                    target: try reader.string("target"), changes: changes, resumeToken: try reader.string("resumeToken"),
-                    initial: try reader.optionalBool("initial") ?? false, hasMore: try reader.optionalBool("hasMore") ?? false))
+                    target: try reader.string("target"), changes: changes,
+                    resumeToken: try reader.string("resumeToken"),
+                    initial: try reader.optionalBool("initial") ?? false,
+                    hasMore: try reader.optionalBool("hasMore") ?? false))
         case "reset":
             self = .reset(Reset(target: try reader.string("target"), reason: try reader.string("reason")))
         case "ack":
@@ -512,7 +519,8 @@ extension ServerMessage: WireCodable {
                     server: try reader.read("server", as: Document.self)))
         case "document":
             self = .document(
-                DocumentReply(request: try reader.string("request"), document: try reader.read("document", as: Document.self)))
+                DocumentReply(
+                    request: try reader.string("request"), document: try reader.read("document", as: Document.self)))
         case "error":
             self = .error(try WireError(json: json, path: path))
         default:

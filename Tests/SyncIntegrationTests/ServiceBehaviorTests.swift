@@ -57,6 +57,26 @@ struct ServiceBehaviorTests {
         #expect(try serverDocuments(server, "accounts").count == 1)
     }
 
+    @Test("a backlog longer than one push's 64 batches is pushed in full without waiting for the periodic push")
+    func longBacklog() async throws {
+        let server = try TestServer()
+        let phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
+            configuration.maxBatchSize = 2
+            configuration.pushInterval = .seconds(3600)
+        }
+        try await phone.database.write { db in
+            for index in 0..<150 {
+                var account = CashFlow.Account(name: "Account \(index)", isShared: true)
+                try account.insert(db)
+            }
+        }
+        phone.service.start()
+        try await waitUntil("all 150 accounts reached the server") {
+            try serverDocuments(server, "accounts").count == 150
+        }
+        try await waitUntil("none is left pending") { phone.service.status.pendingCount == 0 }
+    }
+
     @Test("last write wins: of two offline edits of one entry, the later one wins on every device")
     func lastWriteWins() async throws {
         let clock = TestClock()

@@ -43,6 +43,21 @@ struct NamingTests {
         }
     }
 
+    @Test("server-assigned ids are valid, unique, and sort by the time they were made")
+    func timeOrderedIDs() throws {
+        let start: Int64 = 1_790_000_000_000
+        let ids = (0..<1000).map { index in DocumentID.timeOrdered(milliseconds: start + Int64(index / 10)) }
+        #expect(Set(ids).count == 1000)
+        for id in ids {
+            #expect(id.rawValue.count == 20)
+            #expect(try DocumentID(id.rawValue) == id)
+        }
+        for (earlier, later) in zip(ids, ids.dropFirst(10)) { #expect(earlier < later) }
+        // Ids whose times are far apart too (6,900 years fit in the 8 time characters).
+        #expect(DocumentID.timeOrdered(milliseconds: 0) < DocumentID.timeOrdered(milliseconds: start))
+        #expect(DocumentID.timeOrdered(milliseconds: start) < DocumentID.timeOrdered(milliseconds: 200_000_000_000_000))
+    }
+
     @Test("resume tokens round-trip and nonsense is refused")
     func resumeTokens() {
         let token = ResumeToken(epoch: "Ab12", sequence: 42)

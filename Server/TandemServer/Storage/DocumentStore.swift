@@ -30,6 +30,7 @@ final class DocumentStore {
         configuration.label = "tandem.server"
         configuration.prepareDatabase { db in
             try db.execute(sql: "PRAGMA synchronous = FULL")
+            try db.execute(sql: "PRAGMA cache_size = -65536")
         }
         database = try DatabaseQueue(path: path, configuration: configuration)
         try Self.migrator.migrate(database)
@@ -97,14 +98,23 @@ final class DocumentStore {
 
     // MARK: - Reading
 
+    /// Runs a read on the store's serial queue. Not GRDB's `read`: on a `DatabaseQueue` that
+    /// brackets the read with `PRAGMA query_only`, and SQLite expires every prepared statement
+    /// of the connection when that flag changes, so each catch-up page would make the next
+    /// write compile its statements again. Every access to a queue is serialized, so the read
+    /// is just as isolated from writes without it.
+    private func read<T>(_ body: (Database) throws -> T) throws -> T {
+        try database.unsafeRead(body)
+    }
+
     /// The document, tombstone included; nil when it never existed (or its tombstone was purged).
     func document(in collection: CollectionPath, id: DocumentID) throws -> Document? {
-        try database.read { db in try Self.fetchDocument(db, collection, id)?.document }
+        try read { db in try Self.fetchDocument(db, collection, id)?.document }
     }
 
     /// Every live document of a collection, in feed order. For tests and tools.
     func documents(in collection: CollectionPath) throws -> [Document] {
-        try database.read { db in
+        try read { db in
             try Row.fetchAll(
                 db,
                 sql: """
@@ -117,7 +127,7 @@ final class DocumentStore {
 
     /// Every collection with a live document.
     func collections() throws -> [CollectionPath] {
-        try database.read { db in
+        try read { db in
             try String.fetchAll(
                 db, sql: "SELECT DISTINCT collection FROM document WHERE deleted = 0 ORDER BY collection"
             )
@@ -127,7 +137,7 @@ final class DocumentStore {
 
     /// The collection's last sequence and purge horizon (0, 0 for a collection never written).
     func feedBounds(of collection: CollectionPath) throws -> (last: Int64, horizon: Int64) {
-        try database.read { db in try Self.bounds(db, collection) }
+        try read { db in try Self.bounds(db, collection) }
     }
 
     /// One page of a collection's change feed: the documents written after `position`, in
@@ -139,7 +149,7 @@ final class DocumentStore {
     func page(
         of collection: CollectionPath, after position: Int64, for client: String?, limit: Int, maxBytes: Int
     ) throws -> FeedPage {
-        try database.read { db in
+        try read { db in
             let (last, horizon) = try Self.bounds(db, collection)
             let statement = try db.cachedStatement(
                 sql: """

@@ -47,7 +47,7 @@ extension DocumentStore {
                         results.append(earlier)
                         continue
                     }
-                    var (id, existing) = try Self.target(db, op, index: index)
+                    var (id, existing) = try Self.target(db, op, index: index, now: now)
                     let sequence = try sequences.next(op.collection, db)
                     let version = (existing?.version ?? 0) + 1
                     // Monotonic per document even if the server's clock steps back.
@@ -87,9 +87,9 @@ extension DocumentStore {
                         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                         """
                     if isCreate && op.id == nil {
-                        // A fresh random id: inserted without looking first. Should it ever
-                        // collide (119 random bits), the unique index refuses it and another
-                        // id is drawn.
+                        // A fresh id: inserted without looking first. Should it ever collide
+                        // (71 random bits within one millisecond), the unique index refuses it
+                        // and another id is drawn.
                         while true {
                             do {
                                 try db.cachedStatement(sql: columns).execute(arguments: [
@@ -98,7 +98,7 @@ extension DocumentStore {
                                 ])
                                 break
                             } catch let error as DatabaseError where error.resultCode == .SQLITE_CONSTRAINT {
-                                id = DocumentID.random()
+                                id = DocumentID.timeOrdered(milliseconds: now)
                             }
                         }
                     } else {
@@ -156,10 +156,12 @@ extension DocumentStore {
     }
 
     /// The id the op writes and the document there now, after checking the op's precondition.
-    private static func target(_ db: Database, _ op: WriteOp, index: Int) throws -> (DocumentID, StoredDocument?) {
+    private static func target(_ db: Database, _ op: WriteOp, index: Int, now: Int64) throws -> (
+        DocumentID, StoredDocument?
+    ) {
         switch op.kind {
         case .create:
-            guard let proposed = op.id else { return (DocumentID.random(), nil) }
+            guard let proposed = op.id else { return (DocumentID.timeOrdered(milliseconds: now), nil) }
             let existing = try fetchDocument(db, op.collection, proposed)
             if let existing, !existing.deleted {
                 throw PreconditionFailed(op: index, server: try existing.document)

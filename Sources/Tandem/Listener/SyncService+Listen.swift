@@ -106,7 +106,7 @@ extension SyncService {
         guard let connection = state.withLock({ $0.running ? $0.connection : nil }), connection.isOpen else { return }
         let generation = state.withLock { $0.generation }
         do {
-            let (desired, tokens) = try database.read { db in
+            let (desired, tokens) = try readState { db in
                 let desired = try store.desiredListeners(db)
                 var tokens: [CollectionPath: String] = [:]
                 for path in desired.keys { tokens[path] = try store.resumeToken(for: path, db) }
@@ -132,24 +132,18 @@ extension SyncService {
         }
     }
 
-    /// A listener's event, on the connection's queue: queue the work.
+    /// A listener's event, on the connection's queue: into the inbox, and an operation queued
+    /// to take it out.
     private func listenerEvent(
         _ event: ServerConnection.ListenEvent, path: CollectionPath, target: ListenerTarget, generation: Int
     ) {
         switch event {
         case .snapshot(let snapshot):
             configuration.hooks.snapshotReceived?(snapshot)
-            enqueueApply(generation) { [weak self] in
-                self?.apply(snapshot, path: path, target: target, generation: generation)
-            }
+            deliver(.snapshot(snapshot, path: path, target: target), generation: generation)
         case .reset(let reason):
             logger.info("listener reset", metadata: ["tandem.collection": "\(path)", "tandem.reason": "\(reason)"])
-            enqueueApply(generation) { [weak self] in
-                guard let self else { return }
-                do { try ownWrite { db in try store.beginReset(path, db) } } catch {
-                    noteError("cannot reset \(path): \(error)")
-                }
-            }
+            deliver(.reset(path), generation: generation)
         case .error(let error):
             state.withLock { state in
                 if state.generation == generation { state.listening[path] = nil }
@@ -158,40 +152,99 @@ extension SyncService {
         }
     }
 
+    /// Listener work waiting for the sync queue, in arrival order.
+    enum Arrival: Sendable {
+        case snapshot(ServerMessage.Snapshot, path: CollectionPath, target: ListenerTarget)
+        case reset(CollectionPath)
+
+        var changeCount: Int {
+            if case .snapshot(let snapshot, _, _) = self { snapshot.changes.count } else { 0 }
+        }
+    }
+
+    /// Puts an arrival in the inbox and queues an operation to apply what the inbox holds.
+    ///
     /// Listener work goes on the sync queue, behind any push barrier, except with
-    /// `Serialization.none`, where it runs on its own queue, concurrently with pushes.
+    /// `Serialization.none`, where it runs on its own queue, concurrently with pushes. When
+    /// snapshots of a collection arrive faster than they are applied, one operation takes
+    /// several of them and applies them in one transaction (a commit per snapshot would cost
+    /// more than the snapshot); the operations queued for the ones it took find nothing left.
     ///
     /// Work from a connection that is gone (the service stopped or reconnected since) is
     /// dropped: its changes were not stored, so the next listener brings them again from the
     /// stored resume token.
-    private func enqueueApply(_ generation: Int, _ work: @escaping @Sendable () -> Void) {
-        let guarded: @Sendable () -> Void = { [weak self] in
-            guard let self, state.withLock({ $0.running && $0.generation == generation }) else { return }
-            work()
-        }
+    private func deliver(_ arrival: Arrival, generation: Int) {
+        inbox.withLock { $0.append((arrival, generation)) }
+        let work: @Sendable () -> Void = { [weak self] in self?.applyArrivals() }
         switch configuration.serialization {
-        case .barrier: queue.addOperation(guarded)
-        case .none: applyQueue.addOperation(guarded)
+        case .barrier: queue.addOperation(work)
+        case .none: applyQueue.addOperation(work)
         }
     }
 
-    /// Applies a snapshot and stores its resume token in one transaction.
-    private func apply(
-        _ snapshot: ServerMessage.Snapshot, path: CollectionPath, target: ListenerTarget, generation: Int
-    ) {
-        configuration.hooks.beforeApply?(snapshot)
-        // Stopped while the hook held us: as after a crash, nothing of this snapshot is stored.
+    /// At most this many changes go into one transaction.
+    private static let changesPerTransaction = 5000
+
+    /// Applies what waits in the inbox: consecutive snapshots of one collection together, up
+    /// to ``changesPerTransaction`` changes; a reset on its own.
+    private func applyArrivals() {
+        let batch = inbox.withLock { inbox -> [(Arrival, Int)] in
+            var taken = 0
+            var count = 0
+            var collection: CollectionPath?
+            for (arrival, _) in inbox {
+                guard case .snapshot(_, let path, _) = arrival else {
+                    if taken == 0 { taken = 1 }
+                    break
+                }
+                if taken > 0 && (path != collection || count + arrival.changeCount > Self.changesPerTransaction) {
+                    break
+                }
+                collection = path
+                count += arrival.changeCount
+                taken += 1
+            }
+            defer { inbox.removeFirst(taken) }
+            return Array(inbox.prefix(taken))
+        }
+        let current = batch.filter { _, generation in state.withLock { $0.running && $0.generation == generation } }
+        guard let (first, generation) = current.first else { return }
+        if case .reset(let path) = first {
+            do { try ownWrite { db in try store.beginReset(path, db) } } catch {
+                noteError("cannot reset \(path): \(error)")
+            }
+            return
+        }
+        let snapshots = current.compactMap { arrival, _ -> (ServerMessage.Snapshot, CollectionPath, ListenerTarget)? in
+            if case .snapshot(let snapshot, let path, let target) = arrival { (snapshot, path, target) } else { nil }
+        }
+        apply(snapshots, generation: generation)
+    }
+
+    /// Applies snapshots and stores their resume tokens in one transaction.
+    private func apply(_ snapshots: [(ServerMessage.Snapshot, CollectionPath, ListenerTarget)], generation: Int) {
+        for (snapshot, _, _) in snapshots { configuration.hooks.beforeApply?(snapshot) }
+        // Stopped while the hook held us: as after a crash, nothing of these snapshots is stored.
         guard state.withLock({ $0.running && $0.generation == generation }) else { return }
         do {
-            let outcome = try ownWrite { db in try store.apply(snapshot, collection: path, target: target, db) }
-            configuration.hooks.afterApply?(snapshot)
-            for failure in outcome.failures { noteError("cannot apply \(failure)") }
-            if outcome.conflicts > 0 { updateStatus { $0.resolvedConflicts += outcome.conflicts } }
-            if parentTables.contains(target.table) && outcome.inserted + outcome.deleted > 0 {
-                refreshListeners()
+            let outcomes = try ownWrite { db in
+                try snapshots.map { snapshot, path, target in
+                    try store.apply(snapshot, collection: path, target: target, db)
+                }
             }
+            for (snapshot, _, _) in snapshots { configuration.hooks.afterApply?(snapshot) }
+            var parentsChanged = false
+            for (outcome, (_, _, target)) in zip(outcomes, snapshots) {
+                for failure in outcome.failures { noteError("cannot apply \(failure)") }
+                if outcome.conflicts > 0 { updateStatus { $0.resolvedConflicts += outcome.conflicts } }
+                if parentTables.contains(target.table) && outcome.inserted + outcome.deleted > 0 {
+                    parentsChanged = true
+                }
+            }
+            if parentsChanged { refreshListeners() }
         } catch {
-            noteError("cannot apply a snapshot of \(path): \(error)")
+            let paths = Set(snapshots.map { $0.1.rawValue }).sorted().joined(separator: ", ")
+            noteError("cannot apply a snapshot of \(paths): \(error)")
         }
         refreshStatus()
     }

@@ -34,7 +34,7 @@ extension LocalStore {
         // that failed is left out.
         do {
             try db.inSavepoint {
-                var context = try ApplyContext(model, db)
+                var context = try ApplyContext(db)
                 for change in snapshot.changes {
                     try applyChange(change, model, collection, target.parentRowId, &context, &outcome, db)
                 }
@@ -42,7 +42,7 @@ extension LocalStore {
             }
         } catch {
             outcome = ApplyOutcome()
-            var context = try ApplyContext(model, db)
+            var context = try ApplyContext(db)
             for change in snapshot.changes {
                 do {
                     try db.inSavepoint {
@@ -78,17 +78,18 @@ extension LocalStore {
         /// Some reference or document waits for a row to arrive. Set once a change adds one.
         var waiting: Bool
 
-        init(_ model: TableModel, _ db: Database) throws {
+        init(_ db: Database) throws {
+            // Of any table: these read the partial indexes on `pendingOp`, which hold only
+            // rows with a pending create or delete (a condition on the table name would make
+            // SQLite walk the primary key through every row of the table instead).
             unansweredCreates =
                 try Bool.fetchOne(
-                    db.cachedStatement(
-                        sql: "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE pendingOp = 'create' AND tableName = ?)"),
-                    arguments: [model.name]) ?? true
+                    db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE pendingOp = 'create')"))
+                ?? true
             filedDeletes =
                 try Bool.fetchOne(
-                    db.cachedStatement(
-                        sql: "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE pendingOp = 'delete' AND tableName = ?)"),
-                    arguments: [model.name]) ?? true
+                    db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE pendingOp = 'delete')"))
+                ?? true
             waiting = try LocalStore.anythingWaits(db)
         }
 
@@ -171,11 +172,11 @@ extension LocalStore {
         // Deleted here and not pushed yet: the delete wins; it goes out at this version.
         if context.filedDeletes,
             try Bool.fetchOne(
-            db.cachedStatement(
-                sql:
-                    "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE tableName = ? AND serverId = ? AND pendingOp = 'delete')"
-            ),
-            arguments: [model.name, serverId]) ?? false
+                db.cachedStatement(
+                    sql:
+                        "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE tableName = ? AND serverId = ? AND pendingOp = 'delete')"
+                ),
+                arguments: [model.name, serverId]) ?? false
         {
             try db.cachedStatement(
                 sql: """
@@ -402,7 +403,8 @@ extension LocalStore {
     static func anythingWaits(_ db: Database) throws -> Bool {
         try Bool.fetchOne(
             db.cachedStatement(
-                sql: "SELECT EXISTS (SELECT 1 FROM tandem_reference) OR EXISTS (SELECT 1 FROM tandem_deferred)")) ?? true
+                sql: "SELECT EXISTS (SELECT 1 FROM tandem_reference) OR EXISTS (SELECT 1 FROM tandem_deferred)"))
+            ?? true
     }
 
     /// A row of `model` now has `serverId` here: fills in the references that waited for it

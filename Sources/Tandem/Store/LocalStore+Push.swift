@@ -52,12 +52,11 @@ extension LocalStore {
             let foreignKey = model.foreignKey.map { "t.\(SQL.quote($0))" } ?? "NULL"
             let fields = model.fieldColumns.map { "t.\(SQL.quote($0))" }
             // The row and its bookkeeping in one step. Columns 0…8, then the fields.
-            let columns = (
-                [
+            let columns =
+                ([
                     "t.id", "t.localRevision", "t.updatedAt", "t.serverId", foreignKey, "m.serverVersion",
                     "m.idempotencyKey", "m.collection", "m.pushedRevision",
-                ] + fields
-            ).joined(separator: ", ")
+                ] + fields).joined(separator: ", ")
             let fieldOffset = 9
             let rows = try Row.fetchCursor(
                 db.cachedStatement(

@@ -21,16 +21,22 @@ extension SyncService {
         var newParents = false
         defer { if newParents { refreshListeners() } }
 
-        // Each batch makes progress (acknowledged, resolved or failed rows leave the set), so
-        // the bound only stops a pathological ping-pong with a device writing just as fast.
+        // Each batch makes progress (acknowledged, resolved or failed rows leave the set); a
+        // push ends after 64 batches so that listener work is not held up behind it for long.
         // What the server acknowledged in this push, by row and revision: a batch of nothing but
         // rows already acknowledged unchanged (a reference still waiting for its target) ends
         // the push. Ops of a refused batch were not applied, so they may go out again.
         var sent: Set<String> = []
-        for _ in 0..<64 {
+        for round in 0... {
             let batch = try ownWrite { db in try store.preparePush(maxOps: maxOps, maxBytes: maxBytes, db) }
             let signatures = batch.map { "\($0.table)#\($0.rowId)#\($0.op.kind)#\($0.revision)" }
             if batch.isEmpty || signatures.allSatisfy(sent.contains) { break }
+            if round == 64 {
+                // Long enough: the sync queue has other work (listeners) waiting behind this
+                // barrier. Another push is queued for the rest.
+                schedulePush(after: .zero)
+                break
+            }
             configuration.hooks.beforeSend?(batch.map(\.op))
             switch connection.writeAndWait(batch.map(\.op), timeout: configuration.requestTimeout) {
             case .success(.ack(let results)):
@@ -90,7 +96,7 @@ extension SyncService {
                 throw error
             }
         }
-        let (pending, failed) = try database.read { db in (try store.pendingCount(db), try store.failedCount(db)) }
+        let (pending, failed) = try readState { db in (try store.pendingCount(db), try store.failedCount(db)) }
         report.pending = pending
         report.failed = failed
         if report.conflicts > 0 { updateStatus { $0.resolvedConflicts += report.conflicts } }

@@ -36,7 +36,8 @@ struct BenchCommand: AsyncParsableCommand {
     func validate() throws {
         guard scenario == "all" || Scenario(rawValue: scenario) != nil else {
             throw ValidationError(
-                "unknown scenario '\(scenario)'; choose one of \(Scenario.allCases.map(\.rawValue).joined(separator: ", ")) or all")
+                "unknown scenario '\(scenario)'; choose one of \(Scenario.allCases.map(\.rawValue).joined(separator: ", ")) or all"
+            )
         }
     }
 
@@ -75,17 +76,24 @@ struct BenchCommand: AsyncParsableCommand {
     }
 
     private func printTable(_ results: [BenchResult]) {
-        emit("")
-        emit(pad(["scenario", "result", "goal", "met", "floor", "vs floor"], [12, 22, 34, 5, 42, 8]))
-        for result in results {
-            let value = "\(result.metric) \(format(result.value)) \(result.unit)"
-            let floor = result.floor.map { "\($0): \(format(result.floorValue ?? 0))" } ?? "–"
-            let ratio = result.floorRatio.map { String(format: "%.2f", $0) } ?? "–"
-            emit(pad([result.scenario, value, result.goal, result.met ? "yes" : "no", floor, ratio], [12, 22, 34, 5, 42, 8]))
-            for (name, figure) in result.details.sorted(by: { $0.key < $1.key }) {
-                emit("    \(name): \(format(figure))")
-            }
+        let header = ["scenario", "result", "goal", "met", "floor", "vs floor"]
+        let rows = results.map { result in
+            [
+                result.scenario, "\(result.metric) \(format(result.value)) \(result.unit)", result.goal,
+                result.met.map { $0 ? "yes" : "no" } ?? "–",
+                result.floor.map { "\($0): \(format(result.floorValue ?? 0))" } ?? "–",
+                result.floorRatio.map { String(format: "%.2f", $0) } ?? "–",
+            ]
         }
+        let widths = header.indices.map { column in ([header] + rows).map { $0[column].count }.max()! + 2 }
+        emit("")
+        emit(pad(header, widths))
+        for (result, row) in zip(results, rows) {
+            emit(pad(row, widths))
+            let details = result.details.sorted { $0.key < $1.key }.map { "\($0.key): \(format($0.value))" }
+            emit("    " + details.joined(separator: "; "))
+        }
+        if quick { emit("(--quick: smaller runs; goals are judged on the full run only)") }
     }
 
     private func format(_ value: Double) -> String {
@@ -95,7 +103,6 @@ struct BenchCommand: AsyncParsableCommand {
     }
 
     private func pad(_ cells: [String], _ widths: [Int]) -> String {
-        zip(cells, widths).map { cell, width in cell.padding(toLength: max(width, cell.count + 1), withPad: " ", startingAt: 0) }
-            .joined()
+        zip(cells, widths).map { cell, width in cell.padding(toLength: width, withPad: " ", startingAt: 0) }.joined()
     }
 }

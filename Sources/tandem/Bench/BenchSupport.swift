@@ -14,7 +14,8 @@ struct BenchResult: Encodable {
     var value: Double
     var unit: String
     var goal: String
-    var met: Bool
+    /// Whether the goal is met; nil when the run was too small to say (`--quick`).
+    var met: Bool?
     /// More figures of the scenario (p99, each table size, …).
     var details: [String: Double] = [:]
     /// What the scenario is measured against, and its figure.
@@ -27,7 +28,8 @@ struct BenchResult: Encodable {
 
 /// Latencies in microseconds, with percentiles from HdrHistogram.
 struct Latencies {
-    private var histogram = Histogram<UInt64>(highestTrackableValue: 600_000_000, numberOfSignificantValueDigits: .three)
+    private var histogram = Histogram<UInt64>(
+        highestTrackableValue: 600_000_000, numberOfSignificantValueDigits: .three)
 
     mutating func record(_ duration: Duration) {
         _ = histogram.record(UInt64(max(1, duration.microseconds)))
@@ -109,7 +111,9 @@ enum BenchModel {
 }
 
 /// Waits until `check` holds, checking every `interval`.
-func poll(_ what: String, timeout: Duration = .seconds(300), interval: Duration = .milliseconds(2), _ check: () throws -> Bool)
+func poll(
+    _ what: String, timeout: Duration = .seconds(300), interval: Duration = .milliseconds(2), _ check: () throws -> Bool
+)
     async throws
 {
     let deadline = ContinuousClock.now + timeout

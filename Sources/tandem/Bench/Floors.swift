@@ -7,16 +7,18 @@ import TandemWire
 
 /// What the machine can do without Tandem, to measure Tandem against.
 enum Floors {
+    /// Sends every message back.
+    final class Echo: WebSocketDelegate {
+        func webSocketDidOpen(_ connection: WebSocketConnection) {}
+        func webSocket(_ connection: WebSocketConnection, didReceive message: WebSocketMessage) {
+            try? connection.send(OutboundMessage(text: message.bytes))
+        }
+        func webSocket(_ connection: WebSocketConnection, didCloseWith event: WebSocketCloseEvent) {}
+    }
+
     /// A raw libwebsockets echo of 400-byte messages: sequential round trips, then pipelined
     /// messages per second.
     static func echo(messages: Int) throws -> (roundTrip: Latencies, perSecond: Double) {
-        final class Echo: WebSocketDelegate {
-            func webSocketDidOpen(_ connection: WebSocketConnection) {}
-            func webSocket(_ connection: WebSocketConnection, didReceive message: WebSocketMessage) {
-                try? connection.send(OutboundMessage(text: message.bytes))
-            }
-            func webSocket(_ connection: WebSocketConnection, didCloseWith event: WebSocketCloseEvent) {}
-        }
         final class Counter: WebSocketDelegate {
             let received = Atomic<Int>(0)
             func webSocketDidOpen(_ connection: WebSocketConnection) {}
@@ -63,7 +65,8 @@ enum Floors {
         configuration.journalMode = .wal
         let database = try DatabaseQueue(path: folder.path("floor.sqlite"), configuration: configuration)
         try database.write { db in
-            try db.execute(sql: "CREATE TABLE item (id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT, amount INTEGER, note TEXT)")
+            try db.execute(
+                sql: "CREATE TABLE item (id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT, amount INTEGER, note TEXT)")
         }
         let start = ContinuousClock.now
         try database.write { db in
@@ -71,6 +74,38 @@ enum Floors {
             for index in 0..<rows { try statement.execute(arguments: ["item \(index)", index, BenchModel.note]) }
         }
         return Double(rows) / (ContinuousClock.now - start).seconds
+    }
+
+    /// Raw SQLite, in a table of `rows` rows of the benchmark's shape with a unique text key:
+    /// find a row by its key and update it, one transaction (WAL, synchronous NORMAL, as the
+    /// devices) per change. The median in milliseconds.
+    static func indexedUpdate(rows: Int, changes: Int) throws -> Double {
+        let folder = try TemporaryDirectory(prefix: "tandem-floor")
+        var configuration = Configuration()
+        configuration.journalMode = .wal
+        configuration.prepareDatabase { db in try db.execute(sql: "PRAGMA synchronous = NORMAL") }
+        let database = try DatabaseQueue(path: folder.path("floor.sqlite"), configuration: configuration)
+        try database.write { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE item (id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL UNIQUE, title TEXT,
+                        amount INTEGER, note TEXT)
+                    """)
+            let statement = try db.makeStatement(sql: "INSERT INTO item (key, title, amount, note) VALUES (?, ?, ?, ?)")
+            for index in 0..<rows {
+                try statement.execute(arguments: ["key-\(index)", "item \(index)", index, BenchModel.note])
+            }
+        }
+        var durations: [Duration] = []
+        for change in 0..<changes {
+            let start = ContinuousClock.now
+            try database.write { db in
+                try db.cachedStatement(sql: "UPDATE item SET amount = ? WHERE key = ?")
+                    .execute(arguments: [-change, "key-\((change * 7919) % rows)"])
+            }
+            durations.append(ContinuousClock.now - start)
+        }
+        return Double(durations.sorted()[durations.count / 2].microseconds) / 1000
     }
 
     /// Encoding and decoding the benchmark's documents as snapshot messages of 500: documents
@@ -83,7 +118,8 @@ enum Floors {
                     id: try DocumentID("doc\(index)"), version: 1, fields: BenchModel.fields(index), createTime: 0,
                     updateTime: 0))
         }
-        let message = ServerMessage.snapshot(.init(target: "items", changes: changes, resumeToken: "e.1", initial: false))
+        let message = ServerMessage.snapshot(
+            .init(target: "items", changes: changes, resumeToken: "e.1", initial: false))
         let start = ContinuousClock.now
         var done = 0
         while done < documents {
