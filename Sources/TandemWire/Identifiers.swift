@@ -166,13 +166,13 @@ public struct DocumentID: Hashable, Sendable, Comparable, CustomStringConvertibl
 public struct ClientName: Hashable, Sendable, CustomStringConvertible {
     public let rawValue: String
 
-    /// A new random name of 20 letters and digits (about 119 bits): an idempotency key.
-    public static func random() -> ClientName {
-        var generator = RandomPool()
-        return ClientName(unchecked: DocumentID.randomName(using: &generator))
+    /// A new idempotency key: 20 letters and digits that sort by the time they were made (as
+    /// ``DocumentID/timeOrdered(milliseconds:)``), so that the keys a device sends land
+    /// together in the server's index of keys instead of all over it.
+    public static func key(milliseconds: Int64) -> ClientName {
+        ClientName(unchecked: DocumentID.timeOrdered(milliseconds: milliseconds).rawValue)
     }
 
-    /// - Throws: ``WireError`` with code ``ErrorCode/badMessage``.
     init(unchecked rawValue: String) { self.rawValue = rawValue }
 
     public init(_ rawValue: String, field: String = "name") throws(WireError) {

@@ -22,7 +22,9 @@ struct DeleteCommand: AsyncParsableCommand {
         defer { connection.close() }
         let reply = try await request("delete") {
             try await connection.write([
-                .delete(in: collection, id: id, baseVersion: nil, idempotencyKey: ClientName.random())
+                .delete(
+                    in: collection, id: id, baseVersion: nil,
+                    idempotencyKey: ClientName.key(milliseconds: Int64(Date().timeIntervalSince1970 * 1000)))
             ])
         }
         let result = try reply.results("delete \(collection)/\(id)")[0]

@@ -39,7 +39,7 @@ struct PutCommand: AsyncParsableCommand {
         let connection = try await options.connect()
         defer { connection.close() }
 
-        let key = { ClientName.random() }
+        let key = { ClientName.key(milliseconds: Int64(Date().timeIntervalSince1970 * 1000)) }
         var reply = try await request("put") {
             try await connection.write([.create(in: path, id: documentID, fields: fields, idempotencyKey: key())])
         }

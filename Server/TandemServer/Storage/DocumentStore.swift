@@ -180,10 +180,8 @@ final class DocumentStore {
     }
 
     static func bounds(_ db: Database, _ collection: CollectionPath) throws -> (last: Int64, horizon: Int64) {
-        let row = try Row.fetchOne(
-            db.cachedStatement(sql: "SELECT lastSequence, horizonSequence FROM collection WHERE path = ?"),
-            arguments: [collection.rawValue])
-        return (row?[0] ?? 0, row?[1] ?? 0)
+        try db.cachedStatement(sql: "SELECT lastSequence, horizonSequence FROM collection WHERE path = ?")
+            .firstRow(arguments: [collection.rawValue]) { row in (row[0] as Int64, row[1] as Int64) } ?? (0, 0)
     }
 
     static func fetchDocument(_ db: Database, _ collection: CollectionPath, _ id: DocumentID) throws -> StoredDocument?
@@ -193,7 +191,7 @@ final class DocumentStore {
                 SELECT id, fields, version, createTime, updateTime, deleted, sequence, createSequence, createKey, createClient, fieldTimes
                 FROM document WHERE collection = ? AND id = ?
                 """)
-        return try Row.fetchOne(statement, arguments: [collection.rawValue, id.rawValue]).map(StoredDocument.init(row:))
+        return try statement.firstRow(arguments: [collection.rawValue, id.rawValue], StoredDocument.init(row:))
     }
 
     // MARK: - Maintenance

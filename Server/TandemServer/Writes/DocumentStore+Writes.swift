@@ -187,9 +187,10 @@ extension DocumentStore {
     {
         let statement = try db.cachedStatement(
             sql: "SELECT id, version, updateTime, document FROM idempotency WHERE clientId = ? AND key = ?")
-        guard let row = try Row.fetchOne(statement, arguments: [clientId.rawValue, key.rawValue]) else { return nil }
-        let document = try (row[3] as String?).map { try Wire.decode(Document.self, from: Array($0.utf8)) }
-        return WriteResult(id: try DocumentID(row[0]), version: row[1], updateTime: row[2], document: document)
+        return try statement.firstRow(arguments: [clientId.rawValue, key.rawValue]) { row in
+            let document = try (row[3] as String?).map { try Wire.decode(Document.self, from: Array($0.utf8)) }
+            return WriteResult(id: try DocumentID(row[0]), version: row[1], updateTime: row[2], document: document)
+        }
     }
 
     /// Hands out each collection's sequence numbers for one transaction: read once, counted

@@ -148,14 +148,36 @@ public final class ServerConnection: Sendable {
     /// the answer is handled, like the sync service's push barrier. Never call it from the
     /// connection's own queue or from Swift concurrency's cooperative pool.
     public func writeAndWait(_ ops: [WriteOp], timeout: Duration = .seconds(30)) -> Result<WriteReply, any Error> {
-        let done = DispatchSemaphore(value: 0)
-        let box = Mutex<Result<WriteReply, any Error>?>(nil)
-        write(ops, timeout: timeout) { result in
-            box.withLock { $0 = result }
-            done.signal()
+        startWrite(ops, timeout: timeout).wait()
+    }
+
+    /// Sends a write now and returns its answer to wait for later, so that the next write can
+    /// go out before this one is answered. The same rules as ``writeAndWait(_:timeout:)``
+    /// hold for ``PendingWrite/wait()``.
+    public func startWrite(_ ops: [WriteOp], timeout: Duration = .seconds(30)) -> PendingWrite {
+        let pending = PendingWrite()
+        write(ops, timeout: timeout) { result in pending.fulfil(result) }
+        return pending
+    }
+
+    /// The answer to a write sent with ``startWrite(_:timeout:)``.
+    public final class PendingWrite: Sendable {
+        private let answered = DispatchSemaphore(value: 0)
+        private let result = Mutex<Result<WriteReply, any Error>?>(nil)
+
+        fileprivate init() {}
+
+        fileprivate func fulfil(_ result: Result<WriteReply, any Error>) {
+            self.result.withLock { $0 = result }
+            answered.signal()
         }
-        done.wait()
-        return box.withLock { $0! }
+
+        /// Blocks until the answer (or the write's timeout, or the connection's end).
+        public func wait() -> Result<WriteReply, any Error> {
+            if let result = result.withLock({ $0 }) { return result }
+            answered.wait()
+            return result.withLock { $0! }
+        }
     }
 
     /// The document, or nil when it does not exist.

@@ -110,14 +110,14 @@ extension LocalStore {
         let document = change.document
         let serverId = document.id.rawValue
         receiveTimes(of: document)
-        let local = try Row.fetchOne(
-            db.cachedStatement(sql: "SELECT id, isDirty, updatedAt FROM \(model.quotedName) WHERE serverId = ?"),
-            arguments: [serverId])
+        let local = try db.cachedStatement(sql: model.lookupSQL).firstRow(arguments: [serverId]) { row in
+            (id: row[0] as Int64, isDirty: row[1] as Bool)
+        }
 
         if change.kind == .deleted || document.deleted {
             // A remote delete removes the local row, unpushed edits included.
             if let local {
-                try removeRow(model, id: local[0], db)
+                try removeRow(model, id: local.id, db)
                 outcome.deleted += 1
             } else if context.unansweredCreates, let rowId = try unansweredCreate(of: document, model, db) {
                 // This device's own create, applied by the server but never answered, was
@@ -141,13 +141,13 @@ extension LocalStore {
         }
 
         if let local {
-            let rowId: Int64 = local[0]
+            let rowId = local.id
             let knownVersion =
                 try Int64.fetchOne(
                     db.cachedStatement(sql: "SELECT serverVersion FROM tandem_row WHERE tableName = ? AND rowId = ?"),
                     arguments: [model.name, rowId]) ?? 0
             guard document.version > knownVersion else { return }  // an echo of our own write, or older
-            let isDirty: Bool = local[1]
+            let isDirty = local.isDirty
             let inConflict =
                 try Bool.fetchOne(
                     db.cachedStatement(

@@ -14,23 +14,40 @@ struct PreparedPush: Sendable {
     var incomplete: Bool
 }
 
+/// How far one push has come: each batch starts after the rows the batches before it took,
+/// so that a batch can be prepared while the one before it is still on its way.
+struct PushCursor {
+    /// The last filed delete taken, by table and row.
+    var lastDelete: (table: String, rowId: Int64) = ("", .min)
+    /// The last row taken of each table.
+    var lastRow: [String: Int64] = [:]
+    /// A row was passed over and is still to push: its parent or a required reference target
+    /// had no server id yet, or it went out with a reference still missing.
+    var passedOver = false
+}
+
 extension LocalStore {
-    /// Builds the next batch of ops and records, before anything is sent, the idempotency
-    /// key of each: a resend after a lost answer must carry the same key, even after a crash.
+    /// Builds the next batch of ops, after the cursor, and records, before anything is sent,
+    /// the idempotency key of each: a resend after a lost answer must carry the same key,
+    /// even after a crash.
     ///
     /// Filed deletes come first, then dirty rows table by table, parents before children (a
     /// child's collection needs its parent's server id, so it waits for the parent's create).
-    func preparePush(maxOps: Int, maxBytes: Int, _ db: Database) throws -> [PreparedPush] {
+    func preparePush(maxOps: Int, maxBytes: Int, after cursor: inout PushCursor, _ db: Database) throws
+        -> [PreparedPush]
+    {
         var prepared: [PreparedPush] = []
         var bytes = 0
         let deletes = try Row.fetchAll(
-            db,
-            sql: """
-                SELECT tableName, rowId, serverId, collection, serverVersion, idempotencyKey FROM tandem_row
-                WHERE pendingOp = 'delete' AND state != 'failed' LIMIT ?
-                """, arguments: [maxOps])
+            db.cachedStatement(
+                sql: """
+                    SELECT tableName, rowId, serverId, collection, serverVersion, idempotencyKey FROM tandem_row
+                    WHERE pendingOp = 'delete' AND state != 'failed' AND (tableName, rowId) > (?, ?)
+                    ORDER BY tableName, rowId LIMIT ?
+                    """), arguments: [cursor.lastDelete.table, cursor.lastDelete.rowId, maxOps])
         for row in deletes {
             let table: String = row[0], rowId: Int64 = row[1]
+            cursor.lastDelete = (table, rowId)
             guard let serverId = try? DocumentID(row[2] as String? ?? ""),
                 let collection = try? CollectionPath(row[3] as String? ?? "")
             else {
@@ -63,16 +80,21 @@ extension LocalStore {
                     sql: """
                         SELECT \(columns) FROM \(model.quotedName) AS t
                         LEFT JOIN tandem_row AS m ON m.tableName = ?1 AND m.rowId = t.id
-                        WHERE t.isDirty = 1 AND \(syncsCondition(model, alias: "t")) AND m.state IS NOT 'failed'
+                        WHERE t.isDirty = 1 AND t.id > ?3 AND \(syncsCondition(model, alias: "t"))
+                        AND m.state IS NOT 'failed'
                         AND NOT EXISTS (SELECT 1 FROM tandem_conflict c WHERE c.tableName = ?1 AND c.rowId = t.id)
-                        LIMIT ?2
-                        """), arguments: [model.name, maxOps - prepared.count])
+                        ORDER BY t.id LIMIT ?2
+                        """), arguments: [model.name, maxOps - prepared.count, cursor.lastRow[model.name] ?? .min])
             while let row = try rows.next() {
                 let rowId: Int64 = row[0]
+                cursor.lastRow[model.name] = rowId
                 let revision: Int64 = row[1]
                 let updatedAt: Int64 = row[2]
                 let serverId: String? = row[3]
-                guard let collection = try collection(of: model, parentRowId: row[4], db, memo: &memo) else { continue }
+                guard let collection = try collection(of: model, parentRowId: row[4], db, memo: &memo) else {
+                    cursor.passedOver = true
+                    continue
+                }
                 var document: JSONObject = ["updatedAt": .int(updatedAt)]
                 var incomplete = false
                 var waitsForTarget = false
@@ -94,7 +116,10 @@ extension LocalStore {
                     }
                     bytes += Self.estimatedSize(document[column]!)
                 }
-                if waitsForTarget { continue }
+                if waitsForTarget {
+                    cursor.passedOver = true
+                    continue
+                }
                 let serverVersion: Int64? = row[5]
                 let recordedKey: String? = row[6]
                 if let serverId, let known: String = row[7], known != collection.rawValue {
@@ -106,7 +131,7 @@ extension LocalStore {
                     continue
                 }
                 // The key is recorded with the op below, before anything is sent.
-                let key = (recordedKey.flatMap { try? ClientName($0) }) ?? ClientName.random()
+                let key = (recordedKey.flatMap { try? ClientName($0) }) ?? newKey()
                 // A key stays bound to the revision it was first sent with. If an op went out,
                 // was applied, and its answer was lost, the resend under the same key gets that
                 // first answer back: the row must then stay dirty when it changed since, or its
@@ -136,6 +161,7 @@ extension LocalStore {
                 ).execute(arguments: [
                     model.name, rowId, serverId, collection.rawValue, op.kind.rawValue, key.rawValue, keyRevision,
                 ])
+                if incomplete { cursor.passedOver = true }
                 prepared.append(
                     PreparedPush(table: model.name, rowId: rowId, op: op, revision: keyRevision, incomplete: incomplete)
                 )
@@ -162,10 +188,15 @@ extension LocalStore {
             arguments: [localId, model.name]) ?? false
     }
 
+    /// A new idempotency key, ordered by the device's clock.
+    private func newKey() -> ClientName {
+        ClientName.key(milliseconds: HybridLogicalClock.milliseconds(clock.latest))
+    }
+
     /// The key already recorded for a row's pending op, or a new one, recorded.
     private func key(_ recorded: String?, _ table: String, _ rowId: Int64, _ db: Database) throws -> ClientName {
         if let recorded, let key = try? ClientName(recorded) { return key }
-        let key = ClientName.random()
+        let key = newKey()
         try db.cachedStatement(sql: "UPDATE tandem_row SET idempotencyKey = ? WHERE tableName = ? AND rowId = ?")
             .execute(arguments: [key.rawValue, table, rowId])
         return key

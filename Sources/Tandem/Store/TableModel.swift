@@ -18,6 +18,8 @@ struct TableModel: Sendable {
     let quotedName: String
     /// The insert of a document that carries every field: the common case, prepared once.
     let insertEveryFieldSQL: String
+    /// Finds a row by server id: its id and whether it has unpushed changes.
+    let lookupSQL: String
 
     init(
         definition: SyncTable, fieldColumns: [String], references: [String: String], optionalReferences: Set<String>,
@@ -30,6 +32,7 @@ struct TableModel: Sendable {
         self.rootCollection = rootCollection
         self.policy = policy
         quotedName = SQL.quote(definition.name)
+        lookupSQL = "SELECT id, isDirty FROM \(quotedName) WHERE serverId = ?"
         insertEveryFieldSQL = Self.insertSQL(
             quotedName, columns: fieldColumns + (definition.foreignKey.map { [$0] } ?? []))
     }

@@ -18,6 +18,9 @@ public struct SyncConfiguration: Sendable {
     public var pushDelay: Duration = .milliseconds(50)
     /// The most ops in one `write` message (the server's own limit applies too). Default: 500.
     public var maxBatchSize = 500
+    /// How many `write` messages of a push may await their answers at once: the next batch is
+    /// prepared and sent while the server applies the one before. Default: 2.
+    public var writesInFlight = 2
     /// Failed attempts (timeouts, dropped connections, server errors) after which a row is
     /// `failed` and no longer pushed until ``SyncService/retryFailed()``. Refusals that cannot
     /// succeed (`permission-denied`, `invalid-path`, `too-large`) fail a row at once.

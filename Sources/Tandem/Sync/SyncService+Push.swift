@@ -2,8 +2,18 @@ import GRDB
 import TandemWire
 
 extension SyncService {
-    /// One push: batches of dirty rows and filed deletes, each sent, answered and written back
-    /// before the next. Runs inside a barrier block of the sync queue.
+    /// One push: batches of filed deletes and dirty rows, each sent, answered and written back
+    /// in order. Runs inside a barrier block of the sync queue.
+    ///
+    /// Up to ``SyncConfiguration/writesInFlight`` batches are on their way at once: the next
+    /// is prepared and sent while the server applies the one before. A batch that creates rows
+    /// others depend on (parents, reference targets) is answered before the next is prepared,
+    /// since the next may need the server ids it brings.
+    ///
+    /// Each batch starts after the rows of the batches before it (``PushCursor``), so a row goes
+    /// out at most once per push. Rows passed over (their parent or target had no server id
+    /// yet, or a refused batch left them unsent) go out in another push, queued at the end of
+    /// this one when it made progress that can help them.
     ///
     /// - Throws: ``TandemError`` when not connected or when the connection fails mid-push
     ///   (the rows stay pending, their idempotency keys kept for the resend).
@@ -17,28 +27,42 @@ extension SyncService {
         let limits = connection.welcome.limits
         let maxOps = max(1, min(configuration.maxBatchSize, limits.maxOpsPerWrite))
         let maxBytes = max(16 << 10, min(limits.maxMessageBytes / 2, 512 << 10))
+        let depth = max(1, configuration.writesInFlight)
         var report = SyncReport()
         var newParents = false
         defer { if newParents { refreshListeners() } }
 
-        // Each batch makes progress (acknowledged, resolved or failed rows leave the set); a
-        // push ends after 64 batches so that listener work is not held up behind it for long.
-        // What the server acknowledged in this push, by row and revision: a batch of nothing but
-        // rows already acknowledged unchanged (a reference still waiting for its target) ends
-        // the push. Ops of a refused batch were not applied, so they may go out again.
-        var sent: Set<String> = []
-        for round in 0... {
-            let batch = try ownWrite { db in try store.preparePush(maxOps: maxOps, maxBytes: maxBytes, db) }
-            let signatures = batch.map { "\($0.table)#\($0.rowId)#\($0.op.kind)#\($0.revision)" }
-            if batch.isEmpty || signatures.allSatisfy(sent.contains) { break }
-            if round == 64 {
-                // Long enough: the sync queue has other work (listeners) waiting behind this
-                // barrier. Another push is queued for the rest.
-                schedulePush(after: .zero)
-                break
+        var cursor = PushCursor()
+        var inFlight: [(batch: [PreparedPush], answer: ServerConnection.PendingWrite)] = []
+        var exhausted = false
+        var batches = 0
+        var createsAcknowledged = 0
+        // Ops of a refused or conflicting batch that were not applied, and must go out again.
+        var leftBehind = false
+        while true {
+            while !exhausted, inFlight.count < depth, !(inFlight.last.map { creates(dependedOn: $0.batch) } ?? false) {
+                if batches == 64 {
+                    // Long enough: listener work waits behind this barrier. Another push is
+                    // queued for the rest.
+                    leftBehind = true
+                    exhausted = true
+                    break
+                }
+                let batch = try ownWrite { db in
+                    try store.preparePush(maxOps: maxOps, maxBytes: maxBytes, after: &cursor, db)
+                }
+                if batch.isEmpty {
+                    exhausted = true
+                    break
+                }
+                batches += 1
+                configuration.hooks.beforeSend?(batch.map(\.op))
+                inFlight.append((batch, connection.startWrite(batch.map(\.op), timeout: configuration.requestTimeout)))
             }
-            configuration.hooks.beforeSend?(batch.map(\.op))
-            switch connection.writeAndWait(batch.map(\.op), timeout: configuration.requestTimeout) {
+            guard !inFlight.isEmpty else { break }
+            let (batch, answer) = inFlight.removeFirst()
+
+            switch answer.wait() {
             case .success(.ack(let results)):
                 if configuration.hooks.dropAcknowledgement?() == true {
                     // As if the network failed before the answer: nothing that came after it on
@@ -51,11 +75,11 @@ extension SyncService {
                     throw TandemError(.disconnected, "the connection dropped before the acknowledgement arrived")
                 }
                 configuration.hooks.afterAck?(results)
-                sent.formUnion(signatures)
                 let (duplicates, merged) = try ownWrite { db in try store.recordAcknowledgement(batch, results, db) }
                 for duplicate in duplicates { noteError(duplicate) }
                 report.conflicts += merged
                 report.pushed += results.count
+                createsAcknowledged += batch.count { $0.op.kind == .create }
                 newParents =
                     newParents || batch.contains { $0.op.kind == .create && parentTables.contains($0.table) }
 
@@ -63,6 +87,7 @@ extension SyncService {
                 if try ownWrite({ db in try store.resolvePushConflict(batch[index], server: server, db) }) {
                     report.conflicts += 1
                 }
+                leftBehind = true
 
             case .failure(let error):
                 let serverError = (error as? TandemError)?.serverError
@@ -80,6 +105,7 @@ extension SyncService {
                         }
                     }
                     noteError("\(push.table) row \(push.rowId): \(serverError.message)")
+                    leftBehind = true
                     continue
                 }
                 if let serverError, serverError.code.isRejection {
@@ -93,13 +119,21 @@ extension SyncService {
                     try store.countFailedAttempt(batch, "\(error)", maxAttempts: configuration.maxAttempts, db)
                 }
                 noteError("push failed: \(error)")
+                // The batches still on their way keep their keys; the next push sends them again.
                 throw error
             }
         }
+        if leftBehind || (cursor.passedOver && createsAcknowledged > 0) { schedulePush(after: .zero) }
         let (pending, failed) = try readState { db in (try store.pendingCount(db), try store.failedCount(db)) }
         report.pending = pending
         report.failed = failed
         if report.conflicts > 0 { updateStatus { $0.resolvedConflicts += report.conflicts } }
         return report
+    }
+
+    /// Whether a batch creates rows of a table that others nest under or reference: the next
+    /// batch waits for its answer, which brings their server ids.
+    private func creates(dependedOn batch: [PreparedPush]) -> Bool {
+        batch.contains { $0.op.kind == .create && dependedOnTables.contains($0.table) }
     }
 }

@@ -48,6 +48,8 @@ public final class SyncService: Sendable {
     let inbox = Mutex<[(Arrival, Int)]>([])
     let logger: Logger
     let parentTables: Set<String>
+    /// Tables whose rows others nest under or reference.
+    let dependedOnTables: Set<String>
     /// The device's hybrid logical clock: `updatedAt` and field times come from it.
     public let clock: HybridLogicalClock
 
@@ -108,6 +110,7 @@ public final class SyncService: Sendable {
         store = LocalStore(
             tables: models, clock: clock, recognizesOwnCreates: configuration.serialization == .barrier)
         parentTables = Set(models.compactMap(\.parentTable))
+        dependedOnTables = parentTables.union(models.flatMap(\.references.values))
         observer = LocalChangeObserver(tables: Set(models.map(\.name)), parents: parentTables)
         queue = OperationQueue()
         queue.name = "tandem.sync.\(clientId)"

@@ -86,8 +86,25 @@ enum BenchModel {
         try database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM item") ?? 0 }
     }
 
-    static func dirtyCount(_ database: DatabaseQueue) throws -> Int {
-        try database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM item WHERE isDirty = 1") ?? 0 }
+    /// How many rows arrived, cheaply enough to ask every few milliseconds: the benchmarks'
+    /// receiving devices only insert, so the largest id counts the rows (COUNT(*) would read
+    /// the whole table each time and slow the device it measures).
+    static func arrived(_ database: DatabaseQueue) throws -> Int {
+        try database.read { db in try Int.fetchOne(db, sql: "SELECT MAX(id) FROM item") ?? 0 }
+    }
+
+    static func anyDirty(_ database: DatabaseQueue) throws -> Bool {
+        try database.read { db in
+            try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM item WHERE isDirty = 1)") ?? false
+        }
+    }
+
+    /// Checks, after the clock stopped, that every row arrived once.
+    static func verify(_ database: DatabaseQueue, has expected: Int) throws {
+        let count = try count(database)
+        guard count == expected else {
+            throw CLIError("the benchmark's device has \(count) rows, not \(expected): a sync bug, not a slow run")
+        }
     }
 
     /// Puts `count` documents on the server through one protocol connection, in batches.

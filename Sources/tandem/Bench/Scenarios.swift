@@ -77,12 +77,13 @@ enum Scenarios {
         a.service.start()
         var pushed: Duration?
         try await poll("b has every row", interval: .milliseconds(10)) {
-            if pushed == nil, try BenchModel.dirtyCount(a.database) == 0 { pushed = ContinuousClock.now - start }
-            let have = try BenchModel.count(b.database)
+            if pushed == nil, try !BenchModel.anyDirty(a.database) { pushed = ContinuousClock.now - start }
+            let have = try BenchModel.arrived(b.database)
             progress.show("throughput: \(have)/\(count) documents on B")
             return have == count
         }
         let elapsed = ContinuousClock.now - start
+        try BenchModel.verify(b.database, has: count)
         await a.service.stop()
         await b.service.stop()
         let rate = Double(count) / elapsed.seconds
@@ -111,11 +112,12 @@ enum Scenarios {
         let start = ContinuousClock.now
         fresh.service.start()
         try await poll("the fresh client stored every document", interval: .milliseconds(5)) {
-            let have = try BenchModel.count(fresh.database)
+            let have = try BenchModel.arrived(fresh.database)
             progress.show("snapshot: \(have)/\(count) documents stored")
             return have == count
         }
         let elapsed = ContinuousClock.now - start
+        try BenchModel.verify(fresh.database, has: count)
         await fresh.service.stop()
         let sqlite = try Floors.sqliteInserts(rows: count)
         let floorSeconds = Double(count) / sqlite
@@ -221,7 +223,7 @@ enum Scenarios {
             }
             device.service.start()
             try await poll("the client has \(size) rows", interval: .milliseconds(10)) {
-                try BenchModel.count(device.database) == size
+                try BenchModel.arrived(device.database) == size
             }
             let writer = try await ServerConnection.connect(to: server.url, clientId: "writer")
             let documents = try server.server.documents(in: try CollectionPath("items"))
