@@ -12,10 +12,20 @@ func runTandem(_ arguments: [String]) throws -> (status: Int32, output: String, 
     process.standardOutput = output
     process.standardError = error
     try process.run()
+    // Standard error is read on another thread, so that neither pipe can fill up and block
+    // the process while this one waits on the other.
+    let err = Mutex(Data())
+    let errorRead = DispatchSemaphore(value: 0)
+    DispatchQueue.global().async {
+        let data = error.fileHandleForReading.readDataToEndOfFile()
+        err.withLock { $0 = data }
+        errorRead.signal()
+    }
     let out = output.fileHandleForReading.readDataToEndOfFile()
-    let err = error.fileHandleForReading.readDataToEndOfFile()
+    errorRead.wait()
     process.waitUntilExit()
-    return (process.terminationStatus, String(decoding: out, as: UTF8.self), String(decoding: err, as: UTF8.self))
+    let errorText = err.withLock { String(decoding: $0, as: UTF8.self) }
+    return (process.terminationStatus, String(decoding: out, as: UTF8.self), errorText)
 }
 
 @Suite("The tandem command")
@@ -89,5 +99,24 @@ struct CommandLineTests {
         let result = try runTandem(arguments)
         #expect(result.status != 0)
         #expect(result.error.contains(message), "\(result.error)")
+    }
+
+    @Test("tandem bench --quick runs every scenario and prints a figure, a goal and a floor ratio for each")
+    func benchSmoke() throws {
+        // Correctness only: a debug build's figures say nothing about speed.
+        let run = try runTandem(["bench", "all", "--quick", "--json"])
+        #expect(run.status == 0, "\(run.error.suffix(2000))")
+        let results = try run.output.split(separator: "\n").map { line in
+            try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+        }
+        let scenarios = results.compactMap { $0["scenario"] as? String }
+        #expect(scenarios == ["propagation", "throughput", "snapshot", "fanout", "apply", "connections"])
+        for result in results {
+            let value = try #require(result["value"] as? Double)
+            #expect(value > 0, "\(result)")
+            #expect(result["goal"] is String)
+            let ratio = try #require(result["floorRatio"] as? Double, "\(result)")
+            #expect(ratio > 0)
+        }
     }
 }
