@@ -16,6 +16,9 @@ public struct ServerConfiguration: Sendable {
     /// The address to listen on. Without access control the server is open, so it only
     /// accepts a loopback address (`127.0.0.1`, `::1`, `localhost`). Default: `127.0.0.1`.
     public var host = "127.0.0.1"
+    /// Tokens and rules (see ``AccessControl``); nil for an open server, which then listens on
+    /// loopback only. Default: nil.
+    public var access: AccessControl?
     /// The port; 0 picks a free one (see ``TandemServer/port``). Default: 7878.
     public var port = 7878
     /// The folder of the SQLite database (`tandem.sqlite`), created if missing.
@@ -36,6 +39,9 @@ public struct ServerConfiguration: Sendable {
     /// The most bytes waiting to be sent to one connection before it is dropped as too slow.
     /// Default: 16 MiB.
     public var maxQueuedBytesPerConnection = 16 << 20
+    /// How long a new connection may take to send `hello` before it is closed (1008), so that
+    /// connections that open and never speak do not hold the server's resources. Default: 10 s.
+    public var helloTimeout: Duration = .seconds(10)
     /// Seconds of silence before the server pings a client. Default: 20.
     public var pingInterval: UInt16 = 20
     /// Seconds of silence after which a client is considered gone. Default: 45.

@@ -22,6 +22,8 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
     // Confined to `queue`.
     private var sessions: [UInt64: Session] = [:]
     var listeners: [CollectionPath: [Listener]] = [:]
+    /// Listeners by the documents their read permission depends on ("collection/id").
+    var accessDependents: [String: [ObjectIdentifier: Listener]] = [:]
     private var maintenance: DispatchSourceTimer?
     private var isStopped = false
 
@@ -96,6 +98,13 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
         queue.async { [self] in
             guard !isStopped else { return }
             sessions[connection.id] = session
+        }
+        let timeout = DispatchTimeInterval.milliseconds(Int(configuration.helloTimeout.milliseconds))
+        queue.asyncAfter(deadline: .now() + timeout) { [weak session] in
+            guard let session, !session.isClosed, session.clientId == nil else { return }
+            session.connection.close(
+                code: .policyViolation, reason: "no hello within \(self.configuration.helloTimeout)")
+            session.isClosed = true
         }
     }
 
@@ -184,6 +193,16 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
                 ))
             return
         }
+        if let access = configuration.access {
+            do {
+                session.user = try access.user(forToken: hello.token)
+            } catch {
+                session.send(error)
+                session.connection.close(code: .policyViolation, reason: error.message)
+                session.isClosed = true
+                return
+            }
+        }
         session.clientId = hello.clientId
         session.send(
             .welcome(.init(sessionId: session.id, serverTime: configuration.clock(), limits: configuration.limits)))
@@ -191,6 +210,12 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
 
     private func get(_ session: Session, _ get: ClientMessage.Get) {
         do {
+            guard try mayRead(get.collection, session).allowed else {
+                session.send(
+                    WireError(
+                        .permissionDenied, "\(who(session)) may not read \(get.collection)", request: get.request))
+                return
+            }
             guard let document = try store.document(in: get.collection, id: get.id), !document.deleted else {
                 session.send(
                     WireError(.notFound, "document '\(get.collection)/\(get.id)' does not exist", request: get.request))

@@ -29,12 +29,12 @@ public final class TandemServer: Sendable {
 
     /// Opens the data folder and starts listening.
     ///
-    /// - Throws: ``ServerError``: `.invalidConfiguration` for a non-loopback host (the server
-    ///   has no access control yet, so it must not be reachable from other machines) or
+    /// - Throws: ``ServerError``: `.invalidConfiguration` for a non-loopback host without
+    ///   access control (an open server must not be reachable from other machines) or
     ///   out-of-range settings; `.storage` when the data folder or database cannot be opened;
     ///   `.listen` when the address is taken.
     public init(configuration: ServerConfiguration) throws(ServerError) {
-        guard configuration.isLoopback else {
+        guard configuration.isLoopback || configuration.access != nil else {
             throw ServerError(
                 .invalidConfiguration,
                 "without access control the server only listens on loopback (127.0.0.1 or ::1), not \(configuration.host)"
@@ -72,7 +72,7 @@ public final class TandemServer: Sendable {
             "listening",
             metadata: [
                 "tandem.url": "\(url)", "tandem.data": "\(configuration.dataDirectory.path)",
-                "tandem.access": "open (loopback only)",
+                "tandem.access": "\(configuration.access == nil ? "open (loopback only)" : "tokens and rules")",
             ])
     }
 

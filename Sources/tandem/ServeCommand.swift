@@ -10,11 +10,13 @@ struct ServeCommand: AsyncParsableCommand {
         abstract: "Run the companion server.",
         discussion: """
             Documents are kept in SQLite in the data folder. Without access control the server \
-            only listens on loopback.
+            only listens on loopback. With --tokens and/or --rules, clients present a token and \
+            everything the rules do not allow is denied (file formats in the README).
 
             Examples:
               tandem serve
               tandem serve --port 0 --data /tmp/tandem     (any free port)
+              tandem serve --host 0.0.0.0 --tokens tokens.json --rules rules.json
             """)
 
     @Option(help: "The address to listen on (loopback only without access control).")
@@ -25,6 +27,12 @@ struct ServeCommand: AsyncParsableCommand {
 
     @Option(help: "The data folder, created if missing.")
     var data = "./tandem-data"
+
+    @Option(help: "A JSON file of bearer tokens and the user each names: {\"tokens\": {\"TOKEN\": \"USER\"}}.")
+    var tokens: String?
+
+    @Option(help: "A JSON file of access rules: who may read and write which collections.")
+    var rules: String?
 
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
     var logLevel = "info"
@@ -80,6 +88,15 @@ struct ServeCommand: AsyncParsableCommand {
         configuration.tombstoneRetention = .seconds(tombstoneDays * 24 * 3600)
         configuration.idempotencyRetention = .seconds(idempotencyDays * 24 * 3600)
         configuration.logger = Logger(label: "tandem.server")
+        if tokens != nil || rules != nil {
+            do {
+                configuration.access = try AccessControl.load(
+                    tokensFile: tokens.map { URL(fileURLWithPath: $0) },
+                    rulesFile: rules.map { URL(fileURLWithPath: $0) })
+            } catch {
+                throw CLIError(error.message)
+            }
+        }
 
         let server: TandemServer
         do {
@@ -89,7 +106,12 @@ struct ServeCommand: AsyncParsableCommand {
         }
         emit("listening on \(server.url)")
         emit("data in \(configuration.dataDirectory.path)")
-        emit("access: open, no access control, so the server accepts connections from this machine only")
+        if configuration.access == nil {
+            emit("access: open, no access control, so the server accepts connections from this machine only")
+        } else {
+            let files = [tokens.map { "tokens from \($0)" }, rules.map { "rules from \($0)" }].compactMap { $0 }
+            emit("access: \(files.joined(separator: ", ")); everything the rules do not allow is denied")
+        }
 
         let signal = await Signals.wait(for: [SIGINT, SIGTERM])
         note("received \(signal == SIGINT ? "SIGINT" : "SIGTERM"), stopping")

@@ -181,4 +181,36 @@ struct BadInputTests {
         }
         #expect(server.server.stats.connections == 1)
     }
+
+    @Test("a message sent as a million one-byte fragments is put together and answered")
+    func millionFragments() async throws {
+        let server = try TestServer()
+        let raw = try RawWebSocket(port: server.port)
+        try raw.send(text: #"{"type":"hello","protocol":1,"clientId":"fragments"}"#)
+        _ = try await raw.readText()
+        let message = Array(#"{"type":"get","request":"whole","collection":"c","id":"x"}"#.utf8)
+        let padded = message + Array(repeating: UInt8(ascii: " "), count: 1_000_000 - message.count)
+        var wire: [UInt8] = []
+        wire.reserveCapacity(padded.count * 7)
+        for (index, byte) in padded.enumerated() {
+            wire += RawWebSocket.frame(
+                opcode: index == 0 ? .text : .continuation, payload: [byte], fin: index == padded.count - 1)
+        }
+        try raw.sendRaw(wire)
+        let reply = try await raw.readText(timeout: .seconds(60))
+        #expect(reply.contains(#""request":"whole""#), "\(reply.prefix(200))")
+    }
+
+    @Test("a connection that opens and never says hello is closed with 1008")
+    func silentConnection() async throws {
+        let server = try TestServer { $0.helloTimeout = .milliseconds(300) }
+        let silent = try RawWebSocket(port: server.port)
+        let close = try await silent.readClose(timeout: .seconds(10))
+        #expect(close.closeCode == 1008)
+        #expect(close.closeReason.contains("no hello"))
+        try await waitUntil("the server forgot it") { server.server.stats.connections == 0 }
+        // A client that does speak in time is served.
+        let client = try await connect(server)
+        client.close()
+    }
 }

@@ -40,7 +40,23 @@ extension ServerCore {
             }
         }
 
+        let dependencies: Set<String>
+        do {
+            let decision = try mayRead(listen.collection, session)
+            guard decision.allowed else {
+                session.send(
+                    WireError(
+                        .permissionDenied, "\(who(session)) may not read \(listen.collection)", target: target))
+                return
+            }
+            dependencies = decision.dependencies
+        } catch {
+            session.send(internalError(error, target: target))
+            return
+        }
+
         let listener = Listener(session: session, target: target, collection: listen.collection, position: position)
+        track(listener, dependencies: dependencies)
         session.listeners[target] = listener
         listeners[listen.collection, default: []].append(listener)
         advance(listener)
@@ -69,6 +85,7 @@ extension ServerCore {
 
     func remove(_ listener: Listener) {
         listener.isCancelled = true
+        track(listener, dependencies: [])
         listeners[listener.collection]?.removeAll { $0 === listener }
         if listeners[listener.collection]?.isEmpty == true { listeners[listener.collection] = nil }
     }

@@ -11,6 +11,8 @@ final class Session: @unchecked Sendable {
     let id = DocumentID.random().rawValue
     /// Set by `hello`; nothing else is accepted before it.
     var clientId: ClientName?
+    /// The user its token names (nil on an open server, or for anonymous clients).
+    var user: String?
     /// The connection's listeners by target.
     var listeners: [String: Listener] = [:]
     var isClosed = false
@@ -52,6 +54,9 @@ final class Listener: @unchecked Sendable {
     var awaitsDrain = false
     /// Started from a resume token: the client holds documents, so it must see their deletes.
     var isResuming: Bool
+    /// The documents its read permission was decided on ("collection/id"): a change to one of
+    /// them decides again, and may end the listener.
+    var accessDependencies: Set<String> = []
 
     init(session: Session, target: String, collection: CollectionPath, position: Int64) {
         self.session = session

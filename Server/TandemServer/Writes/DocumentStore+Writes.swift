@@ -26,6 +26,10 @@ struct CommittedChange {
 }
 
 extension DocumentStore {
+    /// Checks one op before it is applied, inside the write's transaction: the op's index, the
+    /// op, the stored document (nil for a new one). Throws to refuse the whole write.
+    typealias Authorization = (Int, WriteOp, StoredDocument?, Database) throws -> Void
+
     /// Applies the ops of one write message in one transaction.
     ///
     /// An op whose `(clientId, idempotencyKey)` was applied before is not applied again: its
@@ -34,7 +38,9 @@ extension DocumentStore {
     /// - Parameter now: The server clock, in milliseconds since 1970.
     /// - Throws: ``WireError`` `.notFound` (with the op's index) for an update or delete of a
     ///   document that never existed; GRDB's `DatabaseError` when SQLite fails.
-    func apply(_ ops: [PreparedOp], clientId: ClientName, now: Int64, maxDocumentBytes: Int) throws -> WriteOutcome {
+    func apply(
+        _ ops: [PreparedOp], clientId: ClientName, now: Int64, maxDocumentBytes: Int, authorize: Authorization? = nil
+    ) throws -> WriteOutcome {
         do {
             return try database.write { db in
                 var results: [WriteResult] = []
@@ -48,6 +54,7 @@ extension DocumentStore {
                         continue
                     }
                     var (id, existing) = try Self.target(db, op, index: index, now: now)
+                    try authorize?(index, op, existing, db)
                     let sequence = try sequences.next(op.collection, db)
                     let version = (existing?.version ?? 0) + 1
                     // Monotonic per document even if the server's clock steps back.

@@ -31,7 +31,8 @@ extension ServerCore {
         let outcome: WriteOutcome
         do {
             outcome = try store.apply(
-                prepared, clientId: clientId, now: configuration.clock(), maxDocumentBytes: limits.maxDocumentBytes)
+                prepared, clientId: clientId, now: configuration.clock(), maxDocumentBytes: limits.maxDocumentBytes,
+                authorize: writeAuthorization(for: session))
         } catch var error as WireError {
             error.request = write.request
             session.send(error)
@@ -45,6 +46,7 @@ extension ServerCore {
             session.send(.conflict(.init(request: write.request, op: op, server: server)))
         case .applied(let results, let changes):
             session.send(.ack(.init(request: write.request, results: results)))
+            recheckAccess(after: changes)
             fanOut(changes)
         }
     }

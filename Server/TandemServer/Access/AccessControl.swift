@@ -1,0 +1,227 @@
+import Foundation
+import TandemWire
+
+/// Who may connect, and who may read and write what: the server's token file and rules file.
+///
+/// The token file maps bearer tokens to user ids:
+///
+/// ```json
+/// {"tokens": {"c2VjcmV0LWFsaWNl": "alice", "c2VjcmV0LWJvYg": "bob"}}
+/// ```
+///
+/// The rules file says, per collection path pattern, who may read (`listen`, `get`) and who
+/// may write (`create`, `update`, `delete`; `write` stands for all three):
+///
+/// ```json
+/// {"rules": [
+///   {"match": "users/{uid}/notes", "read": "user == {uid}", "write": "user == {uid}"},
+///   {"match": "accounts", "create": "request.owner == user",
+///    "update": "resource.owner == user", "delete": "resource.owner == user"},
+///   {"match": "accounts/{account}/transactions",
+///    "read": "user == doc(accounts/{account}).owner || user in doc(accounts/{account}).members",
+///    "write": "user == doc(accounts/{account}).owner || user in doc(accounts/{account}).members"}
+/// ]}
+/// ```
+///
+/// With either file, everything no rule allows is denied. A pattern matches a collection path
+/// of as many segments, `{name}` matching any one segment; when several rules match, one that
+/// allows is enough. The condition language is described on ``Condition``. Read conditions
+/// cannot use `resource` or `request`: a listener reads a whole collection, not one document.
+public struct AccessControl: Sendable {
+    /// Bearer token → user id; nil without a token file (every client is anonymous).
+    let tokens: [String: String]?
+    let rules: [Rule]
+
+    public enum Operation: String, Sendable, CaseIterable {
+        case read, create, update, delete
+    }
+
+    struct Rule: Sendable {
+        /// The pattern's segments; `{name}` segments are variables.
+        var pattern: [String]
+        var conditions: [Operation: Condition]
+    }
+
+    /// Reads the token file and the rules file (either may be nil, not both).
+    public static func load(tokensFile: URL?, rulesFile: URL?) throws(AccessError) -> AccessControl {
+        func read(_ url: URL?) throws(AccessError) -> (text: String, source: String)? {
+            guard let url else { return nil }
+            do {
+                return (try String(contentsOf: url, encoding: .utf8), url.path)
+            } catch {
+                throw AccessError("cannot read \(url.path): \(error.localizedDescription)")
+            }
+        }
+        return try AccessControl(tokens: try read(tokensFile), rules: try read(rulesFile))
+    }
+
+    /// Parses the files' texts; `source` names each in error messages.
+    public init(tokens: (text: String, source: String)?, rules: (text: String, source: String)?) throws(AccessError) {
+        guard tokens != nil || rules != nil else {
+            throw AccessError("access control needs a token file, a rules file, or both")
+        }
+        self.tokens = try tokens.map { text, source throws(AccessError) in try Self.parseTokens(text, source) }
+        self.rules = try rules.map { text, source throws(AccessError) in try Self.parseRules(text, source) } ?? []
+    }
+
+    /// The user a `hello` token names: nil for anonymous clients of a server without a token
+    /// file.
+    ///
+    /// - Throws: ``WireError`` `unauthenticated` when the server has a token file and the
+    ///   token is missing or unknown.
+    func user(forToken token: String?) throws(WireError) -> String? {
+        guard let tokens else { return nil }
+        guard let token, !token.isEmpty else {
+            throw WireError(.unauthenticated, "this server requires a token: send it in hello as \"token\"")
+        }
+        guard let user = tokens[token] else {
+            throw WireError(.unauthenticated, "the token is not valid on this server")
+        }
+        return user
+    }
+
+    /// Whether `user` may do `operation` in `collection`.
+    ///
+    /// - Parameters:
+    ///   - resource: The stored document (update, delete).
+    ///   - request: The fields written (create, update).
+    ///   - document: Reads another document's fields for `doc(…)`.
+    func allows(
+        _ operation: Operation, in collection: CollectionPath, user: String?, resource: JSONObject? = nil,
+        request: JSONObject? = nil, document: (CollectionPath, DocumentID) throws -> JSONObject?
+    ) throws -> Bool {
+        let segments = collection.rawValue.split(separator: "/").map(String.init)
+        return try withoutActuallyEscaping(document) { document in
+            for rule in rules {
+                guard let condition = rule.conditions[operation], let variables = Self.match(rule.pattern, segments)
+                else { continue }
+                let context = Condition.Context(
+                    user: user, variables: variables, resource: resource, request: request, document: document)
+                if try condition.evaluate(context) { return true }
+            }
+            return false
+        }
+    }
+
+    private static func match(_ pattern: [String], _ segments: [String]) -> [String: String]? {
+        guard pattern.count == segments.count else { return nil }
+        var variables: [String: String] = [:]
+        for (part, segment) in zip(pattern, segments) {
+            if part.hasPrefix("{") {
+                variables[String(part.dropFirst().dropLast())] = segment
+            } else if part != segment {
+                return nil
+            }
+        }
+        return variables
+    }
+
+    // MARK: - Files
+
+    private static func parseTokens(_ text: String, _ source: String) throws(AccessError) -> [String: String] {
+        let value: JSONValue
+        do { value = try Wire.parse(Array(text.utf8)) } catch {
+            throw AccessError("\(source): not JSON: \(error.message)")
+        }
+        guard let object = value.objectValue, let tokens = object["tokens"]?.objectValue,
+            object.keys.allSatisfy({ $0 == "tokens" })
+        else {
+            throw AccessError(#"\#(source): expected {"tokens": {"TOKEN": "USER", …}}"#)
+        }
+        var result: [String: String] = [:]
+        for (token, user) in tokens {
+            guard !token.isEmpty else { throw AccessError("\(source): a token is empty") }
+            guard let user = user.stringValue, !user.isEmpty else {
+                throw AccessError("\(source): the user of token '\(token.prefix(4))…' must be a non-empty string")
+            }
+            result[token] = user
+        }
+        return result
+    }
+
+    private static func parseRules(_ text: String, _ source: String) throws(AccessError) -> [Rule] {
+        let value: JSONValue
+        do { value = try Wire.parse(Array(text.utf8)) } catch {
+            throw AccessError("\(source): not JSON: \(error.message)")
+        }
+        guard let object = value.objectValue, let rules = object["rules"]?.arrayValue,
+            object.keys.allSatisfy({ $0 == "rules" })
+        else {
+            throw AccessError(#"\#(source): expected {"rules": [{"match": "PATTERN", "read": "…", …}, …]}"#)
+        }
+        return try rules.enumerated().map { index, rule throws(AccessError) in
+            try parseRule(rule, "\(source): rules[\(index)]")
+        }
+    }
+
+    private static func parseRule(_ value: JSONValue, _ place: String) throws(AccessError) -> Rule {
+        guard let object = value.objectValue else { throw AccessError("\(place): expected an object") }
+        let known: Set<String> = ["match", "read", "write", "create", "update", "delete"]
+        if let unknown = object.keys.sorted().first(where: { !known.contains($0) }) {
+            throw AccessError(
+                "\(place): unknown key '\(unknown)'; a rule has match and any of read, write, create, update, delete")
+        }
+        guard let match = object["match"]?.stringValue else {
+            throw AccessError(
+                "\(place): \"match\" must be a collection path pattern, like \"accounts/{account}/entries\"")
+        }
+        let pattern = match.split(separator: "/", omittingEmptySubsequences: false).map(String.init)
+        guard pattern.count % 2 == 1 else {
+            throw AccessError("\(place).match '\(match)' has an even number of segments; it must name a collection")
+        }
+        var names: Set<String> = []
+        for part in pattern {
+            if part.hasPrefix("{") {
+                let name = String(part.dropFirst().dropLast())
+                guard part.hasSuffix("}"), !name.isEmpty,
+                    name.unicodeScalars.allSatisfy({
+                        $0 == "_" || $0.properties.isAlphabetic || ("0"..."9").contains($0)
+                    })
+                else { throw AccessError("\(place).match '\(match)': '\(part)' is not a {variable}") }
+                guard names.insert(name).inserted else {
+                    throw AccessError("\(place).match '\(match)': {\(name)} appears twice")
+                }
+            } else {
+                do { _ = try DocumentID(part) } catch {
+                    throw AccessError("\(place).match '\(match)': \(error.message)")
+                }
+            }
+        }
+
+        var conditions: [Operation: Condition] = [:]
+        func condition(_ key: String) throws(AccessError) -> Condition? {
+            guard let value = object[key] else { return nil }
+            if let constant = value.boolValue { return .constant(constant) }
+            guard let text = value.stringValue else {
+                throw AccessError("\(place).\(key) must be a condition (a string) or true/false")
+            }
+            let condition: Condition
+            do { condition = try Condition(parsing: text) } catch {
+                throw AccessError("\(place).\(key) '\(text)': \(error)")
+            }
+            if let unknown = condition.variables.subtracting(names).sorted().first {
+                throw AccessError("\(place).\(key) uses {\(unknown)}, which \(match) does not define")
+            }
+            return condition
+        }
+        if let write = try condition("write") {
+            for operation in [Operation.create, .update, .delete] { conditions[operation] = write }
+        }
+        for operation in Operation.allCases {
+            if let specific = try condition(operation.rawValue) { conditions[operation] = specific }
+        }
+        if let read = conditions[.read], read.readsResourceOrRequest {
+            throw AccessError(
+                "\(place).read cannot use resource or request: a listener reads the whole collection, not one document"
+            )
+        }
+        return Rule(pattern: pattern, conditions: conditions)
+    }
+}
+
+/// Why the token or rules file cannot be used.
+public struct AccessError: Error, Sendable, CustomStringConvertible {
+    public var message: String
+    init(_ message: String) { self.message = message }
+    public var description: String { message }
+}

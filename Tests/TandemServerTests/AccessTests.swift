@@ -1,0 +1,263 @@
+import Foundation
+import Synchronization
+import Tandem
+import TandemServer
+import TandemTesting
+import TandemWire
+import Testing
+
+/// The access setup of these tests: alice owns account A1 and bob is its member; carol is a
+/// stranger to it. Members read and write the account's transactions; only the owner changes
+/// the account itself.
+enum AccessFixture {
+    static let tokens = #"{"tokens": {"t-alice": "alice", "t-bob": "bob", "t-carol": "carol"}}"#
+    static let rules = #"""
+        {"rules": [
+          {"match": "accounts", "create": "request.owner == user",
+           "update": "resource.owner == user && request.owner == user", "delete": "resource.owner == user"},
+          {"match": "accounts/{account}/transactions",
+           "read": "user == doc(accounts/{account}).owner || user in doc(accounts/{account}).members",
+           "write": "user == doc(accounts/{account}).owner || user in doc(accounts/{account}).members"},
+          {"match": "users/{uid}/notes", "read": "user == {uid}", "write": "user == {uid}"}
+        ]}
+        """#
+
+    static func server() throws -> TestServer {
+        let access = try AccessControl(tokens: (tokens, "tokens.json"), rules: (rules, "rules.json"))
+        return try TestServer { $0.access = access }
+    }
+
+    /// The server with account A1 (owner alice, member bob) and one transaction T1 in it.
+    static func seeded() async throws -> TestServer {
+        let server = try server()
+        let alice = try await connect(server, token: "t-alice")
+        defer { alice.close() }
+        _ = try await alice.create("accounts", ["owner": "alice", "members": ["bob"]], id: "A1")
+        _ = try await alice.create("accounts/A1/transactions", ["amount": 10], id: "T1")
+        return server
+    }
+
+    static func connect(_ server: TestServer, token: String?) async throws -> ServerConnection {
+        try await ServerConnection.connect(
+            to: server.url, clientId: "c-\(UUID().uuidString.prefix(6))", token: token)
+    }
+}
+
+@Suite("Access control: tokens and rules")
+struct AccessTests {
+    enum Actor: String, CaseIterable, CustomTestStringConvertible {
+        case owner, member, stranger
+        var token: String {
+            switch self {
+            case .owner: "t-alice"
+            case .member: "t-bob"
+            case .stranger: "t-carol"
+            }
+        }
+        var allowed: Bool { self != .stranger }
+        var testDescription: String { rawValue }
+    }
+
+    enum Operation: String, CaseIterable, CustomTestStringConvertible {
+        case listen, get, create, update, delete
+        var testDescription: String { rawValue }
+    }
+
+    @Test(
+        "listen, get, create, update and delete of an account's transactions: owner and member may, a stranger may not",
+        arguments: Actor.allCases, Operation.allCases)
+    func matrix(actor: Actor, operation: Operation) async throws {
+        let server = try await AccessFixture.seeded()
+        let client = try await AccessFixture.connect(server, token: actor.token)
+        defer { client.close() }
+        let transactions = try CollectionPath("accounts/A1/transactions")
+        let before = try server.server.documents(in: transactions)
+
+        let outcome: Result<Void, TandemError>
+        do {
+            switch operation {
+            case .listen:
+                let feed = Feed()
+                client.listen(to: transactions, handler: feed.handler)
+                try await waitUntil("the listen is answered") { feed.isCurrent || !feed.errors.isEmpty }
+                if let error = feed.errors.first { throw TandemError(.server, error.message, serverError: error) }
+                #expect(feed.changes.map(\.document.id.rawValue) == ["T1"])
+            case .get:
+                let document = try await client.get(transactions, try DocumentID("T1"))
+                #expect(document?.fields["amount"] == 10)
+            case .create:
+                _ = try await client.create(transactions.rawValue, ["amount": 20], id: "T2")
+            case .update:
+                let reply = try await client.update(
+                    transactions.rawValue, try DocumentID("T1"), ["amount": 11], base: 1)
+                guard case .ack = reply else { throw TestFailure("update: \(reply)") }
+            case .delete:
+                let reply = try await client.delete(transactions.rawValue, try DocumentID("T1"))
+                guard case .ack = reply else { throw TestFailure("delete: \(reply)") }
+            }
+            outcome = .success(())
+        } catch let error as TandemError {
+            outcome = .failure(error)
+        }
+
+        if actor.allowed {
+            #expect(throws: Never.self) { try outcome.get() }
+        } else {
+            #expect(throws: TandemError.self) { try outcome.get() }
+            if case .failure(let error) = outcome {
+                #expect(error.serverError?.code == .permissionDenied, "\(error)")
+                #expect(error.message.contains("user 'carol' may not"), "\(error.message)")
+            }
+            // Nothing was stored.
+            #expect(try server.server.documents(in: transactions) == before)
+        }
+    }
+
+    @Test("without a token, or with one the server does not know, hello is refused with unauthenticated")
+    func unauthenticated() async throws {
+        let server = try await AccessFixture.seeded()
+        for token in [nil, "", "t-mallory"] as [String?] {
+            do {
+                let connection = try await AccessFixture.connect(server, token: token)
+                connection.close()
+                Issue.record("token \(token ?? "nil") was accepted")
+            } catch let error as TandemError {
+                #expect(error.serverError?.code == .unauthenticated, "\(error)")
+            }
+        }
+    }
+
+    @Test("a batch with one forbidden op is refused whole: nothing of it is stored")
+    func forbiddenOpRejectsTheBatch() async throws {
+        let server = try await AccessFixture.seeded()
+        let carol = try await AccessFixture.connect(server, token: "t-carol")
+        defer { carol.close() }
+        do {
+            _ = try await carol.write([
+                .create(in: try CollectionPath("users/carol/notes"), fields: ["text": "mine"], idempotencyKey: key()),
+                .create(in: try CollectionPath("users/alice/notes"), fields: ["text": "hers"], idempotencyKey: key()),
+            ])
+            Issue.record("the batch was accepted")
+        } catch let error as TandemError {
+            #expect(error.serverError?.code == .permissionDenied)
+            #expect(error.serverError?.op == 1)
+        }
+        #expect(try server.server.documents(in: try CollectionPath("users/carol/notes")).isEmpty)
+        #expect(try server.server.documents(in: try CollectionPath("users/alice/notes")).isEmpty)
+        // Her own note alone goes through.
+        _ = try await carol.create("users/carol/notes", ["text": "mine"])
+    }
+
+    @Test("rules read the document being written: only the owner changes or deletes an account")
+    func resourceAndRequest() async throws {
+        let server = try await AccessFixture.seeded()
+        let bob = try await AccessFixture.connect(server, token: "t-bob")
+        defer { bob.close() }
+        let a1 = try DocumentID("A1")
+        await #expect(throws: TandemError.self) {
+            _ = try await bob.update("accounts", a1, ["owner": "bob", "members": []], base: nil)
+        }
+        await #expect(throws: TandemError.self) { _ = try await bob.delete("accounts", a1) }
+        // Nor can he create an account in someone else's name.
+        await #expect(throws: TandemError.self) { _ = try await bob.create("accounts", ["owner": "alice"]) }
+        _ = try await bob.create("accounts", ["owner": "bob", "members": []], id: "B1")
+        #expect(try server.server.document(in: try CollectionPath("accounts"), id: a1)?.fields["owner"] == "alice")
+    }
+
+    @Test("removing a member stops his live listener: he hears permission-denied and no later change")
+    func revocationStopsListeners() async throws {
+        let server = try await AccessFixture.seeded()
+        let alice = try await AccessFixture.connect(server, token: "t-alice")
+        let bob = try await AccessFixture.connect(server, token: "t-bob")
+        defer {
+            alice.close()
+            bob.close()
+        }
+        let transactions = try CollectionPath("accounts/A1/transactions")
+        let feed = Feed()
+        bob.listen(to: transactions, handler: feed.handler)
+        try await waitUntil("bob's listener is current") { feed.isCurrent }
+
+        _ = try await alice.create(transactions.rawValue, ["amount": 1], id: "T2")
+        try await waitUntil("bob hears T2") { feed.changes.contains { $0.document.id.rawValue == "T2" } }
+
+        // Alice removes bob, and in the same write adds a transaction: he must not hear it.
+        let reply = try await alice.write([
+            .update(
+                in: try CollectionPath("accounts"), id: try DocumentID("A1"),
+                fields: ["owner": "alice", "members": []], baseVersion: nil, idempotencyKey: key()),
+            .create(in: transactions, id: try DocumentID("T3"), fields: ["amount": 2], idempotencyKey: key()),
+        ])
+        guard case .ack = reply else { throw TestFailure("\(reply)") }
+        try await waitUntil("bob's listener is stopped") { !feed.errors.isEmpty }
+        #expect(feed.errors.first?.code == .permissionDenied)
+        #expect(feed.errors.first?.target == transactions.rawValue)
+
+        _ = try await alice.create(transactions.rawValue, ["amount": 3], id: "T4")
+        try await Task.sleep(for: .milliseconds(200))
+        #expect(!feed.changes.contains { ["T3", "T4"].contains($0.document.id.rawValue) })
+        #expect(server.server.stats.listeners == 0)
+        // And he cannot listen again.
+        let again = Feed()
+        bob.listen(to: transactions, target: "again", handler: again.handler)
+        try await waitUntil("the new listen is answered") { !again.errors.isEmpty }
+        #expect(again.errors.first?.code == .permissionDenied)
+    }
+
+    @Test("bad token and rules files are refused with what is wrong and where")
+    func badFiles() {
+        let cases: [(tokens: String?, rules: String?, message: String)] = [
+            ("{", nil, "tokens.json: not JSON"),
+            (#"{"alice": "t"}"#, nil, #"expected {"tokens""#),
+            (#"{"tokens": {"t": 3}}"#, nil, "must be a non-empty string"),
+            (nil, #"{"rules": [{"match": "a/b"}]}"#, "even number of segments"),
+            (nil, #"{"rules": [{"match": "a", "reed": "true"}]}"#, "unknown key 'reed'"),
+            (nil, #"{"rules": [{"match": "a", "read": "user =="}]}"#, "expected a value"),
+            (nil, #"{"rules": [{"match": "a", "read": "user == {uid}"}]}"#, "uses {uid}, which a does not define"),
+            (nil, #"{"rules": [{"match": "a", "read": "resource.owner == user"}]}"#, "read cannot use resource"),
+            (nil, #"{"rules": [{"match": "a/{x}/b", "read": "user in doc(a).members"}]}"#, "needs a document path"),
+            (nil, #"{"rules": [{"match": "a", "read": "(true"}]}"#, "expected ')'"),
+        ]
+        for (tokens, rules, message) in cases {
+            do {
+                _ = try AccessControl(
+                    tokens: tokens.map { ($0, "tokens.json") }, rules: rules.map { ($0, "rules.json") })
+                Issue.record("accepted: \(tokens ?? rules ?? "")")
+            } catch {
+                #expect(error.message.contains(message), "\(error.message)")
+            }
+        }
+    }
+
+    @Test("tandem serve --tokens --rules, and tandem put / get with --token or TANDEM_TOKEN")
+    func commandLine() async throws {
+        let folder = try TemporaryDirectory()
+        let tokens = folder.url.appendingPathComponent("tokens.json")
+        let rules = folder.url.appendingPathComponent("rules.json")
+        try AccessFixture.tokens.write(to: tokens, atomically: true, encoding: .utf8)
+        try AccessFixture.rules.write(to: rules, atomically: true, encoding: .utf8)
+        let server = try ServerProcess(
+            dataDirectory: folder.url.appendingPathComponent("data"),
+            options: ["--tokens", tokens.path, "--rules", rules.path])
+        defer { server.kill(SIGTERM) }
+
+        let put = try runTandem([
+            "put", "users/alice/notes", #"{"text":"hi"}"#, "--server", server.url, "--token", "t-alice",
+        ])
+        #expect(put.status == 0, "\(put.error)")
+        let denied = try runTandem([
+            "put", "users/alice/notes", #"{"text":"x"}"#, "--server", server.url, "--token", "t-bob",
+        ])
+        #expect(denied.status != 0)
+        #expect(denied.error.contains("may not create in users/alice/notes"), "\(denied.error)")
+        let anonymous = try runTandem(["get", "users/alice/notes/x", "--server", server.url])
+        #expect(anonymous.status != 0)
+        #expect(anonymous.error.contains("token"), "\(anonymous.error)")
+
+        let badRules = folder.url.appendingPathComponent("bad.json")
+        try #"{"rules": [{"match": "a", "read": "user ="}]}"#.write(to: badRules, atomically: true, encoding: .utf8)
+        let refused = try runTandem(["serve", "--port", "0", "--data", folder.path("data2"), "--rules", badRules.path])
+        #expect(refused.status != 0)
+        #expect(refused.error.contains("bad.json: rules[0].read"), "\(refused.error)")
+    }
+}
