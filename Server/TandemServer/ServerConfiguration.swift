@@ -19,6 +19,8 @@ public struct ServerConfiguration: Sendable {
     /// Tokens and rules (see ``AccessControl``); nil for an open server, which then listens on
     /// loopback only. Default: nil.
     public var access: AccessControl?
+    /// Failures to inject on purpose (see ``FaultPlan``); nil for none. Default: nil.
+    public var faults: FaultPlan?
     /// The port; 0 picks a free one (see ``TandemServer/port``). Default: 7878.
     public var port = 7878
     /// The folder of the SQLite database (`tandem.sqlite`), created if missing.

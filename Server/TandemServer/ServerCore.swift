@@ -24,6 +24,10 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
     var listeners: [CollectionPath: [Listener]] = [:]
     /// Listeners by the documents their read permission depends on ("collection/id").
     var accessDependents: [String: [ObjectIdentifier: Listener]] = [:]
+    /// Injected failures, when configured (tests, `tandem serve --fault-…`).
+    var faults: FaultInjector?
+    /// While true, every delivery is held until ``releaseDeliveries()`` (tests).
+    var holdsDeliveries = false
     private var maintenance: DispatchSourceTimer?
     private var isStopped = false
 
@@ -36,6 +40,7 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
         self.configuration = configuration
         self.logger = configuration.logger
         self.store = try DocumentStore(directory: configuration.dataDirectory, logger: configuration.logger)
+        faults = configuration.faults.map(FaultInjector.init)
     }
 
     func startMaintenance() {
@@ -148,6 +153,11 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
     // MARK: - Messages (queue)
 
     private func handle(_ frame: WebSocketMessage, from session: Session) {
+        session.messagesHandled += 1
+        if let faults, faults.dropsConnection(messageCount: session.messagesHandled) {
+            drop(session, "injected fault: connection dropped")
+            return
+        }
         guard frame.kind == .text else {
             session.send(
                 WireError(.badMessage, "binary frames are not supported; send each message as a JSON text frame"))
@@ -225,6 +235,22 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
         } catch {
             session.send(internalError(error, request: get.request))
         }
+    }
+
+    /// Drops a connection at once, without answering what it sent (injected faults).
+    func drop(_ session: Session, _ reason: String) {
+        session.connection.abort(code: .internalError, reason: reason)
+        session.isClosed = true
+    }
+
+    /// Holds the deliveries of every connection until ``releaseDeliveries()``.
+    func holdDeliveries() {
+        holdsDeliveries = true
+    }
+
+    func releaseDeliveries() {
+        holdsDeliveries = false
+        for session in sessions.values { session.release() }
     }
 
     func internalError(_ error: any Error, request: String? = nil, target: String? = nil) -> WireError {

@@ -43,6 +43,7 @@ public final class TandemServer: Sendable {
         guard (0...65535).contains(configuration.port) else {
             throw ServerError(.invalidConfiguration, "port \(configuration.port) is not between 0 and 65535")
         }
+        try configuration.faults?.validate()
         let limits = configuration.limits
         guard limits.maxMessageBytes >= 1024, limits.maxOpsPerWrite >= 1, limits.maxListenersPerConnection >= 1,
             limits.maxDocumentBytes >= 2, configuration.snapshotPageSize >= 1, configuration.snapshotPageBytes >= 1024
@@ -104,6 +105,28 @@ public final class TandemServer: Sendable {
     /// The document, or nil when it does not exist (a tombstone is returned with `deleted`).
     public func document(in collection: CollectionPath, id: DocumentID) throws -> Document? {
         try core.queue.sync { try core.store.document(in: collection, id: id) }
+    }
+
+    /// Holds every delivery to listeners (with the rest of each connection's outgoing messages,
+    /// to keep their order) until ``releaseDeliveries()``: a test's way to make a device hear
+    /// of changes late.
+    public func holdDeliveries() {
+        core.queue.sync { core.holdDeliveries() }
+    }
+
+    public func releaseDeliveries() {
+        core.queue.sync { core.releaseDeliveries() }
+    }
+
+    /// Replaces the injected faults (nil: none from now on). Counts start again from zero.
+    public func setFaults(_ plan: FaultPlan?) throws(ServerError) {
+        try plan?.validate()
+        core.queue.sync { core.faults = plan.map(FaultInjector.init) }
+    }
+
+    /// How many faults were injected so far (zero without a ``FaultPlan``).
+    public var faultCounts: FaultCounts {
+        core.queue.sync { core.faults?.counts ?? FaultCounts() }
     }
 
     /// Every collection holding at least one live document.

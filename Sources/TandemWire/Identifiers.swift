@@ -166,6 +166,12 @@ public struct DocumentID: Hashable, Sendable, Comparable, CustomStringConvertibl
 public struct ClientName: Hashable, Sendable, CustomStringConvertible {
     public let rawValue: String
 
+    /// A new random name of 20 letters and digits (about 119 bits).
+    public static func random() -> ClientName {
+        var generator = RandomPool()
+        return ClientName(unchecked: DocumentID.randomName(using: &generator))
+    }
+
     /// A new idempotency key: 20 letters and digits that sort by the time they were made (as
     /// ``DocumentID/timeOrdered(milliseconds:)``), so that the keys a device sends land
     /// together in the server's index of keys instead of all over it.

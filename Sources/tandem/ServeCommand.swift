@@ -34,6 +34,30 @@ struct ServeCommand: AsyncParsableCommand {
     @Option(help: "A JSON file of access rules: who may read and write which collections.")
     var rules: String?
 
+    @Option(help: "Fault injection: seed of the injected faults, to replay a run.")
+    var faultSeed: UInt64 = 1
+
+    @Option(help: "Fault injection: drop a connection on a message with this probability.")
+    var faultDropConnection: Double = 0
+
+    @Option(help: "Fault injection: drop every connection at its Nth message.")
+    var faultDropAfter: Int?
+
+    @Option(help: "Fault injection: commit a write but lose its ack (and the connection), with this probability.")
+    var faultLostAck: Double = 0
+
+    @Option(help: "Fault injection: delay a delivery to a listener with this probability.")
+    var faultDelayDeliveries: Double = 0
+
+    @Option(help: "Fault injection: how long a delayed delivery waits, in milliseconds.")
+    var faultDelayMs = 200
+
+    @Option(help: "Fault injection: refuse a write without applying it, with this probability.")
+    var faultRejectWrites: Double = 0
+
+    @Option(help: "Fault injection: the error code of refused writes.")
+    var faultRejectCode = "internal"
+
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
     var logLevel = "info"
 
@@ -67,6 +91,18 @@ struct ServeCommand: AsyncParsableCommand {
         guard tombstoneDays >= 1, idempotencyDays >= 1 else {
             throw ValidationError("--tombstone-days and --idempotency-days must be at least 1")
         }
+        for (name, rate) in [
+            ("--fault-drop-connection", faultDropConnection), ("--fault-lost-ack", faultLostAck),
+            ("--fault-delay-deliveries", faultDelayDeliveries), ("--fault-reject-writes", faultRejectWrites),
+        ] where !(0...1).contains(rate) {
+            throw ValidationError("\(name) is a probability between 0 and 1, not \(rate)")
+        }
+        if let after = faultDropAfter, after < 1 { throw ValidationError("--fault-drop-after must be at least 1") }
+        guard faultDelayMs >= 0 else { throw ValidationError("--fault-delay-ms must not be negative") }
+        guard ErrorCode.all.contains(ErrorCode(rawValue: faultRejectCode)) else {
+            throw ValidationError(
+                "--fault-reject-code must be one of \(ErrorCode.all.map(\.rawValue).joined(separator: ", "))")
+        }
         guard Logger.Level(rawValue: logLevel) != nil else {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
         }
@@ -88,6 +124,15 @@ struct ServeCommand: AsyncParsableCommand {
         configuration.tombstoneRetention = .seconds(tombstoneDays * 24 * 3600)
         configuration.idempotencyRetention = .seconds(idempotencyDays * 24 * 3600)
         configuration.logger = Logger(label: "tandem.server")
+        if faultDropConnection > 0 || faultDropAfter != nil || faultLostAck > 0 || faultDelayDeliveries > 0
+            || faultRejectWrites > 0
+        {
+            configuration.faults = FaultPlan(
+                seed: faultSeed, dropConnectionRate: faultDropConnection, dropConnectionAfter: faultDropAfter,
+                lostAckRate: faultLostAck, delayedDeliveryRate: faultDelayDeliveries,
+                deliveryDelay: .milliseconds(faultDelayMs), rejectedWriteRate: faultRejectWrites,
+                rejectedWriteCode: ErrorCode(rawValue: faultRejectCode))
+        }
         if tokens != nil || rules != nil {
             do {
                 configuration.access = try AccessControl.load(
@@ -113,8 +158,16 @@ struct ServeCommand: AsyncParsableCommand {
             emit("access: \(files.joined(separator: ", ")); everything the rules do not allow is denied")
         }
 
+        if let faults = configuration.faults { emit("faults: \(faults)") }
+
         let signal = await Signals.wait(for: [SIGINT, SIGTERM])
         note("received \(signal == SIGINT ? "SIGINT" : "SIGTERM"), stopping")
+        if configuration.faults != nil {
+            let counts = server.faultCounts
+            note(
+                "injected: \(counts.droppedConnections) dropped connections, \(counts.lostAcks) lost acks, "
+                    + "\(counts.delayedDeliveries) delayed deliveries, \(counts.rejectedWrites) refused writes")
+        }
         server.shutdown()
         emit("stopped")
     }

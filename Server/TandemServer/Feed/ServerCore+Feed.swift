@@ -1,3 +1,4 @@
+import Dispatch
 import TandemWire
 
 extension ServerCore {
@@ -144,6 +145,7 @@ extension ServerCore {
                     let position = chunk.last!.sequence
                     let entries = chunk.map(\.change)
                     for listener in audience where listener.isLive {
+                        delayIfInjected(listener.session)
                         listener.position = position
                         listener.session.send(
                             .snapshot(
@@ -174,6 +176,21 @@ extension ServerCore {
         }
         chunks.append(changes[start..<changes.endIndex])
         return chunks
+    }
+
+    /// Holds a connection's outgoing messages before a delivery, when tests hold deliveries
+    /// or the fault plan delays this one.
+    private func delayIfInjected(_ session: Session) {
+        if holdsDeliveries {
+            session.hold()
+            return
+        }
+        guard let faults, !session.isHolding, faults.delaysDelivery() else { return }
+        session.hold()
+        let delay = DispatchTimeInterval.milliseconds(Int(faults.plan.deliveryDelay.milliseconds))
+        queue.asyncAfter(deadline: .now() + delay) { [self, weak session] in
+            if !holdsDeliveries { session?.release() }
+        }
     }
 
     func token(_ sequence: Int64) -> String {

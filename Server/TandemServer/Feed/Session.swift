@@ -18,16 +18,38 @@ final class Session: @unchecked Sendable {
     var isClosed = false
     /// Messages received and not yet handled: past a high mark the socket stops reading.
     let pendingMessages = Atomic<Int>(0)
+    /// Messages handled so far (for injected faults).
+    var messagesHandled = 0
+    /// Outgoing messages held back by an injected delay, in order; nil when not holding.
+    private var held: [ServerMessage]?
 
     init(connection: WebSocketConnection) {
         self.connection = connection
     }
 
-    /// Encodes and queues a message. A connection that is closing drops it silently: its
-    /// session is about to go.
+    /// Encodes and queues a message (or holds it, during an injected delay). A connection that
+    /// is closing drops it silently: its session is about to go.
     func send(_ message: ServerMessage) {
         guard !isClosed else { return }
+        if held != nil {
+            held!.append(message)
+            return
+        }
         try? connection.send(OutboundMessage(text: Wire.encode(message)))
+    }
+
+    var isHolding: Bool { held != nil }
+
+    /// Holds every outgoing message from now on (an injected delay), keeping their order.
+    func hold() {
+        if held == nil { held = [] }
+    }
+
+    /// Sends what was held, in order.
+    func release() {
+        guard let messages = held else { return }
+        held = nil
+        for message in messages { send(message) }
     }
 
     func send(_ error: WireError) {

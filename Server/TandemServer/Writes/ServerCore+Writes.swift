@@ -13,6 +13,13 @@ extension ServerCore {
                     request: write.request))
             return
         }
+        if let faults, faults.rejectsWrite() {
+            session.send(
+                WireError(
+                    faults.plan.rejectedWriteCode, "injected fault: the write was refused and not applied",
+                    request: write.request))
+            return
+        }
         var prepared: [PreparedOp] = []
         prepared.reserveCapacity(write.ops.count)
         for (index, op) in write.ops.enumerated() {
@@ -45,7 +52,12 @@ extension ServerCore {
         case .conflict(let op, let server):
             session.send(.conflict(.init(request: write.request, op: op, server: server)))
         case .applied(let results, let changes):
-            session.send(.ack(.init(request: write.request, results: results)))
+            if let faults, faults.losesAck() {
+                // Committed, but the answer is lost with the connection.
+                drop(session, "injected fault: acknowledgement lost")
+            } else {
+                session.send(.ack(.init(request: write.request, results: results)))
+            }
             recheckAccess(after: changes)
             fanOut(changes)
         }

@@ -1,0 +1,135 @@
+import Foundation
+import GRDB
+import Synchronization
+import Tandem
+import TandemServer
+import TandemTesting
+import TandemWire
+import Testing
+
+/// Devices against a server that fails on purpose: each fault alone, then the run must end
+/// converged with every write on the server exactly once.
+@Suite("Injected server faults")
+struct FaultTests {
+    /// A phone writes `count` entries while the server injects `plan`; then the faults stop
+    /// and everything must converge, with no write lost or doubled.
+    func writeThrough(_ plan: FaultPlan, count: Int = 40) async throws -> FaultCounts {
+        let server = try TestServer { $0.faults = plan }
+        let device = { (name: String) in
+            try TestDevice(name: name, serverURL: server.url) { configuration in
+                configuration.maxAttempts = 1000  // transient faults must not fail rows for good
+                configuration.requestTimeout = .seconds(2)
+                configuration.maxBatchSize = 4  // many writes, so that many faults are drawn
+            }
+        }
+        let phone = try device("phone")
+        let laptop = try device("laptop")
+        phone.service.start()
+        laptop.service.start()
+        let account = try phone.addAccount("Household")
+        for index in 0..<count {
+            try phone.addEntry("Entry \(index)", amount: Int64(index), account: account.id!)
+            if index % 10 == 9 { try await Task.sleep(for: .milliseconds(20)) }
+        }
+        try await waitUntil("most entries reached the server", timeout: .seconds(60)) {
+            (try? server.server.collections().first { $0.rawValue.hasSuffix("/entries") }
+                .map { try server.server.documents(in: $0).count }) ?? 0 >= count / 2
+        }
+        let counts = server.server.faultCounts
+        try server.server.setFaults(nil)
+        let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
+        #expect(report.isConverged, "\(report.firstDifferences)")
+        let entries = try #require(try server.server.collections().first { $0.rawValue.hasSuffix("/entries") })
+        let titles = try server.server.documents(in: entries).compactMap { $0.fields["title"]?.stringValue }
+        #expect(titles.count == count, "every entry once on the server")
+        #expect(Set(titles).count == titles.count, "no entry twice")
+        #expect(try server.server.documents(in: try CollectionPath("accounts")).count == 1)
+        return counts
+    }
+
+    @Test("acknowledgements lost after the commit: resends get the first answer, nothing doubles")
+    func lostAcks() async throws {
+        let counts = try await writeThrough(FaultPlan(seed: 3, lostAckRate: 0.3))
+        #expect(counts.lostAcks > 0)
+    }
+
+    @Test("writes refused without being applied are sent again")
+    func rejectedWrites() async throws {
+        let counts = try await writeThrough(FaultPlan(seed: 4, rejectedWriteRate: 0.3))
+        #expect(counts.rejectedWrites > 0)
+    }
+
+    @Test("connections dropped at random and at their fifth message: devices reconnect and resume")
+    func droppedConnections() async throws {
+        let counts = try await writeThrough(FaultPlan(seed: 5, dropConnectionRate: 0.05, dropConnectionAfter: 5))
+        #expect(counts.droppedConnections > 0)
+    }
+
+    @Test("deliveries delayed at random arrive late but in commit order")
+    func delayedDeliveries() async throws {
+        let server = try TestServer {
+            $0.faults = FaultPlan(seed: 6, delayedDeliveryRate: 0.5, deliveryDelay: .milliseconds(50))
+        }
+        let listener = try await ServerConnection.connect(to: server.url, clientId: "listener")
+        let writer = try await ServerConnection.connect(to: server.url, clientId: "writer")
+        defer {
+            listener.close()
+            writer.close()
+        }
+        let versions = Mutex<[Int64]>([])
+        let notes = try CollectionPath("notes")
+        listener.listen(to: notes) { event in
+            guard case .snapshot(let snapshot) = event else { return }
+            versions.withLock { $0 += snapshot.changes.map(\.document.version) }
+        }
+        let id = try DocumentID("n1")
+        _ = try await writer.write([.create(in: notes, id: id, fields: ["n": 0], idempotencyKey: .random())])
+        for index in 1..<30 {
+            _ = try await writer.write([
+                .update(in: notes, id: id, fields: ["n": .int(Int64(index))], baseVersion: nil, idempotencyKey: .random())
+            ])
+        }
+        try await waitUntil("every version arrived") { versions.withLock { $0.last } == 30 }
+        #expect(versions.withLock { $0 } == Array(1...30))
+        #expect(server.server.faultCounts.delayedDeliveries > 0)
+    }
+
+    @Test("deliveries held by the test reach the device when released")
+    func heldDeliveries() async throws {
+        let pair = try await DevicePair()
+        pair.server.server.holdDeliveries()
+        let account = try #require(
+            try await pair.laptop.database.read { db in try Int64.fetchOne(db, sql: "SELECT id FROM account") })
+        try pair.laptop.addEntry("Groceries", amount: -40, account: account)
+        try await pair.laptop.service.syncNow()
+        try await Task.sleep(for: .milliseconds(200))
+        #expect(try pair.phone.entries().count == 1, "the phone has not heard of it yet")
+        pair.server.server.releaseDeliveries()
+        try await waitUntil("the phone hears of it") { try pair.phone.entries().count == 2 }
+        try await pair.converge()
+    }
+
+    @Test("the same seed makes the same decisions for the same messages")
+    func replay() async throws {
+        func pattern() async throws -> [Bool] {
+            let server = try TestServer { $0.faults = FaultPlan(seed: 42, rejectedWriteRate: 0.5) }
+            let client = try await ServerConnection.connect(to: server.url, clientId: "replay")
+            defer { client.close() }
+            var refused: [Bool] = []
+            for index in 0..<40 {
+                do {
+                    _ = try await client.write([
+                        .create(in: try CollectionPath("notes"), fields: ["i": .int(Int64(index))], idempotencyKey: .random())
+                    ])
+                    refused.append(false)
+                } catch {
+                    refused.append(true)
+                }
+            }
+            return refused
+        }
+        let first = try await pattern()
+        #expect(first.contains(true) && first.contains(false))
+        #expect(try await pattern() == first)
+    }
+}
