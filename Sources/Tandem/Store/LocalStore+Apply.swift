@@ -178,10 +178,13 @@ extension LocalStore {
                 ),
                 arguments: [model.name, serverId]) ?? false
         {
+            // Never back to an older version: a snapshot can bring one this device has
+            // already written past (it was queued behind the push that wrote the newer one).
             try db.cachedStatement(
                 sql: """
-                    UPDATE tandem_row SET serverVersion = ?, idempotencyKey = NULL
-                    WHERE tableName = ? AND serverId = ? AND pendingOp = 'delete'
+                    UPDATE tandem_row SET serverVersion = MAX(serverVersion, ?1),
+                        idempotencyKey = CASE WHEN ?1 > serverVersion THEN NULL ELSE idempotencyKey END
+                    WHERE tableName = ?2 AND serverId = ?3 AND pendingOp = 'delete'
                     """
             ).execute(arguments: [document.version, model.name, serverId])
             return
