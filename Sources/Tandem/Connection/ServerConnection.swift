@@ -98,10 +98,18 @@ public final class ServerConnection: Sendable {
             url: url, clientId: name, socket: socket,
             inbox: DispatchQueue(label: "tandem.connection.\(socket.id)"), logger: logger)
         connection.state.withLock { $0.onClose = onClose }
-        relay.connection.withLock { $0 = connection }
+        relay.attach(connection)
 
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-            connection.state.withLock { $0.handshake = continuation }
+            // The socket may have closed already (a refused connection fails at once).
+            let closed = connection.state.withLock { state -> WebSocketCloseEvent? in
+                if state.closeEvent == nil { state.handshake = continuation }
+                return state.closeEvent
+            }
+            if let closed {
+                continuation.resume(throwing: connection.handshakeError(closed))
+                return
+            }
             connection.sendRaw(.hello(.init(clientId: name, token: token)))
             connection.scheduleTimeout(timeout) { state in
                 guard let handshake = state.handshake else { return nil }
@@ -342,6 +350,11 @@ public final class ServerConnection: Sendable {
         }
     }
 
+    private func handshakeError(_ event: WebSocketCloseEvent) -> TandemError {
+        let code: TandemError.Code = event.failedToConnect ? .unreachable : .disconnected
+        return TandemError(code, "cannot reach the server at \(url): \(event.reason)")
+    }
+
     fileprivate func closed(_ event: WebSocketCloseEvent) {
         let (handshake, pending, onClose) = state.withLock { state in
             state.closeEvent = event
@@ -353,10 +366,7 @@ public final class ServerConnection: Sendable {
             }
             return (state.handshake, Array(state.pending.values), state.onClose)
         }
-        if let handshake {
-            let code: TandemError.Code = event.failedToConnect ? .unreachable : .disconnected
-            handshake.resume(throwing: TandemError(code, "cannot reach the server at \(url): \(event.reason)"))
-        }
+        handshake?.resume(throwing: handshakeError(event))
         for completion in pending {
             completion(.failure(TandemError(.disconnected, "the connection to \(url) closed: \(event)")))
         }
@@ -364,20 +374,62 @@ public final class ServerConnection: Sendable {
     }
 
     /// Forwards socket events to the connection's queue.
+    ///
+    /// The socket exists before its `ServerConnection` does, and a refused connection fails
+    /// within microseconds, on the service thread: events that come before ``attach(_:)`` are
+    /// kept and handed over then, in order, so that a fast failure is never lost (it would
+    /// leave `connect` waiting for its timeout).
     private final class Relay: WebSocketDelegate {
-        let connection = Mutex<ServerConnection?>(nil)
+        private enum Event {
+            case message(WebSocketMessage)
+            case closed(WebSocketCloseEvent)
+        }
+
+        private struct State {
+            var connection: ServerConnection?
+            var early: [Event] = []
+            var isClosed = false
+        }
+
+        private let state = Mutex(State())
+
+        func attach(_ connection: ServerConnection) {
+            state.withLock { state in
+                state.connection = connection
+                for event in state.early { Self.deliver(event, to: connection) }
+                state.early = []
+                if state.isClosed { state.connection = nil }
+            }
+        }
 
         func webSocketDidOpen(_ socket: WebSocketConnection) {}
 
         func webSocket(_ socket: WebSocketConnection, didReceive message: WebSocketMessage) {
-            guard let connection = connection.withLock({ $0 }) else { return }
-            connection.inbox.async { connection.received(message) }
+            forward(.message(message))
         }
 
         func webSocket(_ socket: WebSocketConnection, didCloseWith event: WebSocketCloseEvent) {
-            guard let connection = connection.withLock({ $0 }) else { return }
-            self.connection.withLock { $0 = nil }
-            connection.inbox.async { connection.closed(event) }
+            forward(.closed(event))
+        }
+
+        /// Enqueued under the lock, so that events keep their order across `attach`.
+        private func forward(_ event: Event) {
+            state.withLock { state in
+                if case .closed = event { state.isClosed = true }
+                guard let connection = state.connection else {
+                    state.early.append(event)
+                    return
+                }
+                Self.deliver(event, to: connection)
+                if state.isClosed { state.connection = nil }
+            }
+        }
+
+        private static func deliver(_ event: Event, to connection: ServerConnection) {
+            switch event {
+            case .message(let message): connection.inbox.async { connection.received(message) }
+            case .closed(let close): connection.inbox.async { connection.closed(close) }
+            }
         }
     }
 }
