@@ -187,11 +187,12 @@ public final class RawWebSocket: @unchecked Sendable {
         }
     }
 
-    /// Runs a blocking read away from the Swift concurrency pool, which has as many threads
-    /// as cores: a test blocked in `poll` must not starve the others.
+    /// Runs a blocking read on a thread of its own, away from the Swift concurrency pool,
+    /// which has as many threads as cores (and on Linux shares them with
+    /// `DispatchQueue.global()`): a test blocked in `poll` must not starve the others.
     private func offload<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
         try await withCheckedThrowingContinuation { continuation in
-            DispatchQueue.global().async { continuation.resume(with: Result { try body() }) }
+            Thread.detachNewThread { continuation.resume(with: Result { try body() }) }
         }
     }
 

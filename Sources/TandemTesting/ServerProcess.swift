@@ -6,10 +6,10 @@ import Foundation
 /// For example:
 ///
 /// ```swift
-/// let process = try ServerProcess(dataDirectory: folder.url)
+/// let process = try await ServerProcess(dataDirectory: folder.url)
 /// // … write, get an acknowledgement …
 /// process.kill()
-/// try process.start()   // same data folder, a new port
+/// try await process.start()   // same data folder, a new port
 /// ```
 public final class ServerProcess: @unchecked Sendable {
     /// The command line after the executable's name.
@@ -18,22 +18,25 @@ public final class ServerProcess: @unchecked Sendable {
     /// `ws://127.0.0.1:PORT` of the running process.
     public private(set) var url = ""
     private var process: Process?
+    private var errorLines: [String] = []
     private let lock = NSLock()
+    /// The most lines of standard error kept.
+    private static let keptErrorLines = 10_000
 
     /// Starts `tandem serve --port 0 --data DIR` with `options` (`--tokens FILE`, …) and
     /// waits for its `listening on` line.
-    public convenience init(dataDirectory: URL, options: [String] = [], executable: URL? = nil) throws {
-        try self.init(
+    public convenience init(dataDirectory: URL, options: [String] = [], executable: URL? = nil) async throws {
+        try await self.init(
             arguments: ["serve", "--port", "0", "--data", dataDirectory.path, "--log-level", "warning"] + options,
             executable: executable)
     }
 
     /// Starts `tandem` with these arguments, a command that prints `listening on URL` as its
     /// first line when it is ready.
-    public init(arguments: [String], executable: URL? = nil) throws {
+    public init(arguments: [String], executable: URL? = nil) async throws {
         self.arguments = arguments
         self.executable = try executable ?? Self.findExecutable()
-        try start()
+        try await start()
     }
 
     /// The `tandem` executable: `TANDEM_EXECUTABLE`, else next to the test bundle, where
@@ -54,27 +57,99 @@ public final class ServerProcess: @unchecked Sendable {
     }
 
     /// Starts the process (again) and waits up to 30 s for it to listen.
-    public func start() throws {
+    ///
+    /// The wait happens on a thread of its own, not on one of Swift concurrency's few threads.
+    public func start() async throws {
+        try await launch(arguments)
+    }
+
+    /// Kills the process with SIGKILL, then starts it again on the same port, so that clients
+    /// find it at the same URL (retrying while the port is still held by the old process).
+    ///
+    /// - Parameter changes: Options to give other values this time (`["--fault-seed": "8"]`).
+    public func restart(changing changes: [String: String] = [:]) async throws {
+        kill()
+        var arguments = self.arguments
+        for (option, value) in changes {
+            if let index = arguments.firstIndex(of: option), index + 1 < arguments.count {
+                arguments[index + 1] = value
+            } else {
+                arguments += [option, value]
+            }
+        }
+        guard let port = URL(string: url)?.port, let flag = arguments.firstIndex(of: "--port"),
+            flag + 1 < arguments.count
+        else { return try await launch(arguments) }
+        arguments[flag + 1] = String(port)
+        let deadline = Date().addingTimeInterval(10)
+        while true {
+            do {
+                return try await launch(arguments)
+            } catch  where Date() < deadline {
+                try await Task.sleep(for: .milliseconds(100))
+            }
+        }
+    }
+
+    private func launch(_ arguments: [String]) async throws {
         let process = Process()
         process.executableURL = executable
         process.arguments = arguments
         let output = Pipe()
+        let errors = Pipe()
         process.standardOutput = output
-        process.standardError = FileHandle.nullDevice
+        process.standardError = errors
         try process.run()
-        let line = try Self.readLine(from: output.fileHandleForReading, timeout: 30)
+        let errorHandle = errors.fileHandleForReading
+        // Pipes are read on threads of their own: a blocked read on `DispatchQueue.global()`
+        // would hold one of the few threads Swift concurrency runs on (on Linux they are the
+        // same), and enough of them stall every test in the process.
+        Thread.detachNewThread { [weak self] in
+            var pending = Data()
+            while case let chunk = errorHandle.availableData, !chunk.isEmpty {
+                pending.append(chunk)
+                while let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
+                    let line = String(decoding: pending[pending.startIndex..<newline], as: UTF8.self)
+                    pending.removeSubrange(pending.startIndex...newline)
+                    self?.keep(line)
+                }
+            }
+        }
+        let line: String
+        do {
+            let handle = output.fileHandleForReading
+            line = try await withCheckedThrowingContinuation { continuation in
+                Thread.detachNewThread {
+                    continuation.resume(with: Result { try Self.readLine(from: handle, timeout: 30) })
+                }
+            }
+        } catch {
+            process.terminate()
+            throw error
+        }
         guard let url = line.split(separator: " ").last, line.hasPrefix("listening on ") else {
             process.terminate()
             throw ServerProcessError("unexpected first line from tandem \(arguments.first ?? ""): \(line)")
         }
         // Keep draining stdout so the child never blocks on a full pipe.
         let handle = output.fileHandleForReading
-        DispatchQueue.global().async { _ = try? handle.readToEnd() }
+        Thread.detachNewThread { _ = try? handle.readToEnd() }
         lock.withLock {
             self.process = process
             self.url = String(url)
         }
     }
+
+    private func keep(_ line: String) {
+        lock.withLock {
+            errorLines.append(line)
+            if errorLines.count > Self.keptErrorLines { errorLines.removeFirst(errorLines.count - Self.keptErrorLines) }
+        }
+    }
+
+    /// What the process (and the ones before it, across restarts) wrote to standard error,
+    /// the last 10,000 lines.
+    public var standardErrorLines: [String] { lock.withLock { errorLines } }
 
     /// The running process's id (0 when it is not running).
     public var processIdentifier: Int32 { lock.withLock { process?.processIdentifier ?? 0 } }

@@ -86,7 +86,8 @@ struct FaultTests {
         _ = try await writer.write([.create(in: notes, id: id, fields: ["n": 0], idempotencyKey: .random())])
         for index in 1..<30 {
             _ = try await writer.write([
-                .update(in: notes, id: id, fields: ["n": .int(Int64(index))], baseVersion: nil, idempotencyKey: .random())
+                .update(
+                    in: notes, id: id, fields: ["n": .int(Int64(index))], baseVersion: nil, idempotencyKey: .random())
             ])
         }
         try await waitUntil("every version arrived") { versions.withLock { $0.last } == 30 }
@@ -119,7 +120,9 @@ struct FaultTests {
             for index in 0..<40 {
                 do {
                     _ = try await client.write([
-                        .create(in: try CollectionPath("notes"), fields: ["i": .int(Int64(index))], idempotencyKey: .random())
+                        .create(
+                            in: try CollectionPath("notes"), fields: ["i": .int(Int64(index))],
+                            idempotencyKey: .random())
                     ])
                     refused.append(false)
                 } catch {

@@ -236,27 +236,29 @@ struct AccessTests {
         let rules = folder.url.appendingPathComponent("rules.json")
         try AccessFixture.tokens.write(to: tokens, atomically: true, encoding: .utf8)
         try AccessFixture.rules.write(to: rules, atomically: true, encoding: .utf8)
-        let server = try ServerProcess(
+        let server = try await ServerProcess(
             dataDirectory: folder.url.appendingPathComponent("data"),
             options: ["--tokens", tokens.path, "--rules", rules.path])
         defer { server.kill(SIGTERM) }
 
-        let put = try runTandem([
+        let put = try await runTandem([
             "put", "users/alice/notes", #"{"text":"hi"}"#, "--server", server.url, "--token", "t-alice",
         ])
         #expect(put.status == 0, "\(put.error)")
-        let denied = try runTandem([
+        let denied = try await runTandem([
             "put", "users/alice/notes", #"{"text":"x"}"#, "--server", server.url, "--token", "t-bob",
         ])
         #expect(denied.status != 0)
         #expect(denied.error.contains("may not create in users/alice/notes"), "\(denied.error)")
-        let anonymous = try runTandem(["get", "users/alice/notes/x", "--server", server.url])
+        let anonymous = try await runTandem(["get", "users/alice/notes/x", "--server", server.url])
         #expect(anonymous.status != 0)
         #expect(anonymous.error.contains("token"), "\(anonymous.error)")
 
         let badRules = folder.url.appendingPathComponent("bad.json")
         try #"{"rules": [{"match": "a", "read": "user ="}]}"#.write(to: badRules, atomically: true, encoding: .utf8)
-        let refused = try runTandem(["serve", "--port", "0", "--data", folder.path("data2"), "--rules", badRules.path])
+        let refused = try await runTandem([
+            "serve", "--port", "0", "--data", folder.path("data2"), "--rules", badRules.path,
+        ])
         #expect(refused.status != 0)
         #expect(refused.error.contains("bad.json: rules[0].read"), "\(refused.error)")
     }

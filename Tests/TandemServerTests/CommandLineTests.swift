@@ -4,7 +4,10 @@ import TandemTesting
 import Testing
 
 /// Runs the `tandem` executable and returns its exit status, standard output and error.
-func runTandem(_ arguments: [String]) throws -> (status: Int32, output: String, error: String) {
+///
+/// The wait happens on a thread of its own: blocking one of Swift concurrency's few threads
+/// for the seconds a command takes would starve the other tests running meanwhile.
+func runTandem(_ arguments: [String]) async throws -> (status: Int32, output: String, error: String) {
     let process = Process()
     process.executableURL = try ServerProcess.findExecutable()
     process.arguments = arguments
@@ -12,20 +15,25 @@ func runTandem(_ arguments: [String]) throws -> (status: Int32, output: String, 
     process.standardOutput = output
     process.standardError = error
     try process.run()
-    // Standard error is read on another thread, so that neither pipe can fill up and block
-    // the process while this one waits on the other.
-    let err = Mutex(Data())
-    let errorRead = DispatchSemaphore(value: 0)
-    DispatchQueue.global().async {
-        let data = error.fileHandleForReading.readDataToEndOfFile()
-        err.withLock { $0 = data }
-        errorRead.signal()
+    return await withCheckedContinuation { continuation in
+        Thread.detachNewThread {
+            // Standard error is read on another thread, so that neither pipe can fill up and
+            // block the process while this one waits on the other.
+            let err = Mutex(Data())
+            let errorRead = DispatchSemaphore(value: 0)
+            Thread.detachNewThread {
+                let data = error.fileHandleForReading.readDataToEndOfFile()
+                err.withLock { $0 = data }
+                errorRead.signal()
+            }
+            let out = output.fileHandleForReading.readDataToEndOfFile()
+            errorRead.wait()
+            process.waitUntilExit()
+            let errorText = err.withLock { String(decoding: $0, as: UTF8.self) }
+            continuation.resume(
+                returning: (process.terminationStatus, String(decoding: out, as: UTF8.self), errorText))
+        }
     }
-    let out = output.fileHandleForReading.readDataToEndOfFile()
-    errorRead.wait()
-    process.waitUntilExit()
-    let errorText = err.withLock { String(decoding: $0, as: UTF8.self) }
-    return (process.terminationStatus, String(decoding: out, as: UTF8.self), errorText)
 }
 
 @Suite("The tandem command")
@@ -33,7 +41,7 @@ struct CommandLineTests {
     @Test("put, get, delete and watch work against tandem serve")
     func roundTrip() async throws {
         let folder = try TemporaryDirectory()
-        let server = try ServerProcess(dataDirectory: folder.url)
+        let server = try await ServerProcess(dataDirectory: folder.url)
         defer { server.kill(SIGTERM) }
 
         let watch = Process()
@@ -44,29 +52,31 @@ struct CommandLineTests {
         watch.standardError = Pipe()
         try watch.run()
 
-        let put = try runTandem(["put", "notes", #"{"title":"Rent"}"#, "--server", server.url])
+        let put = try await runTandem(["put", "notes", #"{"title":"Rent"}"#, "--server", server.url])
         #expect(put.status == 0, "\(put.error)")
         let parts = put.output.split(separator: " ")
         let id = String(parts[0])
         #expect(parts.last?.trimmingCharacters(in: .whitespacesAndNewlines) == "1")
 
-        let replaced = try runTandem(["put", "notes", #"{"title":"Rent, paid"}"#, "--id", id, "--server", server.url])
+        let replaced = try await runTandem([
+            "put", "notes", #"{"title":"Rent, paid"}"#, "--id", id, "--server", server.url,
+        ])
         #expect(replaced.output == "\(id) 2\n")
 
-        let got = try runTandem(["get", "notes/\(id)", "--server", server.url])
+        let got = try await runTandem(["get", "notes/\(id)", "--server", server.url])
         #expect(got.output.contains(#""title":"Rent, paid""#))
 
-        let deleted = try runTandem(["delete", "notes/\(id)", "--server", server.url])
+        let deleted = try await runTandem(["delete", "notes/\(id)", "--server", server.url])
         #expect(deleted.output == "deleted \(id) 3\n")
 
-        let missing = try runTandem(["get", "notes/\(id)", "--server", server.url])
+        let missing = try await runTandem(["get", "notes/\(id)", "--server", server.url])
         #expect(missing.status == 1)
         #expect(missing.error.contains("does not exist"))
 
         // The watcher printed each change as it happened.
         let collected = Mutex("")
         let reader = watched.fileHandleForReading
-        DispatchQueue.global().async {
+        Thread.detachNewThread {
             while case let chunk = reader.availableData, !chunk.isEmpty {
                 collected.withLock { $0 += String(decoding: chunk, as: UTF8.self) }
             }
@@ -95,16 +105,16 @@ struct CommandLineTests {
             (["get", "notes/x", "--server", "ws://127.0.0.1:1"], "Is `tandem serve` running?"),
             (["watch", "notes", "--server", "http://example.com"], "must be a ws:// URL"),
         ])
-    func badArguments(arguments: [String], message: String) throws {
-        let result = try runTandem(arguments)
+    func badArguments(arguments: [String], message: String) async throws {
+        let result = try await runTandem(arguments)
         #expect(result.status != 0)
         #expect(result.error.contains(message), "\(result.error)")
     }
 
     @Test("tandem bench --quick runs every scenario and prints a figure, a goal and a floor ratio for each")
-    func benchSmoke() throws {
+    func benchSmoke() async throws {
         // Correctness only: a debug build's figures say nothing about speed.
-        let run = try runTandem(["bench", "all", "--quick", "--json"])
+        let run = try await runTandem(["bench", "all", "--quick", "--json"])
         #expect(run.status == 0, "\(run.error.suffix(2000))")
         let results = try run.output.split(separator: "\n").map { line in
             try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])

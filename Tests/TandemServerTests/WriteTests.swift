@@ -124,7 +124,7 @@ struct DurabilityTests {
     @Test("a write acknowledged before the server is killed with SIGKILL is there after restart")
     func survivesSIGKILL() async throws {
         let folder = try TemporaryDirectory()
-        let process = try ServerProcess(dataDirectory: folder.url)
+        let process = try await ServerProcess(dataDirectory: folder.url)
         let connection = try await ServerConnection.connect(to: process.url, clientId: "durable")
         var acknowledged: [WriteResult] = []
         for index in 0..<20 {
@@ -132,7 +132,7 @@ struct DurabilityTests {
         }
         process.kill(SIGKILL)
 
-        try process.start()
+        try await process.start()
         let reconnected = try await ServerConnection.connect(to: process.url, clientId: "durable")
         for (index, result) in acknowledged.enumerated() {
             let document = try #require(try await reconnected.get(try path("ledger"), result.id))

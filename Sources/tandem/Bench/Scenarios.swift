@@ -269,7 +269,7 @@ enum Scenarios {
         raiseOpenFilesLimit()
         let executable = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
         let folder = try TemporaryDirectory(prefix: "tandem-bench-connections")
-        let process = try ServerProcess(dataDirectory: folder.url, executable: executable)
+        let process = try await ServerProcess(dataDirectory: folder.url, executable: executable)
         defer { process.kill(SIGTERM) }
         let tandem = try await memoryPerConnection(of: process, count: count, progress: progress) { index in
             let connection = try await ServerConnection.connect(to: process.url, clientId: "idle-\(index)")
@@ -283,7 +283,7 @@ enum Scenarios {
             return { connection.close() }
         }
 
-        let echo = try ServerProcess(arguments: ["echo-server", "--port", "0"], executable: executable)
+        let echo = try await ServerProcess(arguments: ["echo-server", "--port", "0"], executable: executable)
         defer { echo.kill(SIGTERM) }
         let client = try WebSocketClient()
         defer { client.shutdown() }
