@@ -239,6 +239,7 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
 
     /// Drops a connection at once, without answering what it sent (injected faults).
     func drop(_ session: Session, _ reason: String) {
+        logger.warning("\(reason)", metadata: ["tandem.session": "\(session.id)"])
         session.connection.abort(code: .internalError, reason: reason)
         session.isClosed = true
     }

@@ -1,4 +1,5 @@
 import Foundation
+import GRDB
 import Tandem
 import TandemServer
 import TandemWire
@@ -56,6 +57,62 @@ public struct ConvergenceReport: Sendable {
     }
 }
 
+/// Where the server's documents are read from: a server in this process, or the database of
+/// one in another process.
+public protocol ServerContents {
+    /// Every collection holding at least one live document.
+    func collections() throws -> [CollectionPath]
+    /// The live documents of a collection.
+    func documents(in collection: CollectionPath) throws -> [Document]
+}
+
+extension TandemServer: ServerContents {}
+
+/// The documents of a `tandem serve` running in another process, read from its SQLite file
+/// (WAL lets a reader in while the server writes).
+public struct ServerDatabase: ServerContents {
+    let database: DatabaseQueue
+
+    /// - Parameter dataDirectory: The server's `--data` folder.
+    public init(dataDirectory: URL) throws {
+        database = try DatabaseQueue(path: dataDirectory.appendingPathComponent("tandem.sqlite").path)
+    }
+
+    public func collections() throws -> [CollectionPath] {
+        try database.read { db in
+            try String.fetchAll(db, sql: "SELECT DISTINCT collection FROM document WHERE deleted = 0")
+                .map { try CollectionPath($0) }
+        }
+    }
+
+    public func documents(in collection: CollectionPath) throws -> [Document] {
+        try database.read { db in
+            try Row.fetchAll(
+                db,
+                sql:
+                    "SELECT id, fields, version, createTime, updateTime FROM document WHERE collection = ? AND deleted = 0",
+                arguments: [collection.rawValue]
+            ).map { row in
+                Document(
+                    id: try DocumentID(row[0]), version: row[2],
+                    fields: try Wire.decodeFields(Array((row[1] as String).utf8)),
+                    createTime: row[3], updateTime: row[4])
+            }
+        }
+    }
+
+    /// Every document, tombstones included: collection, id, version, deleted, fields.
+    public func everyDocument() throws -> [(
+        collection: String, id: String, version: Int64, deleted: Bool, fields: JSONObject
+    )] {
+        try database.read { db in
+            try Row.fetchAll(db, sql: "SELECT collection, id, version, deleted, fields FROM document").map { row in
+                (row[0], row[1], row[2], row[3], try Wire.decodeFields(Array((row[4] as String).utf8)))
+            }
+        }
+    }
+}
+
 public enum Convergence {
     private static func describe(_ value: JSONValue) -> String {
         Wire.encodeString(value)
@@ -64,7 +121,7 @@ public enum Convergence {
     /// Compares what each device holds with the server's live documents, in the collections
     /// each device syncs (every collection the server holds that the device also knows of,
     /// plus the ones it knows of).
-    public static func compare(server: TandemServer, devices: [(name: String, service: SyncService)]) throws
+    public static func compare(server: some ServerContents, devices: [(name: String, service: SyncService)]) throws
         -> ConvergenceReport
     {
         var serverDocuments: [CollectionPath: [DocumentID: JSONObject]] = [:]
@@ -114,14 +171,16 @@ public enum Convergence {
     /// - Returns: The last comparison, converged or not (check ``ConvergenceReport/isConverged``).
     @discardableResult
     public static func waitUntilQuiet(
-        server: TandemServer, devices: [(name: String, service: SyncService)], timeout: Duration = .seconds(60),
+        server: some ServerContents, devices: [(name: String, service: SyncService)], timeout: Duration = .seconds(60),
         stall: Duration = .seconds(10), progress: ((ConvergenceReport) -> Void)? = nil
     ) async throws -> ConvergenceReport {
         let deadline = ContinuousClock.now + timeout
         var report = try compare(server: server, devices: devices)
         var lastChange = ContinuousClock.now
         while !report.isConverged && ContinuousClock.now < deadline && ContinuousClock.now - lastChange < stall {
-            for device in devices { _ = try? await device.service.syncNow() }
+            for device in devices {
+                _ = try? await device.service.syncNow()
+            }
             try await Task.sleep(for: .milliseconds(20))
             let next = try compare(server: server, devices: devices)
             if next.fingerprint != report.fingerprint { lastChange = ContinuousClock.now }
@@ -138,5 +197,13 @@ extension Convergence {
     {
         try await waitUntilQuiet(
             server: server.server, devices: devices.map { ($0.name, $0.service) }, timeout: timeout)
+    }
+
+    public static func waitUntilQuiet(
+        server: some ServerContents, devices: [TestDevice], timeout: Duration = .seconds(60),
+        progress: ((ConvergenceReport) -> Void)? = nil
+    ) async throws -> ConvergenceReport {
+        try await waitUntilQuiet(
+            server: server, devices: devices.map { ($0.name, $0.service) }, timeout: timeout, progress: progress)
     }
 }

@@ -144,14 +144,14 @@ public enum DemoScenario {
             options: options)
     }
 
-    private static func sharedAccounts(_ device: TestDevice) throws -> [Int64] {
+    static func sharedAccounts(_ device: TestDevice) throws -> [Int64] {
         try device.database.read { db in
             try Int64.fetchAll(db, sql: "SELECT id FROM account WHERE isShared = 1 ORDER BY id")
         }
     }
 
     /// One random local write; returns its kind.
-    private static func perform(on device: TestDevice, random: inout SeededGenerator) throws -> String {
+    static func perform(on device: TestDevice, random: inout SeededGenerator) throws -> String {
         let accounts = try sharedAccounts(device)
         let entries = try device.database.read { db in
             try Int64.fetchAll(

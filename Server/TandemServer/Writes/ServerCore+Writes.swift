@@ -14,6 +14,7 @@ extension ServerCore {
             return
         }
         if let faults, faults.rejectsWrite() {
+            logger.warning("injected fault: write refused", metadata: ["tandem.session": "\(session.id)"])
             session.send(
                 WireError(
                     faults.plan.rejectedWriteCode, "injected fault: the write was refused and not applied",

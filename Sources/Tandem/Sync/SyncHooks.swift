@@ -18,6 +18,9 @@ public struct SyncHooks: Sendable {
     /// After the server acknowledged a write, before the answer is written back to SQLite.
     /// The push barrier is still held.
     public var afterAck: (@Sendable ([WriteResult]) -> Void)?
+    /// After an acknowledged write was written back to SQLite, with its ops and their results:
+    /// from here on the device knows the server has them.
+    public var afterWriteBack: (@Sendable ([WriteOp], [WriteResult]) -> Void)?
     /// Consulted when an acknowledgement arrives: returning true drops it and the connection,
     /// as if the network failed after the server applied the write.
     public var dropAcknowledgement: (@Sendable () -> Bool)?

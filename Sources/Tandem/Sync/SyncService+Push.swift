@@ -76,6 +76,7 @@ extension SyncService {
                 }
                 configuration.hooks.afterAck?(results)
                 let (duplicates, merged) = try ownWrite { db in try store.recordAcknowledgement(batch, results, db) }
+                configuration.hooks.afterWriteBack?(batch.map(\.op), results)
                 for duplicate in duplicates { noteError(duplicate) }
                 report.conflicts += merged
                 report.pushed += results.count

@@ -345,8 +345,16 @@ public final class SyncService: Sendable {
         updateStatus { $0.lastError = message }
     }
 
-    // MARK: - Writes    /// Writes as Tandem: changes made here are not mistaken for the app's local changes. The
-    /// clock is stored with them, so that it never goes back after a restart.
+    // MARK: - Connection
+
+    /// Drops the connection at once, as a network failure would, and connects again with the
+    /// usual backoff: for apps that know the network changed, and for tests. Unanswered writes
+    /// keep their idempotency keys and go out again; listeners resume from their tokens.
+    public func reconnect() {
+        guard let connection = state.withLock({ $0.connection }) else { return }
+        dropConnection(connection)
+    }
+
     /// Reads Tandem's own state (status counts, listeners, failed rows).
     ///
     /// On a `DatabaseQueue`, GRDB's `read` brackets the read with `PRAGMA query_only`, and
@@ -359,6 +367,10 @@ public final class SyncService: Sendable {
         return try database.read(body)
     }
 
+    // MARK: - Writes
+
+    /// Writes as Tandem: changes made here are not mistaken for the app's local changes. The
+    /// clock is stored with them, so that it never goes back after a restart.
     func ownWrite<T>(_ body: (Database) throws -> T) throws -> T {
         let observer = self.observer
         let store = self.store
