@@ -100,21 +100,7 @@ public final class ServerProcess: @unchecked Sendable {
         process.standardOutput = output
         process.standardError = errors
         try process.run()
-        let errorHandle = errors.fileHandleForReading
-        // Pipes are read on threads of their own: a blocked read on `DispatchQueue.global()`
-        // would hold one of the few threads Swift concurrency runs on (on Linux they are the
-        // same), and enough of them stall every test in the process.
-        Thread.detachNewThread { [weak self] in
-            var pending = Data()
-            while case let chunk = errorHandle.availableData, !chunk.isEmpty {
-                pending.append(chunk)
-                while let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
-                    let line = String(decoding: pending[pending.startIndex..<newline], as: UTF8.self)
-                    pending.removeSubrange(pending.startIndex...newline)
-                    self?.keep(line)
-                }
-            }
-        }
+        readLines(of: errors.fileHandleForReading) { [weak self] line in self?.keep(line) }
         let line: String
         do {
             let handle = output.fileHandleForReading
@@ -182,4 +168,20 @@ public final class ServerProcess: @unchecked Sendable {
 public struct ServerProcessError: Error, CustomStringConvertible {
     public var description: String
     init(_ description: String) { self.description = description }
+}
+
+/// Reads a pipe line by line on a thread of its own until end of file: a blocked read on
+/// `DispatchQueue.global()` would hold one of the few threads Swift concurrency runs on (on
+/// Linux they are the same), and enough of them stall every test in the process.
+func readLines(of handle: FileHandle, _ each: @escaping @Sendable (String) -> Void) {
+    Thread.detachNewThread {
+        var pending = Data()
+        while case let chunk = handle.availableData, !chunk.isEmpty {
+            pending.append(chunk)
+            while let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
+                each(String(decoding: pending[pending.startIndex..<newline], as: UTF8.self))
+                pending.removeSubrange(pending.startIndex...newline)
+            }
+        }
+    }
 }

@@ -10,15 +10,24 @@ import Foundation
 /// ```
 public final class TemporaryDirectory: Sendable {
     public let url: URL
+    private let removesWhenDone: Bool
 
     public init(prefix: String = "tandem") throws {
         url = FileManager.default.temporaryDirectory
             .appendingPathComponent("\(prefix)-\(UUID().uuidString.prefix(8))", isDirectory: true)
         try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+        removesWhenDone = true
+    }
+
+    /// A folder someone else owns (another process's, say): created when missing, never removed.
+    public init(borrowing url: URL) throws {
+        self.url = url
+        try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+        removesWhenDone = false
     }
 
     deinit {
-        try? FileManager.default.removeItem(at: url)
+        if removesWhenDone { try? FileManager.default.removeItem(at: url) }
     }
 
     /// A path inside the folder.

@@ -27,17 +27,20 @@ public final class TestDevice: Sendable {
 
     /// - Parameters:
     ///   - model: The app's tables and what syncs; by default the cash-flow model.
+    ///   - folder: Where the device's database (`NAME.sqlite`) is, or is created; a new
+    ///     temporary folder by default. Give the same folder to reopen a device's database,
+    ///     after its process was killed, say.
     ///   - configure: Adjusts the sync configuration (hooks, clock, delays). Pushes start
     ///     without delay unless it says otherwise.
     public init(
-        name: String, serverURL: String, model: DeviceModel = .cashFlow,
+        name: String, serverURL: String, model: DeviceModel = .cashFlow, folder: TemporaryDirectory? = nil,
         configure: @escaping @Sendable (inout SyncConfiguration) -> Void = { _ in }
     ) throws {
         self.name = name
         self.serverURL = serverURL
         self.model = model
         self.configure = configure
-        folder = try TemporaryDirectory(prefix: "tandem-\(name)")
+        self.folder = try folder ?? TemporaryDirectory(prefix: "tandem-\(name)")
         // WAL with synchronous = NORMAL, as GRDB recommends for apps: a commit does not wait
         // for fsync, and a crash of the app (not of the machine) loses nothing committed.
         var configuration = Configuration()
@@ -46,7 +49,7 @@ public final class TestDevice: Sendable {
             try db.execute(sql: "PRAGMA synchronous = NORMAL")
             try db.execute(sql: "PRAGMA cache_size = -65536")
         }
-        database = try DatabaseQueue(path: folder.path("\(name).sqlite"), configuration: configuration)
+        database = try DatabaseQueue(path: self.folder.path("\(name).sqlite"), configuration: configuration)
         try database.write(model.createTables)
         current = Mutex(try Self.makeService(name, database, serverURL, model.tables, configure))
     }

@@ -15,7 +15,7 @@ struct TandemCommand: AsyncParsableCommand {
             """,
         subcommands: [
             DemoCommand.self, ServeCommand.self, PutCommand.self, GetCommand.self, DeleteCommand.self,
-            WatchCommand.self, BenchCommand.self, SoakCommand.self, EchoServerCommand.self,
+            WatchCommand.self, BenchCommand.self, SoakCommand.self, EchoServerCommand.self, DeviceCommand.self,
         ]
     )
 }

@@ -228,9 +228,11 @@ extension SyncService {
         guard state.withLock({ $0.running && $0.generation == generation }) else { return }
         do {
             let outcomes = try ownWrite { db in
-                try snapshots.map { snapshot, path, target in
+                let outcomes = try snapshots.map { snapshot, path, target in
                     try store.apply(snapshot, collection: path, target: target, db)
                 }
+                configuration.hooks.beforeApplyCommit?(snapshots.map(\.0))
+                return outcomes
             }
             for (snapshot, _, _) in snapshots { configuration.hooks.afterApply?(snapshot) }
             var parentsChanged = false

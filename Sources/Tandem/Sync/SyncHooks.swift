@@ -28,6 +28,9 @@ public struct SyncHooks: Sendable {
     public var snapshotReceived: (@Sendable (ServerMessage.Snapshot) -> Void)?
     /// Before a snapshot is applied, on the queue that applies it.
     public var beforeApply: (@Sendable (ServerMessage.Snapshot) -> Void)?
+    /// Inside the transaction that applies snapshots, after their changes and resume tokens
+    /// were written and before the commit: a crash here loses the whole transaction.
+    public var beforeApplyCommit: (@Sendable ([ServerMessage.Snapshot]) -> Void)?
     /// After a snapshot and its resume token were committed.
     public var afterApply: (@Sendable (ServerMessage.Snapshot) -> Void)?
 
