@@ -73,11 +73,19 @@ let package = Package(
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
             ]
         ),
+        // The fuzz harness (a library, so the corpus replay test can use it) and its driver:
+        // libFuzzer's with scripts/fuzz, a corpus replay otherwise.
+        .target(
+            name: "TandemFuzzing",
+            dependencies: ["TandemServer", "TandemTesting", "TandemWire"],
+            path: "Fuzz/Harness"
+        ),
+        .executableTarget(name: "tandem-fuzz", dependencies: ["TandemFuzzing"], path: "Fuzz/Entry"),
         .testTarget(name: "TandemWireTests", dependencies: ["TandemWire"]),
         .testTarget(name: "TandemSocketTests", dependencies: ["TandemSocket", "TandemTesting"]),
         .testTarget(
             name: "TandemServerTests",
-            dependencies: ["TandemServer", "TandemWire", "TandemSocket", "Tandem", "TandemTesting"]
+            dependencies: ["TandemServer", "TandemWire", "TandemSocket", "Tandem", "TandemTesting", "TandemFuzzing"]
         ),
         .testTarget(
             name: "TandemTests",

@@ -48,30 +48,18 @@ public final class RawWebSocket: @unchecked Sendable {
 
     /// Connects to `host:port` and completes the HTTP upgrade.
     ///
-    /// - Parameter receiveBufferSize: A small value makes a consumer that never reads fill
-    ///   up quickly (SO_RCVBUF).
-    public init(host: String = "127.0.0.1", port: Int, receiveBufferSize: Int? = nil) throws {
-        #if canImport(Glibc)
-            fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        #else
-            fd = socket(AF_INET, SOCK_STREAM, 0)
-        #endif
-        guard fd >= 0 else { throw Failure(description: "socket() failed: \(errno)") }
-        if var size = receiveBufferSize.map(Int32.init) {
-            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
-        }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        inet_pton(AF_INET, host, &address.sin_addr)
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
-            }
-        }
-        guard connected == 0 else {
-            close(fd)
-            throw Failure(description: "connect to \(host):\(port) failed: errno \(errno)")
+    /// - Parameters:
+    ///   - receiveBufferSize: A small value makes a consumer that never reads fill up quickly
+    ///     (SO_RCVBUF).
+    ///   - resetOnClose: Closing resets the connection (no TIME_WAIT), for harnesses that open
+    ///     many.
+    public init(host: String = "127.0.0.1", port: Int, receiveBufferSize: Int? = nil, resetOnClose: Bool = false) throws
+    {
+        do {
+            fd = try PlainSocket.connect(host: host, port: port, receiveBufferSize: receiveBufferSize)
+            if resetOnClose { PlainSocket.resetOnClose(fd) }
+        } catch {
+            throw Failure(description: "\(error)")
         }
         let request =
             "GET / HTTP/1.1\r\nHost: \(host):\(port)\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
@@ -180,6 +168,14 @@ public final class RawWebSocket: @unchecked Sendable {
         }) ?? false
     }
 
+    /// Reads the next frame on the calling thread, blocking it: for harnesses that run on a
+    /// thread of their own (a fuzzer), never from a task.
+    ///
+    /// - Throws: ``Failure`` "timed out" or "end of file".
+    public func blockingReadFrame(timeout: Duration) throws -> Frame {
+        try readFrameBlocking(until: ContinuousClock.now + timeout)
+    }
+
     private func readFrameBlocking(until deadline: ContinuousClock.Instant) throws -> Frame {
         while true {
             if let frame = parseFrame() { return frame }
@@ -187,13 +183,8 @@ public final class RawWebSocket: @unchecked Sendable {
         }
     }
 
-    /// Runs a blocking read on a thread of its own, away from the Swift concurrency pool,
-    /// which has as many threads as cores (and on Linux shares them with
-    /// `DispatchQueue.global()`): a test blocked in `poll` must not starve the others.
     private func offload<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-        try await withCheckedThrowingContinuation { continuation in
-            Thread.detachNewThread { continuation.resume(with: Result { try body() }) }
-        }
+        try await onOwnThread(body)
     }
 
     private func parseFrame() -> Frame? {
@@ -218,15 +209,9 @@ public final class RawWebSocket: @unchecked Sendable {
     }
 
     private func fill(until deadline: ContinuousClock.Instant) throws {
-        let remaining = deadline - ContinuousClock.now
-        guard remaining > .zero else { throw Failure(description: "timed out") }
-        var poller = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-        let milliseconds = Int32(
-            remaining.components.seconds * 1000 + remaining.components.attoseconds / 1_000_000_000_000_000)
-        let ready = poll(&poller, 1, max(1, milliseconds))
-        guard ready > 0 else { throw Failure(description: "timed out") }
+        guard PlainSocket.wait(fd, for: Int16(POLLIN), until: deadline) else { throw Failure(description: "timed out") }
         var chunk = [UInt8](repeating: 0, count: 65536)
-        let count = chunk.withUnsafeMutableBytes { systemReceive(fd, $0.baseAddress, $0.count, 0) }
+        let count = (try? PlainSocket.receive(fd, into: &chunk)) ?? 0
         guard count > 0 else { throw Failure(description: "end of file") }
         buffer.append(contentsOf: chunk[0..<count])
     }
@@ -245,21 +230,10 @@ public final class RawWebSocket: @unchecked Sendable {
     }
 
     private func writeAll(_ bytes: [UInt8]) throws {
-        var offset = 0
-        while offset < bytes.count {
-            let written = bytes[offset...].withUnsafeBytes {
-                systemSend(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL))
-            }
-            guard written > 0 else { throw Failure(description: "send failed: errno \(errno)") }
-            offset += written
+        do {
+            try PlainSocket.sendAll(fd, bytes)
+        } catch {
+            throw Failure(description: "\(error)")
         }
     }
 }
-
-#if canImport(Glibc)
-    private let systemSend = Glibc.send
-    private let systemReceive = Glibc.recv
-#else
-    private let systemSend = Darwin.send
-    private let systemReceive = Darwin.recv
-#endif

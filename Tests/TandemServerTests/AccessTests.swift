@@ -10,20 +10,11 @@ import Testing
 /// stranger to it. Members read and write the account's transactions; only the owner changes
 /// the account itself.
 enum AccessFixture {
-    static let tokens = #"{"tokens": {"t-alice": "alice", "t-bob": "bob", "t-carol": "carol"}}"#
-    static let rules = #"""
-        {"rules": [
-          {"match": "accounts", "create": "request.owner == user",
-           "update": "resource.owner == user && request.owner == user", "delete": "resource.owner == user"},
-          {"match": "accounts/{account}/transactions",
-           "read": "user == doc(accounts/{account}).owner || user in doc(accounts/{account}).members",
-           "write": "user == doc(accounts/{account}).owner || user in doc(accounts/{account}).members"},
-          {"match": "users/{uid}/notes", "read": "user == {uid}", "write": "user == {uid}"}
-        ]}
-        """#
+    static let tokens = SampleAccess.tokens
+    static let rules = SampleAccess.rules
 
     static func server() throws -> TestServer {
-        let access = try AccessControl(tokens: (tokens, "tokens.json"), rules: (rules, "rules.json"))
+        let access = try SampleAccess.control()
         return try TestServer { $0.access = access }
     }
 

@@ -1,0 +1,326 @@
+import Foundation
+import TandemServer
+import TandemTesting
+import TandemWire
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// Where a fuzz input goes. The input's first byte picks the surface (modulo the number of
+/// surfaces); the rest is what that surface gets.
+public enum FuzzSurface: UInt8, CaseIterable, Sendable {
+    /// One text message to a real server, on a connection that said `hello` (or, by the
+    /// second byte, on a fresh one that did not), to the open or the access-controlled server.
+    case message
+    /// Frames built from the input (header byte, length byte, payload), masked and written
+    /// to a real server's socket: fragments, control frames, reserved bits and opcodes.
+    case frames
+    /// The wire decoders alone: client and server messages, JSON, field times. Whatever
+    /// decodes must encode to bytes that decode to the same value.
+    case decode
+    /// The access files: a token file and a rules file, split at the first zero byte.
+    case accessFiles
+    /// Raw bytes on a fresh TCP connection, before any WebSocket upgrade.
+    case handshake
+}
+
+/// What the harness found: the server crashed (the process dies, libFuzzer reports it), or
+/// one of these.
+public struct FuzzFinding: Error, CustomStringConvertible {
+    public var description: String
+}
+
+/// Runs fuzz inputs against an in-process companion server on real sockets: an open one and
+/// one with token and rules files, each with its data in a temporary folder.
+///
+/// After each input sent to a server, the harness sends a probe (`get` with a request id) and
+/// reads until its answer, so every input is handled before the next one starts and a server
+/// that stops answering is a finding. Every text frame the server sends must decode as a
+/// ``ServerMessage``.
+///
+/// Not thread-safe: one thread runs the inputs. It blocks that thread on socket reads, so it
+/// must not run on the Swift concurrency pool.
+public final class FuzzHarness {
+    private let folder: TemporaryDirectory
+    private let open: TandemServer
+    private let guarded: TandemServer
+    private var sessions: [Bool: RawWebSocket] = [:]
+    private var probes = 0
+    /// Close codes the servers sent, by code, for the statistics.
+    public private(set) var closeCodes: [UInt16: Int] = [:]
+    public private(set) var inputs = 0
+
+    /// How long the server may take to answer a probe before that counts as a hang.
+    public var answerTimeout: Duration = .seconds(10)
+
+    public init() throws {
+        let folder = try TemporaryDirectory(prefix: "tandem-fuzz")
+        self.folder = folder
+        func configuration(_ name: String) throws -> ServerConfiguration {
+            let directory = folder.url.appendingPathComponent(name)
+            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+            var configuration = ServerConfiguration(dataDirectory: directory)
+            configuration.port = 0
+            configuration.logger.logLevel = .critical
+            return configuration
+        }
+        open = try TandemServer(configuration: configuration("open"))
+        var guardedConfiguration = try configuration("guarded")
+        guardedConfiguration.access = try SampleAccess.control()
+        guarded = try TandemServer(configuration: guardedConfiguration)
+        // An account for the rules to read: alice owns A1 and bob is a member.
+        try exchange(
+            #"{"type":"write","request":"seed","ops":[{"op":"create","collection":"accounts","id":"A1","#
+                + #""fields":{"owner":"alice","members":["bob"]},"idempotencyKey":"seed-1"}]}"#,
+            guarded: true)
+    }
+
+    /// Stops both servers and removes their data.
+    public func shutdown() {
+        sessions = [:]
+        open.shutdown()
+        guarded.shutdown()
+    }
+
+    /// Runs one input.
+    ///
+    /// - Throws: ``FuzzFinding`` when a server hangs, stops accepting connections, or sends
+    ///   something that is not a protocol message, or when a decoded message does not survive
+    ///   encoding.
+    public func run(_ input: [UInt8]) throws {
+        inputs += 1
+        guard let first = input.first else { return }
+        let surface = FuzzSurface.allCases[Int(first) % FuzzSurface.allCases.count]
+        let options = input.count > 1 ? input[1] : 0
+        let body = Array(input.dropFirst(2))
+        let useGuarded = options & 1 != 0
+        switch surface {
+        case .message:
+            let connection = options & 2 != 0 ? try connect(guarded: useGuarded, hello: false) : try session(useGuarded)
+            try connection.sendFrame(opcode: .text, payload: body)
+            try probe(connection, guarded: useGuarded)
+        case .frames:
+            let connection = try session(useGuarded)
+            try connection.sendRaw(Self.frames(from: body))
+            try probe(connection, guarded: useGuarded)
+        case .decode:
+            try Self.checkDecoders(Array(input.dropFirst(1)))
+        case .accessFiles:
+            let text = Array(input.dropFirst(1))
+            let split = text.firstIndex(of: 0) ?? text.endIndex
+            let tokens = String(decoding: text[..<split], as: UTF8.self)
+            let rules = String(decoding: text[min(split + 1, text.endIndex)...], as: UTF8.self)
+            _ = try? AccessControl(tokens: (tokens, "tokens.json"), rules: (rules, "rules.json"))
+        case .handshake:
+            try PlainTCP.sendBeforeUpgrade(body, port: (useGuarded ? guarded : open).port)
+            try probe(try session(useGuarded), guarded: useGuarded)
+        }
+    }
+
+    // MARK: - Sessions
+
+    private func session(_ guarded: Bool) throws -> RawWebSocket {
+        if let session = sessions[guarded] { return session }
+        let session = try connect(guarded: guarded, hello: true)
+        sessions[guarded] = session
+        return session
+    }
+
+    private func connect(guarded: Bool, hello: Bool) throws -> RawWebSocket {
+        let port = (guarded ? self.guarded : open).port
+        let connection: RawWebSocket
+        do {
+            connection = try RawWebSocket(port: port, resetOnClose: true)
+        } catch {
+            throw FuzzFinding(description: "the \(guarded ? "guarded" : "open") server refused a connection: \(error)")
+        }
+        if hello {
+            let token = guarded ? #","token":"t-alice""# : ""
+            try connection.sendFrame(
+                opcode: .text, payload: Array(#"{"type":"hello","protocol":1,"clientId":"fuzz"\#(token)}"#.utf8))
+            let answer = try readMessage(connection, until: { _ in true }, what: "the welcome")
+            guard case .welcome? = answer else {
+                throw FuzzFinding(description: "hello was not welcomed: \(String(describing: answer))")
+            }
+        }
+        return connection
+    }
+
+    private func exchange(_ text: String, guarded: Bool) throws {
+        let connection = try session(guarded)
+        try connection.sendFrame(opcode: .text, payload: Array(text.utf8))
+        _ = try readMessage(connection, until: { _ in true }, what: "the answer to \(text.prefix(60))")
+    }
+
+    /// Sends a `get` with a fresh request id and reads until its answer or the close.
+    private func probe(_ connection: RawWebSocket, guarded: Bool) throws {
+        probes += 1
+        let request = "probe-\(probes)"
+        // A send can fail when the server already closed the connection: the read below sees why.
+        try? connection.sendFrame(
+            opcode: .text,
+            payload: Array(#"{"type":"get","request":"\#(request)","collection":"probe","id":"p"}"#.utf8))
+        _ = try readMessage(connection, until: { $0.requestId == request }, what: "the probe's answer")
+    }
+
+    /// Reads frames until a message `matches`, the server closes, or the time is up (a finding).
+    /// Returns nil when the connection ended; it is then forgotten, and the next input opens
+    /// another one.
+    private func readMessage(
+        _ connection: RawWebSocket, until matches: (ServerMessage) -> Bool, what: String
+    ) throws -> ServerMessage? {
+        while true {
+            let frame: RawWebSocket.Frame
+            do {
+                frame = try connection.blockingReadFrame(timeout: answerTimeout)
+            } catch let failure as RawWebSocket.Failure where failure.description == "timed out" {
+                throw FuzzFinding(description: "no answer within \(answerTimeout) (waiting for \(what))")
+            } catch {
+                forget(connection)
+                return nil
+            }
+            switch frame.opcode {
+            case .text:
+                let message: ServerMessage
+                do {
+                    message = try Wire.decode(ServerMessage.self, from: frame.payload)
+                } catch {
+                    throw FuzzFinding(
+                        description: "the server sent a frame that is not a message: \(error): \(frame.text)")
+                }
+                if matches(message) { return message }
+            case .close:
+                closeCodes[frame.closeCode ?? 1005, default: 0] += 1
+                forget(connection)
+                return nil
+            case .binary, .continuation:
+                throw FuzzFinding(description: "the server sent a \(frame.opcode) frame")
+            case .ping, .pong:
+                continue
+            }
+        }
+    }
+
+    private func forget(_ connection: RawWebSocket) {
+        for (key, session) in sessions where session === connection { sessions[key] = nil }
+    }
+
+    // MARK: - Inputs
+
+    /// Frames from the input: a header byte as sent (FIN, reserved bits, opcode), a length byte,
+    /// then that many payload bytes (fewer at the end of the input), masked as a client must.
+    static func frames(from body: [UInt8]) -> [UInt8] {
+        var bytes: [UInt8] = []
+        var index = 0
+        while index < body.count {
+            let header = body[index]
+            let length = index + 1 < body.count ? Int(body[index + 1]) : 0
+            let start = min(index + 2, body.count)
+            let payload = body[start..<min(start + length, body.count)]
+            index = start + length
+            bytes.append(header)
+            if payload.count < 126 {
+                bytes.append(0x80 | UInt8(payload.count))
+            } else {
+                bytes += [0x80 | 126, 0, UInt8(payload.count)]
+            }
+            let mask: [UInt8] = [0x0F, 0xF0, 0x55, 0xAA]
+            bytes.append(contentsOf: mask)
+            for (offset, byte) in payload.enumerated() { bytes.append(byte ^ mask[offset & 3]) }
+        }
+        return bytes
+    }
+
+    /// Whatever the decoders accept must encode to bytes that decode to the same value.
+    static func checkDecoders(_ bytes: [UInt8]) throws {
+        func roundTrip<T: JSONReadable & JSONWritable & Equatable>(_ type: T.Type) throws {
+            guard let value = try? Wire.decode(type, from: bytes) else { return }
+            let encoded = Wire.encode(value)
+            let again: T
+            do {
+                again = try Wire.decode(type, from: encoded)
+            } catch {
+                throw FuzzFinding(
+                    description:
+                        "\(type) encodes to bytes it cannot decode: \(error): \(String(decoding: encoded, as: UTF8.self))"
+                )
+            }
+            guard again == value else {
+                throw FuzzFinding(
+                    description:
+                        "\(type) changes in an encode/decode round trip: \(String(decoding: encoded, as: UTF8.self))")
+            }
+        }
+        try roundTrip(ClientMessage.self)
+        try roundTrip(ServerMessage.self)
+        if let value = try? Wire.parse(bytes) {
+            let encoded = Wire.encode(value)
+            guard (try? Wire.parse(encoded)) == value else {
+                throw FuzzFinding(
+                    description: "JSON changes in a round trip: \(String(decoding: encoded, as: UTF8.self))")
+            }
+        }
+        _ = try? Wire.decodeTimes(bytes)
+        _ = try? Wire.decodeFields(bytes)
+    }
+
+}
+
+extension ServerMessage {
+    /// The request an answer belongs to.
+    fileprivate var requestId: String? {
+        switch self {
+        case .ack(let ack): ack.request
+        case .conflict(let conflict): conflict.request
+        case .document(let reply): reply.request
+        case .error(let error): error.request
+        case .welcome, .snapshot, .reset: nil
+        }
+    }
+}
+
+/// The inputs of a corpus: files as given, folders by their regular files, sorted by path.
+public enum CorpusFiles {
+    public static func list(_ urls: [URL]) throws -> [URL] {
+        var files: [URL] = []
+        for url in urls {
+            var isFolder: ObjCBool = false
+            guard FileManager.default.fileExists(atPath: url.path, isDirectory: &isFolder) else {
+                throw FuzzFinding(description: "\(url.path): no such file or folder")
+            }
+            if isFolder.boolValue {
+                let names = try FileManager.default.contentsOfDirectory(atPath: url.path)
+                files += names.filter { !$0.hasPrefix(".") }.map { url.appendingPathComponent($0) }
+            } else {
+                files.append(url)
+            }
+        }
+        return files.sorted { $0.path < $1.path }
+    }
+}
+
+/// A TCP connection that never becomes a WebSocket.
+private enum PlainTCP {
+    /// Writes the bytes on a fresh TCP connection, half-closes it, and reads what the server
+    /// answers until it closes (at most two seconds).
+    static func sendBeforeUpgrade(_ bytes: [UInt8], port: Int) throws {
+        let fd: Int32
+        do {
+            fd = try PlainSocket.connect(host: "127.0.0.1", port: port)
+            PlainSocket.resetOnClose(fd)
+        } catch {
+            throw FuzzFinding(description: "the server refused a TCP connection: \(error)")
+        }
+        defer { close(fd) }
+        try? PlainSocket.sendAll(fd, bytes)
+        shutdown(fd, Int32(SHUT_WR))
+        var chunk = [UInt8](repeating: 0, count: 4096)
+        let deadline = ContinuousClock.now + .seconds(2)
+        while PlainSocket.wait(fd, for: Int16(POLLIN), until: deadline) {
+            guard let count = try? PlainSocket.receive(fd, into: &chunk), count > 0 else { return }
+        }
+    }
+}
