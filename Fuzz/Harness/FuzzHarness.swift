@@ -72,10 +72,14 @@ public final class FuzzHarness {
         guardedConfiguration.access = try SampleAccess.control()
         guarded = try TandemServer(configuration: guardedConfiguration)
         // An account for the rules to read: alice owns A1 and bob is a member.
-        try exchange(
+        let seeded = try exchange(
             #"{"type":"write","request":"seed","ops":[{"op":"create","collection":"accounts","id":"A1","#
                 + #""fields":{"owner":"alice","members":["bob"]},"idempotencyKey":"seed-1"}]}"#,
             guarded: true)
+        guard case .ack? = seeded else {
+            throw FuzzFinding(
+                description: "the guarded server did not store the account A1: \(String(describing: seeded))")
+        }
     }
 
     /// Stops both servers and removes their data.
@@ -149,10 +153,10 @@ public final class FuzzHarness {
         return connection
     }
 
-    private func exchange(_ text: String, guarded: Bool) throws {
+    private func exchange(_ text: String, guarded: Bool) throws -> ServerMessage? {
         let connection = try session(guarded)
         try connection.sendFrame(opcode: .text, payload: Array(text.utf8))
-        _ = try readMessage(connection, until: { _ in true }, what: "the answer to \(text.prefix(60))")
+        return try readMessage(connection, until: { _ in true }, what: "the answer to \(text.prefix(60))")
     }
 
     /// Sends a `get` with a fresh request id and reads until its answer or the close.

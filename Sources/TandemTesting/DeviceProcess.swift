@@ -47,7 +47,7 @@ public final class DeviceProcess: Sendable {
         while true {
             if let line = lines.first(where: { $0.hasPrefix(prefix) }) { return line }
             let errors = output.withLock { $0.errors.suffix(5).joined(separator: " | ") }
-            guard process.isRunning else {
+            guard process.isRunning || lines.contains(where: { $0.hasPrefix(prefix) }) else {
                 throw ServerProcessError("tandem device exited before printing '\(prefix)…'; it said: \(errors)")
             }
             guard ContinuousClock.now < deadline else {

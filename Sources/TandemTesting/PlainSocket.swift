@@ -38,11 +38,14 @@ public enum PlainSocket {
         if failure == EINTR {
             // The connect goes on in the background: wait until the socket is writable and
             // read its outcome.
-            _ = wait(fd, for: Int16(POLLOUT), until: ContinuousClock.now + .seconds(10))
-            var error: Int32 = 0
-            var length = socklen_t(MemoryLayout<Int32>.size)
-            getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length)
-            failure = error
+            if wait(fd, for: Int16(POLLOUT), until: ContinuousClock.now + .seconds(10)) {
+                var error: Int32 = 0
+                var length = socklen_t(MemoryLayout<Int32>.size)
+                getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length)
+                failure = error
+            } else {
+                failure = ETIMEDOUT
+            }
         }
         guard failure == 0 else {
             close(fd)

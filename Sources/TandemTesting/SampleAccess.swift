@@ -1,7 +1,7 @@
 import TandemServer
 
-/// Access files for tests, in the shape of the cash-flow app: alice, bob and carol have
-/// tokens; whoever creates an account owns it, and only the owner changes or deletes it; the
+/// Access files for tests, for an app of shared accounts (the README's example, with
+/// transactions under `accounts/{account}/transactions`): alice, bob and carol have tokens; whoever creates an account owns it, and only the owner changes or deletes it; the
 /// owner and the members listed in an account read and write its transactions; each user
 /// reads and writes only their own notes.
 public enum SampleAccess {

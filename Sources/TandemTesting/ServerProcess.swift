@@ -16,7 +16,8 @@ public final class ServerProcess: @unchecked Sendable {
     public let arguments: [String]
     public let executable: URL
     /// `ws://127.0.0.1:PORT` of the running process.
-    public private(set) var url = ""
+    public var url: String { lock.withLock { currentURL } }
+    private var currentURL = ""
     private var process: Process?
     private var errorLines: [String] = []
     private let lock = NSLock()
@@ -29,6 +30,32 @@ public final class ServerProcess: @unchecked Sendable {
         try await self.init(
             arguments: ["serve", "--port", "0", "--data", dataDirectory.path, "--log-level", "warning"] + options,
             executable: executable)
+    }
+
+    /// Starts `tandem serve` like ``init(dataDirectory:options:executable:)``, on a port below
+    /// the system's ephemeral range: the kernel never hands such a port to a server asking for
+    /// port 0, so none takes it while this one is down between a kill and ``restart(changing:)``.
+    public static func onStablePort(
+        dataDirectory: URL, options: [String] = [], executable: URL? = nil
+    ) async throws -> ServerProcess {
+        let ephemeralStart =
+            (try? String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8))
+            .flatMap { $0.split(whereSeparator: \.isWhitespace).first.flatMap { Int($0) } } ?? 32768
+        let range = max(1024, ephemeralStart - 10_000)..<ephemeralStart
+        var lastError: (any Error)?
+        for _ in 0..<20 {
+            do {
+                return try await ServerProcess(
+                    arguments: [
+                        "serve", "--port", String(Int.random(in: range)), "--data", dataDirectory.path,
+                        "--log-level", "warning",
+                    ] + options,
+                    executable: executable)
+            } catch {
+                lastError = error  // most likely the port is taken: try another
+            }
+        }
+        throw lastError ?? ServerProcessError("no free port in \(range)")
     }
 
     /// Starts `tandem` with these arguments, a command that prints `listening on URL` as its
@@ -122,7 +149,7 @@ public final class ServerProcess: @unchecked Sendable {
         Thread.detachNewThread { _ = try? handle.readToEnd() }
         lock.withLock {
             self.process = process
-            self.url = String(url)
+            self.currentURL = String(url)
         }
     }
 
@@ -153,8 +180,8 @@ public final class ServerProcess: @unchecked Sendable {
 
     private static func readLine(from handle: FileHandle, timeout: TimeInterval) throws -> String {
         var bytes: [UInt8] = []
-        let deadline = Date().addingTimeInterval(timeout)
-        while Date() < deadline {
+        let deadline = ContinuousClock.now + .milliseconds(Int(timeout * 1000))
+        while PlainSocket.wait(handle.fileDescriptor, for: Int16(POLLIN), until: deadline) {
             guard let chunk = try handle.read(upToCount: 1), let byte = chunk.first else {
                 throw ServerProcessError("tandem serve exited before listening")
             }

@@ -22,9 +22,8 @@ public enum SoakScenario {
         let dataDirectory = folder.url.appendingPathComponent("server")
         var serverOptions = ["--fault-seed", String(options.seed)]
         if options.lostAckRate > 0 { serverOptions += ["--fault-lost-ack", String(options.lostAckRate)] }
-        let server = try await ServerProcess(
-            dataDirectory: dataDirectory, options: serverOptions,
-            executable: options.executable)
+        let server = try await ServerProcess.onStablePort(
+            dataDirectory: dataDirectory, options: serverOptions, executable: options.executable)
         defer { server.kill() }
 
         let ledger = Ledger()
@@ -209,14 +208,20 @@ final class Ledger: Sendable {
             mine[change.document.id.rawValue].map { (change.document.id.rawValue, $0) }
         }
         guard !relevant.isEmpty else { return }
-        let held: [(String, Int64, Int64?)] =
-            (try? database.read { db in
+        let held: [(String, Int64, Int64?)]
+        do {
+            held = try database.read { db in
                 try relevant.map { id, written in
                     let version = try Int64.fetchOne(
                         db, sql: "SELECT serverVersion FROM tandem_row WHERE serverId = ?", arguments: [id])
                     return (id, written, version)
                 }
-            }) ?? []
+            }
+        } catch {
+            // Unchecked is not held: a check that cannot read counts against the promise.
+            state.withLock { $0.violations.append("\(device): cannot read its own versions: \(error)") }
+            return
+        }
         let violations = held.compactMap { id, written, version -> String? in
             guard let version, version < written else { return nil }
             return "\(device) shows \(id) at version \(version) after writing version \(written)"

@@ -40,23 +40,7 @@ struct ClientKillTests {
         "killed after the server acknowledged a push, before the write-back: the outbox is intact, the resend uses the same keys, nothing doubles"
     )
     func killedMidPush() async throws {
-        let server = try TestServer()
-        let folder = try TemporaryDirectory(prefix: "tandem-killed-phone")
-        // The account is synced first, so that the push the kill interrupts is of entries.
-        do {
-            let phone = try TestDevice(name: "phone", serverURL: server.url, folder: folder)
-            phone.service.start()
-            try phone.addAccount("Household")
-            _ = try await phone.service.syncNow()
-            await phone.service.stop()
-        }
-        let phone = try DeviceProcess([
-            "--server", server.url, "--folder", folder.url.path, "--name", "phone", "--entries", "30",
-            "--hold-at", "push",
-        ])
-        let held = try await phone.waitForLine(prefix: "held:")
-        phone.kill()
-
+        let (server, folder, held) = try await Self.killDuringPush()
         // The server applied what it acknowledged; the device never recorded the answer.
         let before = try Self.serverCounts(server)
         #expect(before.entries > 0, "the server has the acknowledged entries (\(held))")
@@ -81,6 +65,45 @@ struct ClientKillTests {
         #expect(try laptop.entries().count == 30)
         #expect(try reopened.entries().count == 30)
         #expect(reopened.service.status.pendingCount == 0)
+    }
+
+    @Test("the same kill with the keys forgotten before the reopen makes duplicates: the test above can fail")
+    func killedMidPushForgettingKeys() async throws {
+        let (server, folder, _) = try await Self.killDuringPush()
+        let database = try DatabaseQueue(path: folder.path("phone.sqlite"))
+        try await database.write { db in try db.execute(sql: "UPDATE tandem_row SET idempotencyKey = NULL") }
+        try database.close()
+
+        let reopened = try TestDevice(name: "phone", serverURL: server.url, folder: folder)
+        reopened.service.start()
+        let report = try await Convergence.waitUntilQuiet(server: server, devices: [reopened])
+        #expect(report.isConverged, "\(report.firstDifferences)")
+        let after = try Self.serverCounts(server)
+        #expect(after.entryUids == 30)
+        #expect(after.entries > after.entryUids, "the resends under new keys were created again: \(after)")
+    }
+
+    /// A phone with a synced account writes 30 entries in a process of its own, which is
+    /// killed with SIGKILL once the server acknowledged their push, before the answer is
+    /// written back.
+    static func killDuringPush() async throws -> (TestServer, TemporaryDirectory, held: String) {
+        let server = try TestServer()
+        let folder = try TemporaryDirectory(prefix: "tandem-killed-phone")
+        // The account is synced first, so that the push the kill interrupts is of entries.
+        do {
+            let phone = try TestDevice(name: "phone", serverURL: server.url, folder: folder)
+            phone.service.start()
+            try phone.addAccount("Household")
+            _ = try await phone.service.syncNow()
+            await phone.service.stop()
+        }
+        let phone = try DeviceProcess([
+            "--server", server.url, "--folder", folder.url.path, "--name", "phone", "--entries", "30",
+            "--hold-at", "push",
+        ])
+        let held = try await phone.waitForLine(prefix: "held:")
+        phone.kill()
+        return (server, folder, held)
     }
 
     @Test(

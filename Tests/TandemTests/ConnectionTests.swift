@@ -11,7 +11,10 @@ struct ConnectionTests {
         // thread, and its close could come before the connection object was wired to the
         // socket; it was dropped and connect waited for its timeout (one attempt in five in a
         // release build, about one in 500 in a debug build, hence the many attempts).
-        let port = try freePort()
+        // The port stays bound, not listening, until the end: connects to it are refused, and
+        // no server started meanwhile by another test can take it.
+        let (socket, port) = try boundPort()
+        defer { close(socket) }
         for attempt in 0..<2000 {
             do {
                 let connection = try await ServerConnection.connect(
@@ -25,22 +28,27 @@ struct ConnectionTests {
         }
     }
 
-    /// A port that was free a moment ago (bound, then closed).
-    private func freePort() throws -> Int {
+    /// A socket bound to a free loopback port, and the port.
+    private func boundPort() throws -> (socket: Int32, port: Int) {
         let socket = Foundation.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(socket) }
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
         address.sin_addr.s_addr = inet_addr("127.0.0.1")
         address.sin_port = 0
         var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        try withUnsafeMutablePointer(to: &address) { pointer in
-            try pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { raw in
-                guard bind(socket, raw, length) == 0, getsockname(socket, raw, &length) == 0 else {
-                    throw TestFailure("cannot find a free port")
-                }
+        let bound = withUnsafeMutablePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { raw in
+                bind(socket, raw, length) == 0 && getsockname(socket, raw, &length) == 0
             }
         }
-        return Int(UInt16(bigEndian: address.sin_port))
+        guard bound else {
+            close(socket)
+            throw ConnectionTestFailure(description: "cannot bind a loopback port: errno \(errno)")
+        }
+        return (socket, Int(UInt16(bigEndian: address.sin_port)))
     }
+}
+
+struct ConnectionTestFailure: Error, CustomStringConvertible {
+    var description: String
 }
