@@ -112,17 +112,17 @@ public final class RawWebSocket: @unchecked Sendable {
 
     /// Reads the next frame, answering nothing (pings are returned like any frame).
     ///
-    /// The blocking read runs on a dispatch thread, not on the caller's task.
+    /// The blocking read runs on a thread of its own (``onOwnThread(_:)``), not on the caller's task.
     ///
     /// - Throws: ``Failure`` when nothing arrives within `timeout` or the peer closed the TCP
     ///   connection.
     public func readFrame(timeout: Duration = .seconds(5)) async throws -> Frame {
-        try await offload { try self.readFrameBlocking(until: ContinuousClock.now + timeout) }
+        try await onOwnThread { try self.readFrameBlocking(until: ContinuousClock.now + timeout) }
     }
 
     /// Reads frames until a text frame arrives, skipping pings and pongs.
     public func readText(timeout: Duration = .seconds(5)) async throws -> String {
-        try await offload {
+        try await onOwnThread {
             let deadline = ContinuousClock.now + timeout
             while true {
                 let frame = try self.readFrameBlocking(until: deadline)
@@ -137,7 +137,7 @@ public final class RawWebSocket: @unchecked Sendable {
 
     /// Reads until the peer's close frame arrives, answers it as RFC 6455 asks, and returns it.
     public func readClose(timeout: Duration = .seconds(5)) async throws -> Frame {
-        try await offload {
+        try await onOwnThread {
             let deadline = ContinuousClock.now + timeout
             while true {
                 let frame = try self.readFrameBlocking(until: deadline)
@@ -152,7 +152,7 @@ public final class RawWebSocket: @unchecked Sendable {
     /// True when the peer has closed the TCP connection (reads return end of file), waiting
     /// up to `timeout` and discarding anything that arrives meanwhile.
     public func waitForDisconnect(timeout: Duration) async -> Bool {
-        (try? await offload {
+        (try? await onOwnThread {
             let deadline = ContinuousClock.now + timeout
             while ContinuousClock.now < deadline {
                 do {
@@ -183,10 +183,6 @@ public final class RawWebSocket: @unchecked Sendable {
         }
     }
 
-    private func offload<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-        try await onOwnThread(body)
-    }
-
     private func parseFrame() -> Frame? {
         guard buffer.count >= 2 else { return nil }
         let fin = buffer[0] & 0x80 != 0
@@ -211,7 +207,12 @@ public final class RawWebSocket: @unchecked Sendable {
     private func fill(until deadline: ContinuousClock.Instant) throws {
         guard PlainSocket.wait(fd, for: Int16(POLLIN), until: deadline) else { throw Failure(description: "timed out") }
         var chunk = [UInt8](repeating: 0, count: 65536)
-        let count = (try? PlainSocket.receive(fd, into: &chunk)) ?? 0
+        let count: Int
+        do {
+            count = try PlainSocket.receive(fd, into: &chunk)
+        } catch {
+            throw Failure(description: "\(error)")
+        }
         guard count > 0 else { throw Failure(description: "end of file") }
         buffer.append(contentsOf: chunk[0..<count])
     }

@@ -8,6 +8,38 @@ import Testing
 
 @Suite("Sync service behaviour")
 struct ServiceBehaviorTests {
+    @Test("syncNow waits for a connection attempt under way, however short its connectionWait")
+    func syncNowWaitsForAttemptUnderWay() async throws {
+        let server = try TestServer()
+        let attempt = Checkpoint()
+        let phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
+            configuration.hooks.beforeConnect = { attempt.pause() }
+        }
+        let account = try phone.addAccount("Household")
+        phone.service.start()
+        try await attempt.reached()
+        // The attempt is held: a zero wait must not be taken for "no connection".
+        let sync = Task { try await phone.service.syncNow(connectionWait: .zero) }
+        try await Task.sleep(for: .milliseconds(50))  // time for a wrong syncNow to give up
+        attempt.release()
+        _ = try await sync.value
+        #expect(try phone.serverId(ofAccount: account.id!) != nil)
+        #expect(phone.service.status.pendingCount == 0)
+    }
+
+    @Test("with the server down, syncNow fails with disconnected once its wait is over; the row stays pending")
+    func syncNowOffline() async throws {
+        let server = try TestServer()
+        let phone = try TestDevice(name: "phone", serverURL: server.url)
+        server.stop()
+        phone.service.start()
+        try phone.addAccount("Household")
+        await #expect(throws: TandemError.self) {
+            try await phone.service.syncNow(connectionWait: .milliseconds(200))
+        }
+        #expect(phone.service.status.pendingCount == 1)
+    }
+
     @Test("a row the server refuses fails at once and is listed with the reason; the others still sync")
     func refusalFailsAtOnce() async throws {
         let server = try TestServer { $0.limits.maxDocumentBytes = 512 }

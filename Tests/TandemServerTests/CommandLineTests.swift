@@ -15,24 +15,21 @@ func runTandem(_ arguments: [String]) async throws -> (status: Int32, output: St
     process.standardOutput = output
     process.standardError = error
     try process.run()
-    return await withCheckedContinuation { continuation in
+    return try await onOwnThread {
+        // Standard error is read on another thread, so that neither pipe can fill up and
+        // block the process while this one waits on the other.
+        let err = Mutex(Data())
+        let errorRead = DispatchSemaphore(value: 0)
         Thread.detachNewThread {
-            // Standard error is read on another thread, so that neither pipe can fill up and
-            // block the process while this one waits on the other.
-            let err = Mutex(Data())
-            let errorRead = DispatchSemaphore(value: 0)
-            Thread.detachNewThread {
-                let data = error.fileHandleForReading.readDataToEndOfFile()
-                err.withLock { $0 = data }
-                errorRead.signal()
-            }
-            let out = output.fileHandleForReading.readDataToEndOfFile()
-            errorRead.wait()
-            process.waitUntilExit()
-            let errorText = err.withLock { String(decoding: $0, as: UTF8.self) }
-            continuation.resume(
-                returning: (process.terminationStatus, String(decoding: out, as: UTF8.self), errorText))
+            let data = error.fileHandleForReading.readDataToEndOfFile()
+            err.withLock { $0 = data }
+            errorRead.signal()
         }
+        let out = output.fileHandleForReading.readDataToEndOfFile()
+        errorRead.wait()
+        process.waitUntilExit()
+        let errorText = err.withLock { String(decoding: $0, as: UTF8.self) }
+        return (process.terminationStatus, String(decoding: out, as: UTF8.self), errorText)
     }
 }
 

@@ -9,19 +9,22 @@ extension SyncService {
     func connect() {
         let generation = state.withLock { state -> Int in
             state.generation += 1
+            state.connecting = true
             return state.generation
         }
         Task { [weak self] in
             guard let self else { return }
+            configuration.hooks.beforeConnect?()
             do {
                 let connection = try await ServerConnection.connect(
                     to: serverURL, clientId: clientId, token: configuration.token,
                     client: configuration.webSocketClient,
-                    timeout: .seconds(10), logger: logger,
+                    timeout: Self.connectTimeout, logger: logger,
                     onClose: { [weak self] event in self?.connectionClosed(generation: generation, reason: "\(event)") }
                 )
                 let current = state.withLock { state -> Bool in
                     guard state.running, state.generation == generation else { return false }
+                    state.connecting = false
                     state.connection = connection
                     state.listening = [:]
                     state.reconnectAttempt = 0
@@ -43,7 +46,11 @@ extension SyncService {
                 queue.addBarrierBlock { [weak self] in _ = try? self?.push() }
                 queue.addOperation { [weak self] in self?.refreshListeners() }
             } catch {
-                let retry = state.withLock { $0.running && $0.generation == generation }
+                let retry = state.withLock { state -> Bool in
+                    guard state.generation == generation else { return false }
+                    state.connecting = false
+                    return state.running
+                }
                 if retry {
                     noteError("cannot connect: \(error)")
                     scheduleReconnect()
@@ -51,6 +58,9 @@ extension SyncService {
             }
         }
     }
+
+    /// How long a connection attempt may take, handshake and `hello` included.
+    static let connectTimeout = Duration.seconds(10)
 
     /// Drops a connection at once and forgets the work it queued, then reconnects.
     func dropConnection(_ connection: ServerConnection) {

@@ -13,6 +13,8 @@ import TandemWire
 /// configuration.hooks.afterAck = afterAck.hook
 /// ```
 public struct SyncHooks: Sendable {
+    /// When a connection attempt begins, before the socket is opened (on the task making it).
+    public var beforeConnect: (@Sendable () -> Void)?
     /// Before a `write` is sent, with its ops.
     public var beforeSend: (@Sendable ([WriteOp]) -> Void)?
     /// After the server acknowledged a write, before the answer is written back to SQLite.

@@ -59,6 +59,8 @@ public final class SyncService: Sendable {
         /// Grows with every connection attempt; callbacks of older connections are ignored.
         var generation = 0
         var reconnectAttempt = 0
+        /// True from the start of a connection attempt until it succeeds or fails.
+        var connecting = false
         var listening: [CollectionPath: ListenerTarget] = [:]
         var pushScheduled = false
         var status = SyncStatus()
@@ -180,6 +182,7 @@ public final class SyncService: Sendable {
             let result = (state.connection, [state.periodicPush, state.reconnect])
             state.running = false
             state.generation += 1
+            state.connecting = false
             state.connection = nil
             state.listening = [:]
             state.periodicPush = nil
@@ -207,17 +210,24 @@ public final class SyncService: Sendable {
 
     /// Pushes every local change now and waits until the answers are written back.
     ///
-    /// - Parameter connectionWait: How long to wait for a connection that is being made.
+    /// - Parameter connectionWait: How long to wait for a connection while there is none. An
+    ///   attempt under way when it runs out is waited for until it succeeds or fails (it has
+    ///   its own timeout), so that a slow handshake on a busy device is not taken for none.
     /// - Throws: ``TandemError`` `.stopped` when the service is not started, `.disconnected`
     ///   when there is no connection or it dropped during the push, `.timedOut`; the changes
     ///   stay pending and go out later.
     @discardableResult
     public func syncNow(connectionWait: Duration = .seconds(5)) async throws -> SyncReport {
         let deadline = ContinuousClock.now + connectionWait
+        let hardDeadline = deadline + Self.connectTimeout + .seconds(5)
         while true {
-            let (running, connected) = state.withLock { ($0.running, $0.connection?.isOpen ?? false) }
+            let (running, connected, connecting) = state.withLock {
+                ($0.running, $0.connection?.isOpen ?? false, $0.connecting)
+            }
             guard running else { throw TandemError(.stopped, "the sync service is stopped; call start() first") }
-            if connected || ContinuousClock.now >= deadline { break }
+            if connected { break }
+            let now = ContinuousClock.now
+            if now >= hardDeadline || (now >= deadline && !connecting) { break }
             try await Task.sleep(for: .milliseconds(10))
         }
         return try await withCheckedThrowingContinuation { continuation in
