@@ -13,7 +13,9 @@ import TandemWire
 /// surfaces); the rest is what that surface gets.
 public enum FuzzSurface: UInt8, CaseIterable, Sendable {
     /// One text message to a real server, on a connection that said `hello` (or, by the
-    /// second byte, on a fresh one that did not), to the open or the access-controlled server.
+    /// second byte, on a fresh one that did not), to the open or the access-controlled server;
+    /// on the latter as alice, or (by the second byte) as carol, who may read none of the
+    /// seeded documents and must never hear their content (the leak oracle).
     case message
     /// Frames built from the input (header byte, length byte, payload), masked and written
     /// to a real server's socket: fragments, control frames, reserved bits and opcodes.
@@ -47,7 +49,7 @@ public final class FuzzHarness {
     private let folder: TemporaryDirectory
     private let open: TandemServer
     private let guarded: TandemServer
-    private var sessions: [Bool: RawWebSocket] = [:]
+    private var sessions: [Peer: RawWebSocket] = [:]
     private var probes = 0
     /// Close codes the servers sent, by code, for the statistics.
     public private(set) var closeCodes: [UInt16: Int] = [:]
@@ -55,6 +57,29 @@ public final class FuzzHarness {
 
     /// How long the server may take to answer a probe before that counts as a hang.
     public var answerTimeout: Duration = .seconds(10)
+
+    /// Who a connection speaks for: anyone on the open server; alice (who owns account A1) or
+    /// carol on the guarded one. dave, who owns the secret documents, never fuzzes: whatever
+    /// alice's inputs change, carol may read none of dave's documents.
+    enum Peer: Hashable {
+        case open, alice, carol, dave
+
+        var isGuarded: Bool { self != .open }
+        var token: String? {
+            switch self {
+            case .open: nil
+            case .alice: "t-alice"
+            case .carol: "t-carol"
+            case .dave: "t-dave"
+            }
+        }
+    }
+
+    /// Marks the content of dave's documents: no frame sent to carol may hold it.
+    static let secret = "SECRET-7c1e"
+    /// The client id every fuzz connection uses, carol's included: an idempotency key of alice's
+    /// resent by carol must not bring back alice's answer.
+    static let clientId = "fuzz"
 
     public init() throws {
         let folder = try TemporaryDirectory(prefix: "tandem-fuzz")
@@ -69,16 +94,31 @@ public final class FuzzHarness {
         }
         open = try TandemServer(configuration: configuration("open"))
         var guardedConfiguration = try configuration("guarded")
-        guardedConfiguration.access = try SampleAccess.control()
+        let tokens = #"{"tokens": {"t-alice": "alice", "t-bob": "bob", "t-carol": "carol", "t-dave": "dave"}}"#
+        guardedConfiguration.access = try AccessControl(
+            tokens: (tokens, "tokens.json"), rules: (SampleAccess.rules, "rules.json"))
         guarded = try TandemServer(configuration: guardedConfiguration)
-        // An account for the rules to read: alice owns A1 and bob is a member.
+        // An account for the rules to read (alice owns A1 and bob is a member); dave's account D1
+        // with a transaction, and a note of dave's, both secret to carol; and a field-level
+        // merge of the note, whose answer holds the document, under a key (seed-3) that carol,
+        // with the same client id, may resend.
+        let secret = Self.secret
+        guard
+            case .ack? = try exchange(
+                #"{"type":"write","request":"seed","ops":[{"op":"create","collection":"accounts","id":"A1","#
+                    + #""fields":{"owner":"alice","members":["bob"]},"idempotencyKey":"seed-1"}]}"#, as: .alice)
+        else { throw FuzzFinding(description: "the guarded server did not store the account A1") }
         let seeded = try exchange(
-            #"{"type":"write","request":"seed","ops":[{"op":"create","collection":"accounts","id":"A1","#
-                + #""fields":{"owner":"alice","members":["bob"]},"idempotencyKey":"seed-1"}]}"#,
-            guarded: true)
+            #"{"type":"write","request":"seed","ops":["#
+                + #"{"op":"create","collection":"accounts","id":"D1","fields":{"owner":"dave","members":[]},"idempotencyKey":"seed-0"},"#
+                + #"{"op":"create","collection":"accounts/D1/transactions","id":"T1","fields":{"memo":"\#(secret)"},"idempotencyKey":"seed-2"},"#
+                + #"{"op":"create","collection":"users/dave/notes","id":"N1","fields":{"text":"\#(secret)"},"fieldTimes":{"text":1},"idempotencyKey":"seed-4"},"#
+                + #"{"op":"update","collection":"users/dave/notes","id":"N1","fields":{"text":"\#(secret)!"},"fieldTimes":{"text":2},"idempotencyKey":"seed-3"}]}"#,
+            as: .dave)
+        sessions[.dave] = nil
         guard case .ack? = seeded else {
             throw FuzzFinding(
-                description: "the guarded server did not store the account A1: \(String(describing: seeded))")
+                description: "the guarded server did not store the seeded documents: \(String(describing: seeded))")
         }
     }
 
@@ -100,16 +140,16 @@ public final class FuzzHarness {
         let surface = FuzzSurface.allCases[Int(first) % FuzzSurface.allCases.count]
         let options = input.count > 1 ? input[1] : 0
         let body = Array(input.dropFirst(2))
-        let useGuarded = options & 1 != 0
+        let peer: Peer = options & 1 == 0 ? .open : options & 4 == 0 ? .alice : .carol
         switch surface {
         case .message:
-            let connection = options & 2 != 0 ? try connect(guarded: useGuarded, hello: false) : try session(useGuarded)
+            let connection = options & 2 != 0 ? try connect(peer, hello: false) : try session(peer)
             try connection.sendFrame(opcode: .text, payload: body)
-            try probe(connection, guarded: useGuarded)
+            try probe(connection, peer)
         case .frames:
-            let connection = try session(useGuarded)
+            let connection = try session(peer)
             try connection.sendRaw(Self.frames(from: body))
-            try probe(connection, guarded: useGuarded)
+            try probe(connection, peer)
         case .decode:
             try Self.checkDecoders(Array(input.dropFirst(1)))
         case .accessFiles:
@@ -119,33 +159,35 @@ public final class FuzzHarness {
             let rules = String(decoding: text[min(split + 1, text.endIndex)...], as: UTF8.self)
             _ = try? AccessControl(tokens: (tokens, "tokens.json"), rules: (rules, "rules.json"))
         case .handshake:
-            try PlainTCP.sendBeforeUpgrade(body, port: (useGuarded ? guarded : open).port)
-            try probe(try session(useGuarded), guarded: useGuarded)
+            try PlainTCP.sendBeforeUpgrade(body, port: (peer.isGuarded ? guarded : open).port)
+            try probe(try session(peer), peer)
         }
     }
 
     // MARK: - Sessions
 
-    private func session(_ guarded: Bool) throws -> RawWebSocket {
-        if let session = sessions[guarded] { return session }
-        let session = try connect(guarded: guarded, hello: true)
-        sessions[guarded] = session
+    private func session(_ peer: Peer) throws -> RawWebSocket {
+        if let session = sessions[peer] { return session }
+        let session = try connect(peer, hello: true)
+        sessions[peer] = session
         return session
     }
 
-    private func connect(guarded: Bool, hello: Bool) throws -> RawWebSocket {
-        let port = (guarded ? self.guarded : open).port
+    private func connect(_ peer: Peer, hello: Bool) throws -> RawWebSocket {
+        let port = (peer.isGuarded ? guarded : open).port
         let connection: RawWebSocket
         do {
             connection = try RawWebSocket(port: port, resetOnClose: true)
         } catch {
-            throw FuzzFinding(description: "the \(guarded ? "guarded" : "open") server refused a connection: \(error)")
+            throw FuzzFinding(
+                description: "the \(peer.isGuarded ? "guarded" : "open") server refused a connection: \(error)")
         }
         if hello {
-            let token = guarded ? #","token":"t-alice""# : ""
+            let token = peer.token.map { #","token":"\#($0)""# } ?? ""
             try connection.sendFrame(
-                opcode: .text, payload: Array(#"{"type":"hello","protocol":1,"clientId":"fuzz"\#(token)}"#.utf8))
-            let answer = try readMessage(connection, until: { _ in true }, what: "the welcome")
+                opcode: .text,
+                payload: Array(#"{"type":"hello","protocol":1,"clientId":"\#(Self.clientId)"\#(token)}"#.utf8))
+            let answer = try readMessage(connection, peer, until: { _ in true }, what: "the welcome")
             guard case .welcome? = answer else {
                 throw FuzzFinding(description: "hello was not welcomed: \(String(describing: answer))")
             }
@@ -153,28 +195,28 @@ public final class FuzzHarness {
         return connection
     }
 
-    private func exchange(_ text: String, guarded: Bool) throws -> ServerMessage? {
-        let connection = try session(guarded)
+    private func exchange(_ text: String, as peer: Peer) throws -> ServerMessage? {
+        let connection = try session(peer)
         try connection.sendFrame(opcode: .text, payload: Array(text.utf8))
-        return try readMessage(connection, until: { _ in true }, what: "the answer to \(text.prefix(60))")
+        return try readMessage(connection, peer, until: { _ in true }, what: "the answer to \(text.prefix(60))")
     }
 
     /// Sends a `get` with a fresh request id and reads until its answer or the close.
-    private func probe(_ connection: RawWebSocket, guarded: Bool) throws {
+    private func probe(_ connection: RawWebSocket, _ peer: Peer) throws {
         probes += 1
         let request = "probe-\(probes)"
         // A send can fail when the server already closed the connection: the read below sees why.
         try? connection.sendFrame(
             opcode: .text,
             payload: Array(#"{"type":"get","request":"\#(request)","collection":"probe","id":"p"}"#.utf8))
-        _ = try readMessage(connection, until: { $0.requestId == request }, what: "the probe's answer")
+        _ = try readMessage(connection, peer, until: { $0.requestId == request }, what: "the probe's answer")
     }
 
     /// Reads frames until a message `matches`, the server closes, or the time is up (a finding).
     /// Returns nil when the connection ended; it is then forgotten, and the next input opens
     /// another one.
     private func readMessage(
-        _ connection: RawWebSocket, until matches: (ServerMessage) -> Bool, what: String
+        _ connection: RawWebSocket, _ peer: Peer, until matches: (ServerMessage) -> Bool, what: String
     ) throws -> ServerMessage? {
         while true {
             let frame: RawWebSocket.Frame
@@ -194,6 +236,9 @@ public final class FuzzHarness {
                 } catch {
                     throw FuzzFinding(
                         description: "the server sent a frame that is not a message: \(error): \(frame.text)")
+                }
+                if peer == .carol && frame.text.contains(Self.secret) {
+                    throw FuzzFinding(description: "carol was sent what she may not read: \(frame.text)")
                 }
                 if matches(message) { return message }
             case .close:

@@ -6,40 +6,54 @@ import TandemWire
 
 /// The server's state and logic, serialized on one dispatch queue (`queue`).
 ///
-/// Sessions, listeners and the store are touched only on `queue`: a write commits, is
-/// acknowledged and is fanned out before the next message of any connection is handled, so
-/// every listener sees each collection's changes in commit order, and a listener that
-/// finishes catching up cannot miss a commit (none can run between its last page and its
-/// switch to live).
+/// Sessions, listeners and the store are touched only on `queue`, so messages are handled one
+/// at a time, in the order they arrive. Writes are the exception to "one at a time": the
+/// writes waiting on the queue are applied together, in one transaction with one sync to disk
+/// (a group commit, ``flushWrites()``), before anything else is handled, and each is
+/// answered after that commit.
+///
+/// Listeners hear of changes through the change feed, never straight from a write: after a
+/// commit (this node's, or another node's announced by the store), the node reads each
+/// followed collection's feed once, after the position it had read up to, and sends what is
+/// new to every live listener of that collection (``runFeedRound(_:)``). So every listener
+/// sees a collection's changes in sequence order, which is commit order, whichever node wrote
+/// them.
 ///
 /// The socket delegate methods run on the socket's service thread; each hops to `queue`.
 final class ServerCore: WebSocketDelegate, @unchecked Sendable {
     let queue = DispatchQueue(label: "tandem.server.core")
-    let store: DocumentStore
+    let store: any DocumentStore
     let configuration: ServerConfiguration
     let logger: Logger
 
     // Confined to `queue`.
-    private var sessions: [UInt64: Session] = [:]
-    var listeners: [CollectionPath: [Listener]] = [:]
-    /// Listeners by the documents their read permission depends on ("collection/id").
-    var accessDependents: [String: [ObjectIdentifier: Listener]] = [:]
+    var sessions: [UInt64: Session] = [:]
+    /// The collections this node follows the feed of: those with listeners, and those holding
+    /// documents a listener's read permission depends on.
+    var followed: [CollectionPath: FeedFollower] = [:]
+    /// Collections whose feed has news to read (written here, or announced by the store).
+    var pendingRound: Set<CollectionPath> = []
+    var roundScheduled = false
+    /// Writes waiting for the next group commit, in arrival order.
+    var waitingWrites: [WaitingWrite] = []
+    var waitingOps = 0
+    var flushScheduled = false
     /// Injected failures, when configured (tests, `tandem serve --fault-…`).
     var faults: FaultInjector?
     /// While true, every delivery is held until ``releaseDeliveries()`` (tests).
     var holdsDeliveries = false
     private var maintenance: DispatchSourceTimer?
-    private var isStopped = false
+    var isStopped = false
 
     /// Past this many unhandled messages a connection stops being read; below the low mark
     /// it is read again. A client cannot queue unbounded work on the server.
     private static let pendingHighMark = 256
     private static let pendingLowMark = 32
 
-    init(configuration: ServerConfiguration) throws {
+    init(configuration: ServerConfiguration, store: any DocumentStore) {
         self.configuration = configuration
         self.logger = configuration.logger
-        self.store = try DocumentStore(directory: configuration.dataDirectory, logger: configuration.logger)
+        self.store = store
         faults = configuration.faults.map(FaultInjector.init)
     }
 
@@ -75,22 +89,24 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
         }
     }
 
-    /// Stops timers, forgets sessions and closes the database (on `queue`).
+    /// Applies the writes still waiting, stops timers, forgets sessions and closes the
+    /// database (on `queue`).
     func stop() {
         guard !isStopped else { return }
+        flushWrites()
         isStopped = true
         maintenance?.cancel()
         maintenance = nil
         for session in sessions.values { session.isClosed = true }
         sessions = [:]
-        listeners = [:]
+        followed = [:]
         do { try store.close() } catch {
             logger.error("closing the store failed", metadata: ["tandem.error": "\(error)"])
         }
     }
 
     var stats: ServerStats {
-        let all = listeners.values.joined()
+        let all = sessions.values.flatMap(\.listeners.values)
         return ServerStats(
             connections: sessions.count, listeners: all.count, liveListeners: all.filter(\.isLive).count)
     }
@@ -143,6 +159,7 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
             session.isClosed = true
             for listener in session.listeners.values { remove(listener) }
             session.listeners = [:]
+            session.release()
             sessions[connection.id] = nil
             logger.debug(
                 "connection closed",
@@ -170,11 +187,17 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
             session.send(error)
             return
         }
+        if case .write(let write) = message, let clientId = session.clientId {
+            enqueue(write, from: session, clientId)
+            return
+        }
+        // Anything else comes after the writes that arrived before it: a `get` sees them.
+        flushWrites()
         if case .hello(let hello) = message {
             greet(session, hello)
             return
         }
-        guard let clientId = session.clientId else {
+        guard session.clientId != nil else {
             session.send(
                 WireError(
                     .badMessage, #"send hello first: {"type":"hello","protocol":1,"clientId":"…"}"#,
@@ -185,7 +208,7 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
         case .hello: break
         case .listen(let listen): self.listen(session, listen)
         case .unlisten(let unlisten): self.unlisten(session, unlisten.target)
-        case .write(let write): self.write(session, clientId, write)
+        case .write: break
         case .get(let get): self.get(session, get)
         }
     }
@@ -226,12 +249,12 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
                         .permissionDenied, "\(who(session)) may not read \(get.collection)", request: get.request))
                 return
             }
-            guard let document = try store.document(in: get.collection, id: get.id), !document.deleted else {
+            guard let stored = try store.document(in: get.collection, id: get.id), !stored.deleted else {
                 session.send(
                     WireError(.notFound, "document '\(get.collection)/\(get.id)' does not exist", request: get.request))
                 return
             }
-            session.send(.document(.init(request: get.request, document: document)))
+            session.send(.document(.init(request: get.request, document: try stored.document)))
         } catch {
             session.send(internalError(error, request: get.request))
         }
@@ -246,6 +269,7 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
 
     /// Holds the deliveries of every connection until ``releaseDeliveries()``.
     func holdDeliveries() {
+        flushWrites()
         holdsDeliveries = true
     }
 

@@ -51,13 +51,14 @@ public final class TandemServer: Sendable {
             throw ServerError(.invalidConfiguration, "limits must be positive (messages at least 1 KiB): \(limits)")
         }
         self.configuration = configuration
-        let core: ServerCore
+        let store: any DocumentStore
         do {
-            core = try ServerCore(configuration: configuration)
+            store = try SQLiteStore(directory: configuration.dataDirectory, logger: configuration.logger)
         } catch {
             throw ServerError(
                 .storage, "cannot open the database in \(configuration.dataDirectory.path): \(error)")
         }
+        let core = ServerCore(configuration: configuration, store: store)
         do {
             socket = try WebSocketServer(
                 host: configuration.host, port: configuration.port, configuration: configuration.socketConfiguration,
@@ -104,7 +105,14 @@ public final class TandemServer: Sendable {
 
     /// The document, or nil when it does not exist (a tombstone is returned with `deleted`).
     public func document(in collection: CollectionPath, id: DocumentID) throws -> Document? {
-        try core.queue.sync { try core.store.document(in: collection, id: id) }
+        try core.queue.sync { try core.store.document(in: collection, id: id)?.document }
+    }
+
+    /// A setting of the store's connection as it is in force now, for tests of what the
+    /// documents promise: `storeSetting("synchronous")` is SQLite's `PRAGMA synchronous`
+    /// (`2` is FULL).
+    public func storeSetting(_ name: String) throws -> String? {
+        try core.queue.sync { try core.store.setting(name) }
     }
 
     /// Holds every delivery to listeners (with the rest of each connection's outgoing messages,

@@ -254,3 +254,162 @@ struct AccessTests {
         #expect(refused.error.contains("bad.json: rules[0].read"), "\(refused.error)")
     }
 }
+
+@Suite("Access is decided first: a refusal reveals nothing")
+struct AccessFirstTests {
+    /// Alice's note N1 (with a secret) and its tombstone twin N2, in her own notes, which bob
+    /// may neither read nor write.
+    static func aliceNotes() async throws -> TestServer {
+        let server = try AccessFixture.server()
+        let alice = try await AccessFixture.connect(server, token: "t-alice")
+        defer { alice.close() }
+        _ = try await alice.create("users/alice/notes", ["secret": 1], id: "N1")
+        _ = try await alice.create("users/alice/notes", ["secret": 2], id: "N2")
+        _ = try await alice.delete("users/alice/notes", try DocumentID("N2"))
+        return server
+    }
+
+    /// What bob hears for an op on alice's notes: the server's error, or the whole answer.
+    static func answer(_ bob: ServerConnection, _ op: WriteOp) async -> String {
+        do {
+            let reply = try await bob.write([op])
+            return "answered \(reply)"
+        } catch let error as TandemError {
+            return "\(error.serverError?.code.rawValue ?? "?"): \(error.serverError?.message ?? error.message)"
+        } catch {
+            return "\(error)"
+        }
+    }
+
+    @Test(
+        "a write bob may not make is permission-denied whether the document exists, is deleted or never was; no conflict, no not-found, no fields"
+    )
+    func refusalRevealsNothing() async throws {
+        let server = try await Self.aliceNotes()
+        let bob = try await AccessFixture.connect(server, token: "t-bob")
+        defer { bob.close() }
+        let notes = try CollectionPath("users/alice/notes")
+        func id(_ name: String) throws -> DocumentID { try DocumentID(name) }
+        let probes: [(String, [WriteOp])] = [
+            (
+                "create with a taken id",
+                [
+                    .create(in: notes, id: try id("N1"), fields: ["x": 1], idempotencyKey: key()),
+                    .create(in: notes, id: try id("N2"), fields: ["x": 1], idempotencyKey: key()),
+                    .create(in: notes, id: try id("N0"), fields: ["x": 1], idempotencyKey: key()),
+                ]
+            ),
+            (
+                "update with a stale base",
+                [
+                    .update(in: notes, id: try id("N1"), fields: ["x": 1], baseVersion: 7, idempotencyKey: key()),
+                    .update(in: notes, id: try id("N2"), fields: ["x": 1], baseVersion: 7, idempotencyKey: key()),
+                    .update(in: notes, id: try id("N0"), fields: ["x": 1], baseVersion: 7, idempotencyKey: key()),
+                ]
+            ),
+            (
+                "delete",
+                [
+                    .delete(in: notes, id: try id("N1"), baseVersion: nil, idempotencyKey: key()),
+                    .delete(in: notes, id: try id("N2"), baseVersion: nil, idempotencyKey: key()),
+                    .delete(in: notes, id: try id("N0"), baseVersion: nil, idempotencyKey: key()),
+                ]
+            ),
+        ]
+        for (name, ops) in probes {
+            var answers: [String] = []
+            for op in ops {
+                answers.append(await Self.answer(bob, op).replacingOccurrences(of: op.id!.rawValue, with: "ID"))
+            }
+            // Existing, deleted and never-existing documents are answered alike.
+            #expect(Set(answers).count == 1, "\(name): \(answers)")
+            #expect(answers[0].hasPrefix("permission-denied: "), "\(name): \(answers[0])")
+            #expect(!answers[0].contains("secret"), "\(name): \(answers[0])")
+        }
+        #expect(try server.server.document(in: notes, id: try id("N1"))?.fields == ["secret": 1])
+    }
+
+    @Test("a get bob may not make is permission-denied whether the document exists or not")
+    func getRevealsNothing() async throws {
+        let server = try await Self.aliceNotes()
+        let bob = try await AccessFixture.connect(server, token: "t-bob")
+        defer { bob.close() }
+        var answers: [String] = []
+        for name in ["N1", "N2", "N0"] {
+            do {
+                _ = try await bob.get(try CollectionPath("users/alice/notes"), try DocumentID(name))
+                answers.append("found")
+            } catch let error as TandemError {
+                answers.append("\(error.serverError?.code.rawValue ?? "?"): \(error.message)")
+            }
+        }
+        #expect(Set(answers).count == 1, "\(answers)")
+        #expect(answers[0].hasPrefix("permission-denied"), "\(answers[0])")
+    }
+
+    @Test(
+        "an idempotency key belongs to the user who sent it: bob resending alice's client id and key gets no answer of hers"
+    )
+    func idempotencyKeysBelongToTheirUser() async throws {
+        let server = try await AccessFixture.seeded()
+        let transactions = try CollectionPath("accounts/A1/transactions")
+        let shared = "device-\(UUID().uuidString.prefix(6))"
+        let alice = try await ServerConnection.connect(to: server.url, clientId: shared, token: "t-alice")
+        defer { alice.close() }
+        // A field-level merge answers with the stored document.
+        let mergeKey = key()
+        let merge = WriteOp(
+            kind: .update, collection: transactions, id: try DocumentID("T1"), fields: ["amount": 11],
+            baseVersion: nil, idempotencyKey: mergeKey, fieldTimes: ["amount": 5])
+        guard case .ack(let first) = try await alice.write([merge]) else { throw TestFailure("alice's merge") }
+        #expect(first[0].document?.fields["amount"] == 11)
+        let noteKey = key()
+        let note = WriteOp.create(
+            in: try CollectionPath("users/alice/notes"), fields: ["secret": "hers"], idempotencyKey: noteKey)
+        guard case .ack(let aliceNote) = try await alice.write([note]) else { throw TestFailure("alice's note") }
+
+        // Carol, a stranger to A1, under alice's client id and keys.
+        let carol = try await ServerConnection.connect(to: server.url, clientId: shared, token: "t-carol")
+        defer { carol.close() }
+        let resent = await AccessFirstTests.answer(carol, merge)
+        #expect(resent.hasPrefix("permission-denied"), "\(resent)")
+        // Bob, a member of A1, under the same client id and key: a new op of his, not a replay.
+        let bob = try await ServerConnection.connect(to: server.url, clientId: shared, token: "t-bob")
+        defer { bob.close() }
+        guard case .ack(let bobs) = try await bob.write([merge]) else { throw TestFailure("bob's merge") }
+        #expect(bobs[0].version == first[0].version + 1, "applied again, as bob's own op")
+        let stolen = await AccessFirstTests.answer(bob, note)
+        #expect(stolen.hasPrefix("permission-denied"), "\(stolen)")
+        #expect(!stolen.contains(aliceNote[0].id.rawValue))
+        // Alice's own resend is still a replay.
+        guard case .ack(let again) = try await alice.write([note]) else { throw TestFailure("alice's resend") }
+        #expect(again == aliceNote)
+    }
+
+    @Test("a user who may write but not read a collection gets a conflict without the document's content")
+    func writeOnlyConflictsAreRedacted() async throws {
+        let rules = #"""
+            {"rules": [{"match": "inbox", "create": "true"}, {"match": "inbox", "read": "user == 'alice'"}]}
+            """#
+        let access = try AccessControl(tokens: (AccessFixture.tokens, "tokens.json"), rules: (rules, "rules.json"))
+        let server = try TestServer { $0.access = access }
+        let alice = try await AccessFixture.connect(server, token: "t-alice")
+        defer { alice.close() }
+        _ = try await alice.create("inbox", ["letter": "private"], id: "L1")
+        let bob = try await AccessFixture.connect(server, token: "t-bob")
+        defer { bob.close() }
+        let reply = try await bob.write([
+            .create(in: try CollectionPath("inbox"), id: try DocumentID("L1"), fields: ["x": 1], idempotencyKey: key())
+        ])
+        guard case .conflict(_, let document) = reply else { throw TestFailure("expected a conflict: \(reply)") }
+        #expect(document.id.rawValue == "L1")
+        #expect(document.version == 1)
+        #expect(document.fields.isEmpty)
+        // Alice, who may read, sees it all.
+        let hers = try await alice.write([
+            .create(in: try CollectionPath("inbox"), id: try DocumentID("L1"), fields: ["x": 1], idempotencyKey: key())
+        ])
+        guard case .conflict(_, let full) = hers else { throw TestFailure("expected a conflict: \(hers)") }
+        #expect(full.fields == ["letter": "private"])
+    }
+}

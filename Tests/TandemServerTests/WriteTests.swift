@@ -119,30 +119,6 @@ struct WriteTests {
     }
 }
 
-@Suite("Durability")
-struct DurabilityTests {
-    @Test("a write acknowledged before the server is killed with SIGKILL is there after restart")
-    func survivesSIGKILL() async throws {
-        let folder = try TemporaryDirectory()
-        let process = try await ServerProcess(dataDirectory: folder.url)
-        let connection = try await ServerConnection.connect(to: process.url, clientId: "durable")
-        var acknowledged: [WriteResult] = []
-        for index in 0..<20 {
-            acknowledged.append(try await connection.create("ledger", ["n": .int(Int64(index))]))
-        }
-        process.kill(SIGKILL)
-
-        try await process.start()
-        let reconnected = try await ServerConnection.connect(to: process.url, clientId: "durable")
-        for (index, result) in acknowledged.enumerated() {
-            let document = try #require(try await reconnected.get(try path("ledger"), result.id))
-            #expect(document.version == result.version)
-            #expect(document.fields == ["n": .int(Int64(index))])
-        }
-        process.kill(SIGTERM)
-    }
-}
-
 @Suite("Field-level merge on the server")
 struct ServerMergeTests {
     @Test("the same two conflicting writes applied in both orders give identical documents")

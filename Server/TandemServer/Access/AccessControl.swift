@@ -103,6 +103,11 @@ public struct AccessControl: Sendable {
         }
     }
 
+    /// How messages name a caller: `user 'alice'`, or `an anonymous client`.
+    static func describe(_ user: String?) -> String {
+        user.map { "user '\($0)'" } ?? "an anonymous client"
+    }
+
     private static func match(_ pattern: [String], _ segments: [String]) -> [String: String]? {
         guard pattern.count == segments.count else { return nil }
         var variables: [String: String] = [:]

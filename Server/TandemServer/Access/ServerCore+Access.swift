@@ -1,85 +1,80 @@
-import GRDB
 import TandemWire
 
 extension ServerCore {
-    /// Whether the session's user may read the collection, and the documents that decided it
-    /// ("collection/id"). Always allowed on an open server.
-    func mayRead(_ collection: CollectionPath, _ session: Session) throws -> (allowed: Bool, dependencies: Set<String>)
-    {
+    /// Whether the session's user may read the collection, and the documents that decided it.
+    /// Always allowed on an open server.
+    func mayRead(_ collection: CollectionPath, _ session: Session) throws -> (
+        allowed: Bool, dependencies: Set<DocumentKey>
+    ) {
         guard let access = configuration.access else { return (true, []) }
-        var dependencies: Set<String> = []
+        var dependencies: Set<DocumentKey> = []
         let allowed = try access.allows(.read, in: collection, user: session.user) { collection, id in
-            dependencies.insert("\(collection)/\(id)")
-            return try store.document(in: collection, id: id).flatMap { $0.deleted ? nil : $0.fields }
+            dependencies.insert(DocumentKey(collection: collection, id: id))
+            return try store.document(in: collection, id: id).flatMap { $0.deleted ? nil : try $0.fields }
         }
         return (allowed, dependencies)
     }
 
-    /// How errors name the caller.
-    func who(_ session: Session) -> String {
-        session.user.map { "user '\($0)'" } ?? "an anonymous client"
+    /// Decides whether the listener may read its collection, and follows the documents the
+    /// decision depends on, so that a change to one of them decides again.
+    ///
+    /// When following a document's collection begins only now, the decision is made once more
+    /// after: a change committed between the first decision and the start of following (by
+    /// another node) is then either seen by the second decision or read by the feed.
+    ///
+    /// - Returns: Whether the listener may read.
+    func decideAccess(for listener: Listener) throws -> Bool {
+        var decision = try mayRead(listener.collection, listener.session)
+        if try track(listener, dependencies: decision.allowed ? decision.dependencies : []) {
+            decision = try mayRead(listener.collection, listener.session)
+            try track(listener, dependencies: decision.allowed ? decision.dependencies : [])
+        }
+        return decision.allowed
     }
 
-    /// The check each op of a write passes inside its transaction, before it is applied: on
-    /// an open server, none.
-    func writeAuthorization(for session: Session) -> DocumentStore.Authorization? {
-        guard let access = configuration.access else { return nil }
-        let user = session.user
-        let who = who(session)
-        return { index, op, stored, db in
-            let operation: AccessControl.Operation =
-                switch op.kind {
-                case .create: .create
-                case .update: .update
-                case .delete: .delete
-                }
-            let resource = try stored.flatMap { $0.deleted ? nil : try $0.document.fields }
-            let allowed = try access.allows(
-                operation, in: op.collection, user: user, resource: resource,
-                request: op.kind == .delete ? nil : op.fields ?? [:]
-            ) { collection, id in
-                try DocumentStore.fetchDocument(db, collection, id).flatMap {
-                    $0.deleted ? nil : try $0.document.fields
-                }
-            }
-            guard allowed else {
-                throw WireError(
-                    .permissionDenied, "ops[\(index)]: \(who) may not \(operation.rawValue) in \(op.collection)",
-                    op: index)
-            }
-        }
+    /// How errors name the caller.
+    func who(_ session: Session) -> String {
+        AccessControl.describe(session.user)
     }
 
     /// Records what a listener's permission depends on.
-    func track(_ listener: Listener, dependencies: Set<String>) {
+    ///
+    /// - Returns: True when the node started following a collection for it.
+    @discardableResult
+    func track(_ listener: Listener, dependencies: Set<DocumentKey>) throws -> Bool {
         for key in listener.accessDependencies.subtracting(dependencies) {
-            accessDependents[key]?[ObjectIdentifier(listener)] = nil
-            if accessDependents[key]?.isEmpty == true { accessDependents[key] = nil }
+            guard let follower = followed[key.collection] else { continue }
+            follower.watching[key.id]?[ObjectIdentifier(listener)] = nil
+            if follower.watching[key.id]?.isEmpty == true { follower.watching[key.id] = nil }
+            unfollowIfIdle(key.collection)
         }
-        for key in dependencies { accessDependents[key, default: [:]][ObjectIdentifier(listener)] = listener }
+        var started = false
+        for key in dependencies.subtracting(listener.accessDependencies) {
+            if try follow(key.collection) { started = true }
+            followed[key.collection]!.watching[key.id, default: [:]][ObjectIdentifier(listener)] = listener
+        }
         listener.accessDependencies = dependencies
+        return started
     }
 
-    /// Decides again for the listeners whose permission depended on a document this commit
-    /// changed; a listener no longer allowed gets `permission-denied` and hears nothing more.
-    /// Runs before the commit's fan-out, so that it does not hear this commit either.
-    func recheckAccess(after changes: [CommittedChange]) {
-        guard configuration.access != nil, !accessDependents.isEmpty else { return }
+    /// Decides again for the listeners whose permission depended on a document that changed;
+    /// a listener no longer allowed gets `permission-denied` and hears nothing more. Runs before
+    /// the feed round that brought the change sends anything, so that it does not hear the
+    /// commit that revoked it either.
+    func recheckAccess(after changed: [DocumentKey]) {
+        guard configuration.access != nil else { return }
         var affected: [ObjectIdentifier: Listener] = [:]
-        for change in changes {
-            let key = "\(change.collection)/\(change.change.document.id)"
-            affected.merge(accessDependents[key] ?? [:]) { first, _ in first }
+        for key in changed {
+            guard let watchers = followed[key.collection]?.watching[key.id] else { continue }
+            affected.merge(watchers) { first, _ in first }
         }
         for listener in affected.values where !listener.isCancelled {
-            let decision: (allowed: Bool, dependencies: Set<String>)
-            do { decision = try mayRead(listener.collection, listener.session) } catch {
+            let allowed: Bool
+            do { allowed = try decideAccess(for: listener) } catch {
                 listener.session.send(internalError(error, target: listener.target))
-                decision = (false, [])
+                allowed = false
             }
-            if decision.allowed {
-                track(listener, dependencies: decision.dependencies)
-                continue
-            }
+            if allowed { continue }
             listener.session.send(
                 WireError(
                     .permissionDenied,

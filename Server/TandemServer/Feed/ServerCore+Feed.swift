@@ -1,8 +1,10 @@
 import Dispatch
+import TandemSocket
 import TandemWire
 
 extension ServerCore {
-    /// Starts a listener: checks its resume token, then catches it up page by page.
+    /// Starts a listener: checks its resume token and the user's right to read, then catches
+    /// it up page by page.
     func listen(_ session: Session, _ listen: ClientMessage.Listen) {
         let target = listen.target
         guard session.listeners[target] == nil else {
@@ -18,10 +20,9 @@ extension ServerCore {
                     target: target))
             return
         }
-
-        var position: Int64 = 0
+        var token: ResumeToken?
         if let tokenText = listen.resumeToken {
-            guard let token = ResumeToken(tokenText) else {
+            guard let parsed = ResumeToken(tokenText) else {
                 session.send(
                     WireError(
                         .badMessage,
@@ -29,42 +30,41 @@ extension ServerCore {
                         target: target))
                 return
             }
-            let bounds: (last: Int64, horizon: Int64)
-            do { bounds = try store.feedBounds(of: listen.collection) } catch {
-                session.send(internalError(error, target: target))
-                return
-            }
-            if let reason = Self.resetReason(token, epoch: store.epoch, bounds: bounds) {
-                session.send(.reset(.init(target: target, reason: reason)))
-            } else {
-                position = token.sequence
-            }
+            token = parsed
         }
 
-        let dependencies: Set<String>
+        // Access first: a user who may not read the collection learns nothing of it, not even
+        // whether a token is current.
+        let listener = Listener(session: session, target: target, collection: listen.collection, position: 0)
         do {
-            let decision = try mayRead(listen.collection, session)
-            guard decision.allowed else {
+            guard try decideAccess(for: listener) else {
                 session.send(
                     WireError(
                         .permissionDenied, "\(who(session)) may not read \(listen.collection)", target: target))
                 return
             }
-            dependencies = decision.dependencies
+            if let token {
+                let bounds = try store.feedBounds(of: listen.collection)
+                if let reason = Self.resetReason(token, epoch: store.epoch, bounds: bounds) {
+                    session.send(.reset(.init(target: target, reason: reason)))
+                } else {
+                    listener.position = token.sequence
+                    listener.isResuming = token.sequence > 0
+                }
+            }
+            try follow(listener.collection)
+            followed[listener.collection]!.listeners.append(listener)
         } catch {
+            _ = try? track(listener, dependencies: [])
             session.send(internalError(error, target: target))
             return
         }
-
-        let listener = Listener(session: session, target: target, collection: listen.collection, position: position)
-        track(listener, dependencies: dependencies)
         session.listeners[target] = listener
-        listeners[listen.collection, default: []].append(listener)
         advance(listener)
     }
 
     /// Why a token cannot resume, or nil when it can.
-    static func resetReason(_ token: ResumeToken, epoch: String, bounds: (last: Int64, horizon: Int64)) -> String? {
+    static func resetReason(_ token: ResumeToken, epoch: String, bounds: FeedBounds) -> String? {
         if token.epoch != epoch {
             return "the resume token is from another database; the full snapshot follows"
         }
@@ -86,27 +86,50 @@ extension ServerCore {
 
     func remove(_ listener: Listener) {
         listener.isCancelled = true
-        track(listener, dependencies: [])
-        listeners[listener.collection]?.removeAll { $0 === listener }
-        if listeners[listener.collection]?.isEmpty == true { listeners[listener.collection] = nil }
+        _ = try? track(listener, dependencies: [])
+        if let follower = followed[listener.collection] {
+            follower.listeners.removeAll { $0 === listener }
+        }
+        unfollowIfIdle(listener.collection)
     }
+
+    /// Starts following a collection's feed from its current end, unless this node follows it
+    /// already.
+    ///
+    /// - Returns: True when the node started following it now.
+    @discardableResult
+    func follow(_ collection: CollectionPath) throws -> Bool {
+        guard followed[collection] == nil else { return false }
+        followed[collection] = FeedFollower(head: try store.feedBounds(of: collection).last)
+        return true
+    }
+
+    func unfollowIfIdle(_ collection: CollectionPath) {
+        if followed[collection]?.isIdle == true { followed[collection] = nil }
+    }
+
+    // MARK: - Catching up
 
     /// Sends the next catch-up page, then either goes live or schedules the page after it.
     ///
     /// Between pages the server waits for the connection's queue to drain to one page, so a
     /// new client loading a large collection holds at most a couple of pages in memory.
+    ///
+    /// The listener goes live once a page reaches the end of the feed and the node's own
+    /// reading of the feed (its follower's head) is not ahead of it; from then on every feed
+    /// round sends it what comes after its position, so nothing falls between the two.
     func advance(_ listener: Listener) {
         guard !listener.isCancelled, !listener.isLive, !listener.session.isClosed else { return }
         let page: FeedPage
         do {
             page = try store.page(
-                of: listener.collection, after: listener.position, for: listener.session.clientId?.rawValue,
-                limit: configuration.snapshotPageSize, maxBytes: configuration.snapshotPageBytes)
+                of: listener.collection, after: listener.position, limit: configuration.snapshotPageSize,
+                maxBytes: configuration.snapshotPageBytes)
         } catch {
             listener.session.send(internalError(error, target: listener.target))
             return
         }
-        if listener.isResuming && listener.position < page.horizon {
+        if listener.isResuming && listener.position < page.bounds.horizon {
             // Tombstones this client needs were purged while it caught up: start over.
             listener.session.send(
                 .reset(
@@ -118,14 +141,18 @@ extension ServerCore {
             advance(listener)
             return
         }
+        let follower = followed[listener.collection]
+        let reachesHead = page.isLast && page.position >= (follower?.head ?? 0)
+        let changes = encodeChanges(page.rows, after: listener.position, for: listener.clientId, cutIntoFrames: false)
         listener.position = page.position
-        listener.isLive = page.isLast
         listener.session.send(
-            .snapshot(
-                .init(
-                    target: listener.target, changes: page.changes, resumeToken: token(page.position), initial: true,
-                    hasMore: !page.isLast)))
-        guard !page.isLast else { return }
+            frame: snapshotFrame(
+                target: listener.target, changes: changes.json, resumeToken: token(page.position), initial: true,
+                hasMore: !reachesHead))
+        if reachesHead {
+            listener.isLive = true
+            return
+        }
         if listener.session.connection.notifyWhenDrained(below: configuration.snapshotPageBytes) {
             listener.awaitsDrain = true
         } else {
@@ -133,49 +160,84 @@ extension ServerCore {
         }
     }
 
-    /// Sends committed changes to every live listener of their collections, in commit order.
-    func fanOut(_ changes: [CommittedChange]) {
-        var start = 0
-        while start < changes.count {
-            let collection = changes[start].collection
-            var end = start + 1
-            while end < changes.count && changes[end].collection == collection { end += 1 }
-            if let audience = listeners[collection] {
-                for chunk in chunks(of: changes[start..<end]) {
-                    let position = chunk.last!.sequence
-                    let entries = chunk.map(\.change)
-                    for listener in audience where listener.isLive {
-                        delayIfInjected(listener.session)
-                        listener.position = position
-                        listener.session.send(
-                            .snapshot(
-                                .init(
-                                    target: listener.target, changes: entries, resumeToken: token(position),
-                                    initial: false)))
-                    }
-                }
-            }
-            start = end
+    // MARK: - Feed rounds
+
+    /// Reads what is new in the feeds of `collections` (those this node follows), checks again
+    /// the listeners whose access depends on a changed document, then sends the changes to
+    /// every live listener. With nil, reads every followed feed (after the store's connection
+    /// came back, or on a periodic check).
+    ///
+    /// All feeds of a round are read at one moment, and access is decided before anything of
+    /// the round is sent: a listener whose permission a commit revoked hears nothing of that
+    /// commit or of any later one, whichever collection they touched.
+    func runFeedRound(_ collections: Set<CollectionPath>?) {
+        let targets = collections.map { $0.filter { followed[$0] != nil } } ?? Set(followed.keys)
+        guard !targets.isEmpty else { return }
+        let positions = Dictionary(uniqueKeysWithValues: targets.map { ($0, followed[$0]!.head) })
+        let pages: [CollectionPath: FeedPage]
+        do {
+            pages = try store.readFeeds(
+                after: positions, limit: configuration.snapshotPageSize, maxBytes: configuration.snapshotPageBytes)
+        } catch {
+            logger.error("reading the change feed failed", metadata: ["tandem.error": "\(error)"])
+            scheduleFeedRound(targets, after: .milliseconds(500))
+            return
         }
+        guard !pages.isEmpty else { return }
+        recheckAccess(after: pages.values.flatMap { $0.rows.map(\.key) })
+        var unfinished: Set<CollectionPath> = []
+        for collection in pages.keys.sorted() {
+            guard let page = pages[collection], let follower = followed[collection] else { continue }
+            deliver(page, to: follower)
+            follower.head = max(follower.head, page.position)
+            if !page.isLast { unfinished.insert(collection) }
+        }
+        if !unfinished.isEmpty { scheduleFeedRound(unfinished) }
     }
 
-    /// Splits one commit's changes of a collection into frames of at most about
-    /// `snapshotPageBytes`, so that a large write still reaches clients in frames they accept.
-    private func chunks(of changes: ArraySlice<CommittedChange>) -> [ArraySlice<CommittedChange>] {
-        var chunks: [ArraySlice<CommittedChange>] = []
-        var start = changes.startIndex
-        var bytes = 0
-        for index in changes.indices {
-            let size = changes[index].size
-            if index > start && bytes + size > configuration.snapshotPageBytes {
-                chunks.append(changes[start..<index])
-                start = index
-                bytes = 0
-            }
-            bytes += size
+    /// Runs a feed round for `collections` soon, once for all the calls that come before it.
+    func scheduleFeedRound(_ collections: Set<CollectionPath>, after delay: DispatchTimeInterval? = nil) {
+        pendingRound.formUnion(collections)
+        guard !roundScheduled else { return }
+        roundScheduled = true
+        let run: @Sendable () -> Void = { [self] in
+            roundScheduled = false
+            let due = pendingRound
+            pendingRound = []
+            if !isStopped { runFeedRound(due) }
         }
-        chunks.append(changes[start..<changes.endIndex])
-        return chunks
+        if let delay { queue.asyncAfter(deadline: .now() + delay, execute: run) } else { queue.async(execute: run) }
+    }
+
+    /// Sends a page of new changes to the collection's live listeners.
+    ///
+    /// Listeners at the same position hear the same changes, so those are encoded once per
+    /// position (the stored JSON spliced in, not parsed), except for a client that created a
+    /// document deleted since: it alone hears of that delete.
+    private func deliver(_ page: FeedPage, to follower: FeedFollower) {
+        var byPosition: [Int64: [Listener]] = [:]
+        for listener in follower.listeners where listener.isLive && !listener.session.isClosed {
+            byPosition[listener.position, default: []].append(listener)
+        }
+        for (position, listeners) in byPosition {
+            let rows = page.rows.filter { $0.sequence > position }
+            let creators = Set(
+                rows.lazy.filter { $0.deleted && $0.createSequence > position }.compactMap(\.createClient))
+            let shared = encodeChanges(rows, after: position, for: nil)
+            for listener in listeners {
+                let changes =
+                    listener.clientId.map(creators.contains) == true
+                    ? encodeChanges(rows, after: position, for: listener.clientId) : shared
+                listener.position = max(listener.position, page.position)
+                for chunk in changes.chunks(lastPosition: page.position) {
+                    delayIfInjected(listener.session)
+                    listener.session.send(
+                        frame: snapshotFrame(
+                            target: listener.target, changes: chunk.json, resumeToken: token(chunk.position),
+                            initial: false, hasMore: false))
+                }
+            }
+        }
     }
 
     /// Holds a connection's outgoing messages before a delivery, when tests hold deliveries
@@ -195,5 +257,91 @@ extension ServerCore {
 
     func token(_ sequence: Int64) -> String {
         ResumeToken(epoch: store.epoch, sequence: sequence).description
+    }
+
+    // MARK: - Encoding
+
+    /// The changes a listener at `position` of `client` sees among `rows`, encoded.
+    func encodeChanges(
+        _ rows: [StoredDocument], after position: Int64, for client: String?, cutIntoFrames: Bool = true
+    ) -> EncodedChanges {
+        var encoded = EncodedChanges(pageBytes: cutIntoFrames ? configuration.snapshotPageBytes : .max)
+        for row in rows {
+            guard let kind = row.changeKind(after: position, for: client) else { continue }
+            encoded.append(row, kind)
+        }
+        return encoded
+    }
+
+    /// `{"type":"snapshot",…}` with the changes spliced in.
+    func snapshotFrame(target: String, changes: [UInt8], resumeToken: String, initial: Bool, hasMore: Bool)
+        -> OutboundMessage
+    {
+        var writer = JSONWriter(capacity: changes.count + target.utf8.count + 96)
+        writer.beginObject()
+        writer.key("type")
+        writer.string("snapshot")
+        writer.key("target")
+        writer.string(target)
+        writer.key("changes")
+        writer.raw(changes)
+        writer.key("resumeToken")
+        writer.string(resumeToken)
+        writer.key("initial")
+        writer.bool(initial)
+        writer.key("hasMore")
+        writer.bool(hasMore)
+        writer.endObject()
+        return OutboundMessage(text: writer.bytes)
+    }
+}
+
+/// Snapshot changes encoded as JSON arrays, cut into chunks of about a page's bytes so that
+/// a large commit still reaches clients in frames they accept.
+struct EncodedChanges {
+    let pageBytes: Int
+    private(set) var chunks: [(json: [UInt8], position: Int64)] = []
+    private var writer = JSONWriter()
+    private var count = 0
+    private var lastSequence: Int64 = 0
+
+    init(pageBytes: Int) {
+        self.pageBytes = pageBytes
+        writer.beginArray()
+    }
+
+    mutating func append(_ row: StoredDocument, _ kind: Change.Kind) {
+        if count > 0 && writer.bytes.count + row.fieldsBytes + 160 > pageBytes {
+            closeChunk(at: lastSequence)
+        }
+        row.writeChange(kind, to: &writer)
+        count += 1
+        lastSequence = row.sequence
+    }
+
+    private mutating func closeChunk(at position: Int64) {
+        writer.endArray()
+        chunks.append((writer.bytes, position))
+        writer = JSONWriter()
+        writer.beginArray()
+        count = 0
+    }
+
+    /// The whole list as one array (catch-up pages are already cut to a page).
+    var json: [UInt8] {
+        var copy = self
+        copy.writer.endArray()
+        precondition(copy.chunks.isEmpty, "a catch-up page is encoded in one frame")
+        return copy.writer.bytes
+    }
+
+    /// The chunks to send, the last one reaching `lastPosition`; none when nothing is visible.
+    func chunks(lastPosition: Int64) -> [(json: [UInt8], position: Int64)] {
+        guard count > 0 || !chunks.isEmpty else { return [] }
+        var copy = self
+        if copy.count > 0 { copy.closeChunk(at: lastPosition) }
+        var result = copy.chunks
+        result[result.count - 1].position = lastPosition
+        return result
     }
 }

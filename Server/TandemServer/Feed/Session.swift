@@ -20,8 +20,8 @@ final class Session: @unchecked Sendable {
     let pendingMessages = Atomic<Int>(0)
     /// Messages handled so far (for injected faults).
     var messagesHandled = 0
-    /// Outgoing messages held back by an injected delay, in order; nil when not holding.
-    private var held: [ServerMessage]?
+    /// Outgoing frames held back by an injected delay, in order; nil when not holding.
+    private var held: [OutboundMessage]?
 
     init(connection: WebSocketConnection) {
         self.connection = connection
@@ -31,11 +31,17 @@ final class Session: @unchecked Sendable {
     /// is closing drops it silently: its session is about to go.
     func send(_ message: ServerMessage) {
         guard !isClosed else { return }
+        send(frame: OutboundMessage(text: Wire.encode(message)))
+    }
+
+    /// Queues an encoded frame (or holds it, during an injected delay).
+    func send(frame: OutboundMessage) {
+        guard !isClosed else { return }
         if held != nil {
-            held!.append(message)
+            held!.append(frame)
             return
         }
-        try? connection.send(OutboundMessage(text: Wire.encode(message)))
+        try? connection.send(frame)
     }
 
     var isHolding: Bool { held != nil }
@@ -49,12 +55,28 @@ final class Session: @unchecked Sendable {
     func release() {
         guard let messages = held else { return }
         held = nil
-        for message in messages { send(message) }
+        for frame in messages { send(frame: frame) }
     }
 
     func send(_ error: WireError) {
         send(.error(error))
     }
+}
+
+/// What a node follows of one collection's change feed: how far it has read it, the listeners
+/// of the collection (those that are live hear each new change), and the listeners whose read
+/// permission depends on documents of the collection. Confined to the core queue.
+final class FeedFollower {
+    /// The feed has been read up to this sequence.
+    var head: Int64
+    /// The collection's listeners, catching up or live.
+    var listeners: [Listener] = []
+    /// Listeners by the document of this collection their permission depends on.
+    var watching: [DocumentID: [ObjectIdentifier: Listener]] = [:]
+
+    init(head: Int64) { self.head = head }
+
+    var isIdle: Bool { listeners.isEmpty && watching.isEmpty }
 }
 
 /// One `listen`: a position in a collection's change feed.
@@ -76,9 +98,11 @@ final class Listener: @unchecked Sendable {
     var awaitsDrain = false
     /// Started from a resume token: the client holds documents, so it must see their deletes.
     var isResuming: Bool
-    /// The documents its read permission was decided on ("collection/id"): a change to one of
-    /// them decides again, and may end the listener.
-    var accessDependencies: Set<String> = []
+    /// The documents its read permission was decided on: a change to one of them decides
+    /// again, and may end the listener.
+    var accessDependencies: Set<DocumentKey> = []
+
+    var clientId: String? { session.clientId?.rawValue }
 
     init(session: Session, target: String, collection: CollectionPath, position: Int64) {
         self.session = session

@@ -1,238 +1,143 @@
-import Foundation
-import GRDB
-import Logging
 import TandemWire
 
-/// The server's documents, change feed and idempotency records, in one SQLite file.
+/// Where the server keeps its documents, change feed and idempotency records: the storage
+/// seam. Two stores implement it, ``SQLiteStore`` (one process, the default) and
+/// ``PostgresStore`` (any number of server nodes over one database).
 ///
-/// Every write message is one transaction: its ops commit together or not at all. Each
-/// document write takes the next sequence number of its collection, which orders the
-/// collection's change feed and is the listener's resume position.
+/// The store holds data and nothing else: what a write means (access, preconditions, merges,
+/// sequences) is decided once, in ``WriteGroup``, against a ``StoreTransaction``, so that both
+/// stores behave identically.
 ///
-/// The store is used from the server's core queue only (see ``TandemServer``); GRDB's
-/// `DatabaseQueue` serializes access to the connection as well.
+/// The change feed of a collection is its documents ordered by `sequence`: every write of a
+/// document gives it the collection's next sequence number, inside the writing transaction,
+/// while that transaction holds the collection's lock (``write(locking:_:)``). So sequences
+/// follow commit order: when a reader sees sequence 8, the transaction that took 7 has
+/// committed. A document written several times is in the feed once, at its latest sequence.
 ///
-/// Durability: WAL journal and `synchronous = FULL`. SQLite's documentation: "With
-/// synchronous=FULL in WAL mode, an additional sync operation of the WAL file happens after
-/// each transaction commit. The extra WAL sync following each transaction helps ensure that
-/// transactions are durable across a power loss." An acknowledged write is on disk.
-final class DocumentStore {
-    let database: DatabaseQueue
-    /// Names this database in resume tokens; a new data folder gets a new epoch.
-    let epoch: String
-    let path: String
+/// Stores are used from the server's core queue only (see ``ServerCore``).
+protocol DocumentStore: AnyObject {
+    /// Names the database in resume tokens: a token from another database is never taken for
+    /// a position in this one.
+    var epoch: String { get }
 
-    init(directory: URL, logger: Logger) throws {
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        path = directory.appendingPathComponent("tandem.sqlite").path
-        var configuration = Configuration()
-        configuration.journalMode = .wal
-        configuration.label = "tandem.server"
-        configuration.prepareDatabase { db in
-            try db.execute(sql: "PRAGMA synchronous = FULL")
-            try db.execute(sql: "PRAGMA cache_size = -65536")
-        }
-        database = try DatabaseQueue(path: path, configuration: configuration)
-        try Self.migrator.migrate(database)
-        epoch = try database.read { db in
-            try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'epoch'")!
-        }
-        logger.debug("opened store", metadata: ["tandem.path": "\(path)", "tandem.epoch": "\(epoch)"])
-    }
+    /// `sqlite` or `postgres`, for health reports and logs.
+    var kind: String { get }
 
-    func close() throws {
-        try database.close()
-    }
-
-    private static var migrator: DatabaseMigrator {
-        var migrator = DatabaseMigrator()
-        migrator.registerMigration("v1") { db in
-            try db.execute(
-                sql: """
-                    CREATE TABLE meta (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL);
-                    CREATE TABLE collection (
-                        path TEXT PRIMARY KEY NOT NULL,
-                        lastSequence INTEGER NOT NULL,
-                        -- Tombstones up to this sequence were purged: a listener behind it
-                        -- could miss a delete, so it gets a reset.
-                        horizonSequence INTEGER NOT NULL DEFAULT 0
-                    );
-                    CREATE TABLE document (
-                        collection TEXT NOT NULL,
-                        id TEXT NOT NULL,
-                        fields TEXT NOT NULL,
-                        version INTEGER NOT NULL,
-                        createTime INTEGER NOT NULL,
-                        updateTime INTEGER NOT NULL,
-                        deleted INTEGER NOT NULL DEFAULT 0,
-                        sequence INTEGER NOT NULL,
-                        createSequence INTEGER NOT NULL,
-                        -- The idempotency key and client of the create that made the document.
-                        createKey TEXT,
-                        createClient TEXT,
-                        -- For field-level merges: the time of each field's last write.
-                        fieldTimes TEXT
-                    );
-                    CREATE UNIQUE INDEX document_id ON document(collection, id);
-                    CREATE UNIQUE INDEX document_feed ON document(collection, sequence);
-                    CREATE INDEX document_tombstone_age ON document(updateTime) WHERE deleted = 1;
-                    CREATE TABLE idempotency (
-                        clientId TEXT NOT NULL,
-                        key TEXT NOT NULL,
-                        id TEXT NOT NULL,
-                        version INTEGER NOT NULL,
-                        updateTime INTEGER NOT NULL,
-                        recordedAt INTEGER NOT NULL,
-                        -- The stored document, for answers to field-level merges.
-                        document TEXT,
-                        PRIMARY KEY (clientId, key)
-                    ) WITHOUT ROWID;
-                    CREATE INDEX idempotency_age ON idempotency(recordedAt);
-                    """)
-            try db.execute(
-                sql: "INSERT INTO meta (key, value) VALUES ('epoch', ?)",
-                arguments: [String(DocumentID.random().rawValue.prefix(10))])
-        }
-        return migrator
-    }
-
-    // MARK: - Reading
-
-    /// Runs a read on the store's serial queue. Not GRDB's `read`: on a `DatabaseQueue` that
-    /// brackets the read with `PRAGMA query_only`, and SQLite expires every prepared statement
-    /// of the connection when that flag changes, so each catch-up page would make the next
-    /// write compile its statements again. Every access to a queue is serialized, so the read
-    /// is just as isolated from writes without it.
-    private func read<T>(_ body: (Database) throws -> T) throws -> T {
-        try database.unsafeRead(body)
-    }
+    /// Runs `body` in one transaction that holds the feed locks of `collections` (taken in
+    /// path order, so that two writers never wait for each other in a circle), and commits
+    /// durably before returning: a write is acknowledged only after this returns.
+    ///
+    /// - Throws: What `body` throws (nothing is written), or the store's own error.
+    func write<T>(locking collections: [CollectionPath], _ body: (any StoreTransaction) throws -> T) throws -> T
 
     /// The document, tombstone included; nil when it never existed (or its tombstone was purged).
-    func document(in collection: CollectionPath, id: DocumentID) throws -> Document? {
-        try read { db in try Self.fetchDocument(db, collection, id)?.document }
-    }
-
-    /// Every live document of a collection, in feed order. For tests and tools.
-    func documents(in collection: CollectionPath) throws -> [Document] {
-        try read { db in
-            try Row.fetchAll(
-                db,
-                sql: """
-                    SELECT id, fields, version, createTime, updateTime, deleted, sequence, createSequence, createKey, createClient, fieldTimes
-                    FROM document WHERE collection = ? AND deleted = 0 ORDER BY sequence
-                    """, arguments: [collection.rawValue]
-            ).map { try StoredDocument(row: $0).document }
-        }
-    }
-
-    /// Every collection with a live document.
-    func collections() throws -> [CollectionPath] {
-        try read { db in
-            try String.fetchAll(
-                db, sql: "SELECT DISTINCT collection FROM document WHERE deleted = 0 ORDER BY collection"
-            )
-            .compactMap { try? CollectionPath($0) }
-        }
-    }
+    func document(in collection: CollectionPath, id: DocumentID) throws -> StoredDocument?
 
     /// The collection's last sequence and purge horizon (0, 0 for a collection never written).
-    func feedBounds(of collection: CollectionPath) throws -> (last: Int64, horizon: Int64) {
-        try read { db in try Self.bounds(db, collection) }
-    }
+    func feedBounds(of collection: CollectionPath) throws -> FeedBounds
 
     /// One page of a collection's change feed: the documents written after `position`, in
-    /// sequence order, typed relative to `position` as the protocol says.
-    ///
-    /// A document created after `position` and deleted since is skipped (see
-    /// `StoredDocument.change(after:for:)`). The page holds at most `limit` rows and stops once `maxBytes` of fields are in
-    /// it (one row at least), so a page of big documents still fits in a frame.
-    func page(
-        of collection: CollectionPath, after position: Int64, for client: String?, limit: Int, maxBytes: Int
-    ) throws -> FeedPage {
-        try read { db in
-            let (last, horizon) = try Self.bounds(db, collection)
-            let statement = try db.cachedStatement(
-                sql: """
-                    SELECT id, fields, version, createTime, updateTime, deleted, sequence, createSequence, createKey, createClient, fieldTimes
-                    FROM document WHERE collection = ? AND sequence > ? ORDER BY sequence LIMIT ?
-                    """)
-            let rows = try Row.fetchCursor(statement, arguments: [collection.rawValue, position, limit])
-            var changes: [Change] = []
-            var reached = position
-            var bytes = 0
-            var count = 0
-            while let row = try rows.next() {
-                let stored = try StoredDocument(row: row)
-                reached = stored.sequence
-                count += 1
-                if let change = try stored.change(after: position, for: client) {
-                    changes.append(change)
-                    bytes += stored.fieldsBytes + 160
-                }
-                if bytes >= maxBytes { break }
-            }
-            // Fewer rows than asked and no byte cut: the feed is exhausted, so the page reaches
-            // the collection's last sequence even when the rows at the end were purged.
-            let exhausted = count < limit && bytes < maxBytes
-            return FeedPage(
-                changes: changes, position: exhausted ? max(last, position) : reached, last: last, horizon: horizon)
-        }
-    }
+    /// sequence order. At most `limit` rows, and it stops once `maxBytes` of fields are in it
+    /// (one row at least), so that a page of big documents still fits in a frame.
+    func page(of collection: CollectionPath, after position: Int64, limit: Int, maxBytes: Int) throws -> FeedPage
 
-    static func bounds(_ db: Database, _ collection: CollectionPath) throws -> (last: Int64, horizon: Int64) {
-        try db.cachedStatement(sql: "SELECT lastSequence, horizonSequence FROM collection WHERE path = ?")
-            .firstRow(arguments: [collection.rawValue]) { row in (row[0] as Int64, row[1] as Int64) } ?? (0, 0)
-    }
-
-    static func fetchDocument(_ db: Database, _ collection: CollectionPath, _ id: DocumentID) throws -> StoredDocument?
-    {
-        let statement = try db.cachedStatement(
-            sql: """
-                SELECT id, fields, version, createTime, updateTime, deleted, sequence, createSequence, createKey, createClient, fieldTimes
-                FROM document WHERE collection = ? AND id = ?
-                """)
-        return try statement.firstRow(arguments: [collection.rawValue, id.rawValue], StoredDocument.init(row:))
-    }
-
-    // MARK: - Maintenance
+    /// Pages of several collections' feeds read at one moment (a consistent snapshot), each
+    /// after its position in `positions`. Collections with nothing new are left out.
+    func readFeeds(after positions: [CollectionPath: Int64], limit: Int, maxBytes: Int) throws
+        -> [CollectionPath: FeedPage]
 
     /// Deletes tombstones last written before `tombstonesBefore` and idempotency records made
     /// before `keysBefore` (milliseconds since 1970), raising each collection's horizon past
     /// the purged tombstones.
-    func purge(tombstonesBefore: Int64, keysBefore: Int64) throws -> (tombstones: Int, keys: Int) {
-        try database.write { db in
-            try db.execute(
-                sql: """
-                    UPDATE collection SET horizonSequence = MAX(horizonSequence, (
-                        SELECT MAX(sequence) FROM document
-                        WHERE document.collection = collection.path AND deleted = 1 AND updateTime < ?1))
-                    WHERE path IN (SELECT DISTINCT collection FROM document WHERE deleted = 1 AND updateTime < ?1)
-                    """, arguments: [tombstonesBefore])
-            try db.execute(
-                sql: "DELETE FROM document WHERE deleted = 1 AND updateTime < ?", arguments: [tombstonesBefore])
-            let tombstones = db.changesCount
-            try db.execute(sql: "DELETE FROM idempotency WHERE recordedAt < ?", arguments: [keysBefore])
-            return (tombstones, db.changesCount)
-        }
-    }
+    func purge(tombstonesBefore: Int64, keysBefore: Int64) throws -> (tombstones: Int, keys: Int)
+
+    /// Every collection holding at least one live document. For tests and tools.
+    func collections() throws -> [CollectionPath]
+
+    /// Every live document of the collection, in feed order. For tests and tools.
+    func documents(in collection: CollectionPath) throws -> [Document]
+
+    /// A setting of the store's connection as it is in force now (for example SQLite's
+    /// `synchronous`), for tests that check what the documents promise.
+    func setting(_ name: String) throws -> String?
+
+    /// Closes the store. Nothing may be called afterwards.
+    func close() throws
+}
+
+/// The inside of one write transaction: reads at the transaction's moment, and the final
+/// writes of a ``WriteGroup``.
+protocol StoreTransaction: AnyObject {
+    /// The last sequence of a collection this transaction locked.
+    func lastSequence(of collection: CollectionPath) throws -> Int64
+
+    /// The stored documents (tombstones included) among `keys`; missing ones are left out.
+    func documents(_ keys: [DocumentKey]) throws -> [DocumentKey: StoredDocument]
+
+    /// The remembered results of ops sent by `client` for `user` under these idempotency keys.
+    func recordedResults(user: String, client: String, keys: [String]) throws -> [String: WriteResult]
+
+    /// Stores what the group wrote: documents (`isNew` ones inserted, the others replaced),
+    /// idempotency records, and each written collection's last sequence. Called once, last.
+    func save(_ documents: [StoredDocument], records: [IdempotencyRecord], sequences: [CollectionPath: Int64]) throws
+}
+
+/// A document's address.
+struct DocumentKey: Hashable, Sendable, CustomStringConvertible {
+    var collection: CollectionPath
+    var id: DocumentID
+
+    var description: String { "\(collection)/\(id)" }
+}
+
+/// The result of one applied op, remembered under its idempotency key.
+struct IdempotencyRecord {
+    /// The user of the token that sent it; empty for anonymous clients.
+    var user: String
+    var client: String
+    var key: String
+    var result: WriteResult
+    /// When it was recorded (milliseconds since 1970), for its retention.
+    var recordedAt: Int64
+}
+
+/// A collection's feed bounds.
+struct FeedBounds: Equatable {
+    /// The sequence of the collection's last write (0 when never written).
+    var last: Int64
+    /// Tombstones up to this sequence were purged: a listener behind it could miss a delete.
+    var horizon: Int64
+
+    static let empty = FeedBounds(last: 0, horizon: 0)
 }
 
 /// A page of a collection's change feed.
 struct FeedPage {
-    var changes: [Change]
+    var rows: [StoredDocument]
     /// The sequence the page reaches: resume after it.
     var position: Int64
-    /// The collection's last sequence when the page was read.
-    var last: Int64
-    /// The collection's purge horizon when the page was read.
-    var horizon: Int64
+    /// The collection's last sequence and horizon when the page was read.
+    var bounds: FeedBounds
 
-    var isLast: Bool { position >= last }
+    var isLast: Bool { position >= bounds.last }
+
+    /// Builds a page from rows read after `position` with `limit` and `maxBytes`, as the stores
+    /// read them: fewer rows than asked and no byte cut means the feed is exhausted, so the
+    /// page reaches the collection's last sequence even when the rows at its end were purged.
+    init(rows: [StoredDocument], after position: Int64, limit: Int, cutByBytes: Bool, bounds: FeedBounds) {
+        self.rows = rows
+        self.bounds = bounds
+        let reached = rows.last?.sequence ?? position
+        let exhausted = rows.count < limit && !cutByBytes
+        self.position = exhausted ? max(bounds.last, position) : reached
+    }
 }
 
-/// A row of the `document` table.
+/// A row of the document table: a document with its place in the feed.
 struct StoredDocument {
+    var collection: CollectionPath
     var id: DocumentID
+    /// The canonical JSON of the fields (`{}` for a tombstone), spliced as is into frames.
     var fieldsJSON: String
     var version: Int64
     var createTime: Int64
@@ -240,33 +145,32 @@ struct StoredDocument {
     var deleted: Bool
     var sequence: Int64
     var createSequence: Int64
+    /// The idempotency key and client of the create that made the document.
     var createKey: String?
     var createClient: String?
-    var fieldTimes: [String: Int64]?
+    /// For field-level merges: when each field was last written, as canonical JSON.
+    var fieldTimesJSON: String?
+    /// True for a row that did not exist before this write (inserted, not replaced).
+    var isNew = false
 
-    init(row: Row) throws {
-        id = try DocumentID(row[0])
-        fieldsJSON = row[1]
-        version = row[2]
-        createTime = row[3]
-        updateTime = row[4]
-        deleted = row[5]
-        sequence = row[6]
-        createSequence = row[7]
-        createKey = row[8]
-        createClient = row[9]
-        fieldTimes = try (row[10] as String?).map { try Wire.decodeTimes(Array($0.utf8)) }
-    }
+    var key: DocumentKey { DocumentKey(collection: collection, id: id) }
 
     var fieldsBytes: Int { fieldsJSON.utf8.count }
 
+    var fields: JSONObject {
+        get throws { deleted ? [:] : try Wire.decodeFields(fieldsJSON.utf8) }
+    }
+
+    var fieldTimes: [String: Int64]? {
+        get throws { try fieldTimesJSON.map { try Wire.decodeTimes(Array($0.utf8)) } }
+    }
+
+    /// The document as the protocol sends it, field times included.
     var document: Document {
         get throws {
-            let fields = deleted ? [:] : try Wire.decodeFields(fieldsJSON.utf8)
-            return Document(
-                id: id, version: version, fields: fields, createTime: createTime, updateTime: updateTime,
-                deleted: deleted,
-                createKey: createKey)
+            Document(
+                id: id, version: version, fields: try fields, createTime: createTime, updateTime: updateTime,
+                deleted: deleted, createKey: createKey, fieldTimes: try fieldTimes)
         }
     }
 
@@ -276,11 +180,39 @@ struct StoredDocument {
     /// A document created after the position and deleted since is skipped, since the listener
     /// never saw it, unless `client` created it: that client may know it from the
     /// acknowledgement of its create, and must hear of the delete.
-    func change(after position: Int64, for client: String?) throws -> Change? {
+    func changeKind(after position: Int64, for client: String?) -> Change.Kind? {
         if deleted {
             let mayKnowIt = createSequence <= position || (client != nil && createClient == client)
-            return mayKnowIt ? Change(.deleted, try document) : nil
+            return mayKnowIt ? .deleted : nil
         }
-        return Change(createSequence > position ? .added : .modified, try document)
+        return createSequence > position ? .added : .modified
+    }
+
+    /// Writes the row as a snapshot change, its stored JSON spliced in without parsing it.
+    func writeChange(_ kind: Change.Kind, to writer: inout JSONWriter) {
+        writer.beginObject()
+        writer.key("kind")
+        writer.string(kind.rawValue)
+        writer.key("id")
+        writer.string(id.rawValue)
+        writer.key("version")
+        writer.int(version)
+        writer.key("fields")
+        writer.raw(deleted ? Array("{}".utf8) : Array(fieldsJSON.utf8))
+        writer.key("createTime")
+        writer.int(createTime)
+        writer.key("updateTime")
+        writer.int(updateTime)
+        writer.key("deleted")
+        writer.bool(deleted)
+        if let createKey {
+            writer.key("createKey")
+            writer.string(createKey)
+        }
+        if let fieldTimesJSON {
+            writer.key("fieldTimes")
+            writer.raw(Array(fieldTimesJSON.utf8))
+        }
+        writer.endObject()
     }
 }

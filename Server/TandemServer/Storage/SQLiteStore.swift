@@ -1,0 +1,334 @@
+import Foundation
+import GRDB
+import Logging
+import TandemWire
+
+/// The embedded store: one SQLite file (`tandem.sqlite`) in the data folder, for one server
+/// process.
+///
+/// Durability: WAL journal and `synchronous = FULL`, set on the connection after GRDB has
+/// opened it. (GRDB's own WAL set-up, `Configuration.journalMode = .wal`, runs after
+/// `prepareDatabase` and sets `synchronous = NORMAL`, under which a WAL commit is not synced
+/// to disk: it would survive a killed process but not a power loss.) SQLite's documentation:
+/// "With synchronous=FULL in WAL mode, an additional sync operation of the WAL file happens
+/// after each transaction commit. The extra WAL sync following each transaction helps ensure
+/// that transactions are durable across a power loss." The server acknowledges a write only
+/// after its transaction committed, so an acknowledged write is on disk. Several writes
+/// waiting at once commit in one transaction (``ServerCore`` groups them), so one sync covers
+/// them all.
+///
+/// Only one process may use a data folder, and the server's core queue is its only user, so
+/// the feed locks of ``write(locking:_:)`` are the transaction itself.
+final class SQLiteStore: DocumentStore {
+    let database: DatabaseQueue
+    let epoch: String
+    let path: String
+    var kind: String { "sqlite" }
+
+    init(directory: URL, logger: Logger) throws {
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        path = directory.appendingPathComponent("tandem.sqlite").path
+        var configuration = Configuration()
+        configuration.label = "tandem.server"
+        configuration.prepareDatabase { db in
+            // journal_mode is persistent in the file; synchronous is per connection.
+            let mode = try String.fetchOne(db, sql: "PRAGMA journal_mode = WAL")
+            guard mode == "wal" else {
+                throw DatabaseError(message: "the database refused WAL mode (journal_mode is \(mode ?? "unknown"))")
+            }
+            try db.execute(sql: "PRAGMA synchronous = FULL")
+            try db.execute(sql: "PRAGMA cache_size = -65536")
+        }
+        database = try DatabaseQueue(path: path, configuration: configuration)
+        try Self.migrator.migrate(database)
+        epoch = try database.read { db in
+            try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'epoch'")!
+        }
+        logger.debug("opened store", metadata: ["tandem.path": "\(path)", "tandem.epoch": "\(epoch)"])
+    }
+
+    func close() throws {
+        try database.close()
+    }
+
+    func setting(_ name: String) throws -> String? {
+        guard name.allSatisfy({ $0.isLetter || $0 == "_" }) else { return nil }
+        return try read { db in try String.fetchOne(db, sql: "PRAGMA \(name)") }
+    }
+
+    private static var migrator: DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("v1") { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE meta (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL);
+                    CREATE TABLE collection (
+                        path TEXT PRIMARY KEY NOT NULL,
+                        lastSequence INTEGER NOT NULL,
+                        -- Tombstones up to this sequence were purged: a listener behind it
+                        -- could miss a delete, so it gets a reset.
+                        horizonSequence INTEGER NOT NULL DEFAULT 0
+                    );
+                    CREATE TABLE document (
+                        collection TEXT NOT NULL,
+                        id TEXT NOT NULL,
+                        fields TEXT NOT NULL,
+                        version INTEGER NOT NULL,
+                        createTime INTEGER NOT NULL,
+                        updateTime INTEGER NOT NULL,
+                        deleted INTEGER NOT NULL DEFAULT 0,
+                        sequence INTEGER NOT NULL,
+                        createSequence INTEGER NOT NULL,
+                        -- The idempotency key and client of the create that made the document.
+                        createKey TEXT,
+                        createClient TEXT,
+                        -- For field-level merges: the time of each field's last write.
+                        fieldTimes TEXT
+                    );
+                    CREATE UNIQUE INDEX document_id ON document(collection, id);
+                    CREATE UNIQUE INDEX document_feed ON document(collection, sequence);
+                    CREATE INDEX document_tombstone_age ON document(updateTime) WHERE deleted = 1;
+                    CREATE TABLE idempotency (
+                        clientId TEXT NOT NULL,
+                        key TEXT NOT NULL,
+                        id TEXT NOT NULL,
+                        version INTEGER NOT NULL,
+                        updateTime INTEGER NOT NULL,
+                        recordedAt INTEGER NOT NULL,
+                        -- The stored document, for answers to field-level merges.
+                        document TEXT,
+                        PRIMARY KEY (clientId, key)
+                    ) WITHOUT ROWID;
+                    CREATE INDEX idempotency_age ON idempotency(recordedAt);
+                    """)
+            try db.execute(
+                sql: "INSERT INTO meta (key, value) VALUES ('epoch', ?)",
+                arguments: [String(DocumentID.random().rawValue.prefix(10))])
+        }
+        migrator.registerMigration("v2: idempotency keys belong to a user") { db in
+            // Records made before this version have no user; they keep the anonymous one (''),
+            // which is every client's user on a server without a token file.
+            try db.execute(
+                sql: """
+                    CREATE TABLE idempotency_v2 (
+                        user TEXT NOT NULL,
+                        clientId TEXT NOT NULL,
+                        key TEXT NOT NULL,
+                        id TEXT NOT NULL,
+                        version INTEGER NOT NULL,
+                        updateTime INTEGER NOT NULL,
+                        recordedAt INTEGER NOT NULL,
+                        document TEXT,
+                        PRIMARY KEY (user, clientId, key)
+                    ) WITHOUT ROWID;
+                    INSERT INTO idempotency_v2
+                        SELECT '', clientId, key, id, version, updateTime, recordedAt, document FROM idempotency;
+                    DROP TABLE idempotency;
+                    ALTER TABLE idempotency_v2 RENAME TO idempotency;
+                    CREATE INDEX idempotency_age ON idempotency(recordedAt);
+                    """)
+        }
+        return migrator
+    }
+
+    // MARK: - Reading
+
+    /// Runs a read on the store's serial queue. Not GRDB's `read`: on a `DatabaseQueue` that
+    /// brackets the read with `PRAGMA query_only`, and SQLite expires every prepared statement
+    /// of the connection when that flag changes, so each catch-up page would make the next
+    /// write compile its statements again. Every access to a queue is serialized, so the read
+    /// is just as isolated from writes without it.
+    private func read<T>(_ body: (Database) throws -> T) throws -> T {
+        try database.unsafeRead(body)
+    }
+
+    static let columns =
+        "collection, id, fields, version, createTime, updateTime, deleted, sequence, createSequence, createKey, createClient, fieldTimes"
+
+    func document(in collection: CollectionPath, id: DocumentID) throws -> StoredDocument? {
+        try read { db in try Self.fetchDocument(db, DocumentKey(collection: collection, id: id)) }
+    }
+
+    func documents(in collection: CollectionPath) throws -> [Document] {
+        try read { db in
+            try Row.fetchAll(
+                db,
+                sql: "SELECT \(Self.columns) FROM document WHERE collection = ? AND deleted = 0 ORDER BY sequence",
+                arguments: [collection.rawValue]
+            ).map { try Self.storedDocument($0).document }
+        }
+    }
+
+    func collections() throws -> [CollectionPath] {
+        try read { db in
+            try String.fetchAll(
+                db, sql: "SELECT DISTINCT collection FROM document WHERE deleted = 0 ORDER BY collection"
+            )
+            .compactMap { try? CollectionPath($0) }
+        }
+    }
+
+    func feedBounds(of collection: CollectionPath) throws -> FeedBounds {
+        try read { db in try Self.bounds(db, collection) }
+    }
+
+    func page(of collection: CollectionPath, after position: Int64, limit: Int, maxBytes: Int) throws -> FeedPage {
+        try read { db in try Self.page(db, collection, after: position, limit: limit, maxBytes: maxBytes) }
+    }
+
+    func readFeeds(after positions: [CollectionPath: Int64], limit: Int, maxBytes: Int) throws
+        -> [CollectionPath: FeedPage]
+    {
+        try read { db in
+            var pages: [CollectionPath: FeedPage] = [:]
+            for (collection, position) in positions {
+                let bounds = try Self.bounds(db, collection)
+                guard bounds.last > position else { continue }
+                pages[collection] = try Self.page(db, collection, after: position, limit: limit, maxBytes: maxBytes)
+            }
+            return pages
+        }
+    }
+
+    private static func page(
+        _ db: Database, _ collection: CollectionPath, after position: Int64, limit: Int, maxBytes: Int
+    ) throws -> FeedPage {
+        let bounds = try bounds(db, collection)
+        let statement = try db.cachedStatement(
+            sql: "SELECT \(columns) FROM document WHERE collection = ? AND sequence > ? ORDER BY sequence LIMIT ?")
+        let cursor = try Row.fetchCursor(statement, arguments: [collection.rawValue, position, limit])
+        var rows: [StoredDocument] = []
+        var bytes = 0
+        while let row = try cursor.next() {
+            let stored = try storedDocument(row)
+            rows.append(stored)
+            bytes += stored.fieldsBytes + 160
+            if bytes >= maxBytes { break }
+        }
+        return FeedPage(rows: rows, after: position, limit: limit, cutByBytes: bytes >= maxBytes, bounds: bounds)
+    }
+
+    static func bounds(_ db: Database, _ collection: CollectionPath) throws -> FeedBounds {
+        try db.cachedStatement(sql: "SELECT lastSequence, horizonSequence FROM collection WHERE path = ?")
+            .firstRow(arguments: [collection.rawValue]) { row in FeedBounds(last: row[0], horizon: row[1]) } ?? .empty
+    }
+
+    static func fetchDocument(_ db: Database, _ key: DocumentKey) throws -> StoredDocument? {
+        let statement = try db.cachedStatement(
+            sql: "SELECT \(columns) FROM document WHERE collection = ? AND id = ?")
+        return try statement.firstRow(arguments: [key.collection.rawValue, key.id.rawValue], storedDocument)
+    }
+
+    static func storedDocument(_ row: Row) throws -> StoredDocument {
+        StoredDocument(
+            collection: try CollectionPath(row[0] as String), id: try DocumentID(row[1] as String), fieldsJSON: row[2],
+            version: row[3], createTime: row[4], updateTime: row[5], deleted: row[6], sequence: row[7],
+            createSequence: row[8], createKey: row[9], createClient: row[10], fieldTimesJSON: row[11])
+    }
+
+    // MARK: - Writing
+
+    func write<T>(locking collections: [CollectionPath], _ body: (any StoreTransaction) throws -> T) throws -> T {
+        try database.write { db in try body(Transaction(db)) }
+    }
+
+    /// One SQLite transaction. The connection is the only writer, so reads see exactly what
+    /// the transaction will build on.
+    private final class Transaction: StoreTransaction {
+        let db: Database
+        init(_ db: Database) { self.db = db }
+
+        func lastSequence(of collection: CollectionPath) throws -> Int64 {
+            try SQLiteStore.bounds(db, collection).last
+        }
+
+        func documents(_ keys: [DocumentKey]) throws -> [DocumentKey: StoredDocument] {
+            var found: [DocumentKey: StoredDocument] = [:]
+            for key in keys where found[key] == nil {
+                if let stored = try SQLiteStore.fetchDocument(db, key) { found[key] = stored }
+            }
+            return found
+        }
+
+        func recordedResults(user: String, client: String, keys: [String]) throws -> [String: WriteResult] {
+            let statement = try db.cachedStatement(
+                sql: """
+                    SELECT id, version, updateTime, document FROM idempotency
+                    WHERE user = ? AND clientId = ? AND key = ?
+                    """)
+            var found: [String: WriteResult] = [:]
+            for key in keys where found[key] == nil {
+                let result = try statement.firstRow(arguments: [user, client, key]) { row in
+                    try SQLiteStore.writeResult(id: row[0], version: row[1], updateTime: row[2], document: row[3])
+                }
+                if let result { found[key] = result }
+            }
+            return found
+        }
+
+        func save(_ documents: [StoredDocument], records: [IdempotencyRecord], sequences: [CollectionPath: Int64])
+            throws
+        {
+            let insert = try db.cachedStatement(
+                sql: "INSERT INTO document (\(SQLiteStore.columns)) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+            let update = try db.cachedStatement(
+                sql: """
+                    UPDATE document SET fields = ?3, version = ?4, createTime = ?5, updateTime = ?6, deleted = ?7,
+                        sequence = ?8, createSequence = ?9, createKey = ?10, createClient = ?11, fieldTimes = ?12
+                    WHERE collection = ?1 AND id = ?2
+                    """)
+            for document in documents {
+                let arguments: StatementArguments = [
+                    document.collection.rawValue, document.id.rawValue, document.fieldsJSON, document.version,
+                    document.createTime, document.updateTime, document.deleted, document.sequence,
+                    document.createSequence, document.createKey, document.createClient, document.fieldTimesJSON,
+                ]
+                try (document.isNew ? insert : update).execute(arguments: arguments)
+            }
+            let record = try db.cachedStatement(
+                sql: """
+                    INSERT INTO idempotency (user, clientId, key, id, version, updateTime, recordedAt, document)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                    """)
+            for entry in records {
+                try record.execute(arguments: [
+                    entry.user, entry.client, entry.key, entry.result.id.rawValue, entry.result.version,
+                    entry.result.updateTime, entry.recordedAt,
+                    entry.result.document.map { String(decoding: Wire.encode($0), as: UTF8.self) },
+                ])
+            }
+            let sequence = try db.cachedStatement(
+                sql: """
+                    INSERT INTO collection (path, lastSequence) VALUES (?, ?)
+                    ON CONFLICT (path) DO UPDATE SET lastSequence = excluded.lastSequence
+                    """)
+            for (collection, last) in sequences {
+                try sequence.execute(arguments: [collection.rawValue, last])
+            }
+        }
+    }
+
+    static func writeResult(id: String, version: Int64, updateTime: Int64, document: String?) throws -> WriteResult {
+        let document = try document.map { try Wire.decode(Document.self, from: Array($0.utf8)) }
+        return WriteResult(id: try DocumentID(id), version: version, updateTime: updateTime, document: document)
+    }
+
+    // MARK: - Maintenance
+
+    func purge(tombstonesBefore: Int64, keysBefore: Int64) throws -> (tombstones: Int, keys: Int) {
+        try database.write { db in
+            try db.execute(
+                sql: """
+                    UPDATE collection SET horizonSequence = MAX(horizonSequence, (
+                        SELECT MAX(sequence) FROM document
+                        WHERE document.collection = collection.path AND deleted = 1 AND updateTime < ?1))
+                    WHERE path IN (SELECT DISTINCT collection FROM document WHERE deleted = 1 AND updateTime < ?1)
+                    """, arguments: [tombstonesBefore])
+            try db.execute(
+                sql: "DELETE FROM document WHERE deleted = 1 AND updateTime < ?", arguments: [tombstonesBefore])
+            let tombstones = db.changesCount
+            try db.execute(sql: "DELETE FROM idempotency WHERE recordedAt < ?", arguments: [keysBefore])
+            return (tombstones, db.changesCount)
+        }
+    }
+}

@@ -1,0 +1,316 @@
+import TandemWire
+
+/// One `write` message, checked and ready to apply.
+struct WriteRequest {
+    var ops: [WriteOp]
+    /// The canonical JSON of each op's fields (`{}` for a delete), already size-checked.
+    var fieldsJSON: [String]
+    var client: ClientName
+    /// The user of the sender's token; nil for anonymous clients.
+    var user: String?
+
+    /// The user as idempotency records store it.
+    var userKey: String { user ?? "" }
+}
+
+/// What became of a write message.
+enum WriteOutcome {
+    /// Every op applied (or was a resend of an op applied before); one result per op.
+    case applied([WriteResult])
+    /// The op at this index failed its precondition; nothing of the message was applied.
+    case conflict(op: Int, server: Document)
+    /// Refused (`permission-denied`, `not-found`, `too-large` after a merge); nothing applied.
+    case refused(WireError)
+}
+
+/// Applies the write messages of one group commit inside one store transaction: what a write
+/// means, decided in one place for every store.
+///
+/// Each message is all or nothing: its ops are worked out in memory, each seeing the ops
+/// before it (of its own message and of the messages before it in the group), and only a
+/// message whose every op passed joins what ``save()`` stores at the end. So a refused message
+/// leaves no trace, and the group commits once, with one sync.
+///
+/// For each op, in this order:
+///
+/// 1. **A resend** of an op this user's client applied before (same idempotency key) gets its
+///    first result, and nothing else happens. Keys belong to the user who sent them: another
+///    user's op under the same client id and key is another op.
+/// 2. **Access**: the rules decide before anything about the document is revealed. The stored
+///    document is read because a rule may use `resource`, but a refusal is the same
+///    `permission-denied` whether the document exists or not.
+/// 3. **Preconditions**: `not-found` for an update or delete of a document that never existed,
+///    `conflict` for a stale `baseVersion`, a tombstone, or a proposed id that is taken. A
+///    conflict shows the stored document only to a user who may read the collection.
+/// 4. The new document: version + 1, a field-level merge for ops with `fieldTimes`, and the
+///    collection's next sequence number.
+final class WriteGroup {
+    private let transaction: any StoreTransaction
+    private let access: AccessControl?
+    private let now: Int64
+    private let maxDocumentBytes: Int
+
+    /// Documents as the group has them: read from the store, or written by accepted messages.
+    private var documents: [DocumentKey: StoredDocument] = [:]
+    /// Keys known not to exist in the store.
+    private var absent: Set<DocumentKey> = []
+    /// Keys written by accepted messages, in the order first written.
+    private var writtenOrder: [DocumentKey] = []
+    private var written: Set<DocumentKey> = []
+    private var sequences: [CollectionPath: Int64] = [:]
+    private var recorded: [RecordKey: WriteResult] = [:]
+    private var records: [IdempotencyRecord] = []
+
+    private struct RecordKey: Hashable {
+        var user: String
+        var client: String
+        var key: String
+    }
+
+    /// What one message has done so far; joins the group only if all its ops pass.
+    private struct Draft {
+        var documents: [DocumentKey: StoredDocument] = [:]
+        var writtenOrder: [DocumentKey] = []
+        var sequences: [CollectionPath: Int64] = [:]
+        var records: [IdempotencyRecord] = []
+        var results: [WriteResult] = []
+    }
+
+    /// Reads, in a few batched reads, what the group's messages will look at: their target
+    /// documents and their remembered idempotency keys.
+    init(
+        _ transaction: any StoreTransaction, requests: [WriteRequest], access: AccessControl?, now: Int64,
+        maxDocumentBytes: Int
+    ) throws {
+        self.transaction = transaction
+        self.access = access
+        self.now = now
+        self.maxDocumentBytes = maxDocumentBytes
+        let targets = requests.flatMap { request in
+            request.ops.compactMap { op in op.id.map { DocumentKey(collection: op.collection, id: $0) } }
+        }
+        documents = try transaction.documents(targets)
+        absent = Set(targets).subtracting(documents.keys)
+        var byClient: [RecordKey: [String]] = [:]
+        for request in requests {
+            let owner = RecordKey(user: request.userKey, client: request.client.rawValue, key: "")
+            byClient[owner, default: []].append(contentsOf: request.ops.map(\.idempotencyKey.rawValue))
+        }
+        for (owner, keys) in byClient {
+            for (key, result) in try transaction.recordedResults(user: owner.user, client: owner.client, keys: keys) {
+                recorded[RecordKey(user: owner.user, client: owner.client, key: key)] = result
+            }
+        }
+    }
+
+    /// Works out one message. On anything but `.applied`, nothing of it is kept.
+    ///
+    /// - Throws: Only the store's errors (the whole group then fails).
+    func apply(_ request: WriteRequest) throws -> WriteOutcome {
+        var draft = Draft()
+        draft.results.reserveCapacity(request.ops.count)
+        for (index, op) in request.ops.enumerated() {
+            let recordKey = RecordKey(
+                user: request.userKey, client: request.client.rawValue, key: op.idempotencyKey.rawValue)
+            if let earlier = recorded[recordKey] {
+                draft.results.append(earlier)
+                continue
+            }
+            let key = op.id.map { DocumentKey(collection: op.collection, id: $0) }
+            let existing = try key.flatMap { try stored($0, draft) }
+
+            if let refusal = try refusal(of: op, index: index, existing: existing, request.user, draft) {
+                return .refused(refusal)
+            }
+
+            switch try precondition(of: op, index: index, existing: existing) {
+            case .conflict(let server):
+                return .conflict(op: index, server: try redacted(server, in: op.collection, for: request.user, draft))
+            case .notFound(let error):
+                return .refused(error)
+            case .holds:
+                break
+            }
+
+            let newDocument: StoredDocument
+            do {
+                newDocument = try document(
+                    after: op, fieldsJSON: request.fieldsJSON[index], existing: existing, index: index,
+                    client: request.client, draft: &draft)
+            } catch let error as WireError {
+                return .refused(error)
+            }
+            if draft.documents[newDocument.key] == nil && !written.contains(newDocument.key) {
+                draft.writtenOrder.append(newDocument.key)
+            }
+            draft.documents[newDocument.key] = newDocument
+
+            var result = WriteResult(
+                id: newDocument.id, version: newDocument.version, updateTime: newDocument.updateTime)
+            if op.fieldTimes != nil {
+                // A merge answers with the stored document: it may keep other writers' fields.
+                result.document = try redacted(newDocument.document, in: op.collection, for: request.user, draft)
+            }
+            draft.results.append(result)
+            draft.records.append(
+                IdempotencyRecord(
+                    user: request.userKey, client: request.client.rawValue, key: op.idempotencyKey.rawValue,
+                    result: result, recordedAt: now))
+        }
+
+        // Every op passed: the message joins the group.
+        documents.merge(draft.documents) { _, new in new }
+        absent.subtract(draft.documents.keys)
+        writtenOrder.append(contentsOf: draft.writtenOrder)
+        written.formUnion(draft.writtenOrder)
+        sequences.merge(draft.sequences) { _, new in new }
+        for record in draft.records {
+            recorded[RecordKey(user: record.user, client: record.client, key: record.key)] = record.result
+        }
+        records.append(contentsOf: draft.records)
+        return .applied(draft.results)
+    }
+
+    /// Stores what the accepted messages wrote. Call once, after the last ``apply(_:)``.
+    func save() throws {
+        try transaction.save(writtenOrder.map { documents[$0]! }, records: records, sequences: sequences)
+    }
+
+    /// The collections whose feed this group wrote to.
+    var writtenCollections: Set<CollectionPath> { Set(sequences.keys) }
+
+    // MARK: - Steps
+
+    /// The document at `key` as the draft, the group or the store has it.
+    private func stored(_ key: DocumentKey, _ draft: Draft) throws -> StoredDocument? {
+        if let document = draft.documents[key] ?? documents[key] { return document }
+        if absent.contains(key) { return nil }
+        let found = try transaction.documents([key])[key]
+        if let found { documents[key] = found } else { absent.insert(key) }
+        return found
+    }
+
+    /// The live fields of another document, for `doc(…)` in rules.
+    private func liveFields(_ collection: CollectionPath, _ id: DocumentID, _ draft: Draft) throws -> JSONObject? {
+        guard let document = try stored(DocumentKey(collection: collection, id: id), draft), !document.deleted
+        else { return nil }
+        return try document.fields
+    }
+
+    /// Why the rules refuse the op, or nil when they allow it (or the server is open).
+    private func refusal(
+        of op: WriteOp, index: Int, existing: StoredDocument?, _ user: String?, _ draft: Draft
+    ) throws -> WireError? {
+        guard let access else { return nil }
+        let operation: AccessControl.Operation =
+            switch op.kind {
+            case .create: .create
+            case .update: .update
+            case .delete: .delete
+            }
+        // `resource` is null for a create and for a document that does not exist or was
+        // deleted: a rule that needs it refuses alike whether the document exists or not.
+        let resource = try op.kind == .create ? nil : existing.flatMap { $0.deleted ? nil : try $0.fields }
+        let allowed = try access.allows(
+            operation, in: op.collection, user: user, resource: resource,
+            request: op.kind == .delete ? nil : op.fields ?? [:]
+        ) { collection, id in try liveFields(collection, id, draft) }
+        guard !allowed else { return nil }
+        return WireError(
+            .permissionDenied,
+            "ops[\(index)]: \(AccessControl.describe(user)) may not \(operation.rawValue) in \(op.collection)",
+            op: index)
+    }
+
+    private enum Precondition {
+        case holds
+        case conflict(Document)
+        case notFound(WireError)
+    }
+
+    private func precondition(of op: WriteOp, index: Int, existing: StoredDocument?) throws -> Precondition {
+        switch op.kind {
+        case .create:
+            if let existing, !existing.deleted { return .conflict(try existing.document) }
+            return .holds
+        case .update, .delete:
+            guard let existing else {
+                return .notFound(
+                    WireError(
+                        .notFound,
+                        "ops[\(index)]: document '\(op.collection)/\(op.id!)' does not exist; create it first",
+                        op: index))
+            }
+            if existing.deleted { return .conflict(try existing.document) }
+            if let base = op.baseVersion, base != existing.version { return .conflict(try existing.document) }
+            return .holds
+        }
+    }
+
+    /// The document after the op, with the collection's next sequence number.
+    private func document(
+        after op: WriteOp, fieldsJSON: String, existing: StoredDocument?, index: Int, client: ClientName,
+        draft: inout Draft
+    ) throws -> StoredDocument {
+        let sequence = try nextSequence(op.collection, &draft)
+        let isCreate = op.kind == .create
+        let deleted = op.kind == .delete
+        // Monotonic per document even if the server's clock steps back.
+        let updateTime = max(now, existing?.updateTime ?? 0)
+        var fieldsJSON = deleted ? "{}" : fieldsJSON
+        var fieldTimes = op.fieldTimes
+        if let incomingTimes = op.fieldTimes, op.kind == .update, let existing {
+            // Field-level merge with what is stored: each field keeps its later write.
+            let merged = FieldMerge.merge(
+                stored: (try existing.fields, try existing.fieldTimes ?? [:]),
+                incoming: (op.fields ?? [:], incomingTimes))
+            fieldTimes = merged.times
+            fieldsJSON = String(decoding: Wire.encodeCanonical(merged.fields), as: UTF8.self)
+            if fieldsJSON.utf8.count > maxDocumentBytes {
+                throw WireError(
+                    .tooLarge,
+                    "ops[\(index)]: merged with the stored document it is \(fieldsJSON.utf8.count) bytes; "
+                        + "the limit is \(maxDocumentBytes)", op: index)
+            }
+        }
+        if deleted { fieldTimes = try existing?.fieldTimes }
+        let id = op.id ?? DocumentID.timeOrdered(milliseconds: now)
+        let key = DocumentKey(collection: op.collection, id: id)
+        // A row the store does not have yet is inserted; one it has (a tombstone brought back
+        // included) is replaced.
+        let isNew = existing == nil ? true : (draft.documents[key] ?? documents[key])?.isNew ?? false
+        return StoredDocument(
+            collection: op.collection, id: id, fieldsJSON: fieldsJSON, version: (existing?.version ?? 0) + 1,
+            createTime: isCreate ? updateTime : existing!.createTime, updateTime: updateTime, deleted: deleted,
+            sequence: sequence, createSequence: isCreate ? sequence : existing!.createSequence,
+            createKey: isCreate ? op.idempotencyKey.rawValue : existing!.createKey,
+            createClient: isCreate ? client.rawValue : existing!.createClient,
+            fieldTimesJSON: fieldTimes.map { String(decoding: Wire.encodeTimes($0), as: UTF8.self) }, isNew: isNew)
+    }
+
+    private func nextSequence(_ collection: CollectionPath, _ draft: inout Draft) throws -> Int64 {
+        let current: Int64
+        if let known = draft.sequences[collection] ?? sequences[collection] {
+            current = known
+        } else {
+            current = try transaction.lastSequence(of: collection)
+        }
+        draft.sequences[collection] = current + 1
+        return current + 1
+    }
+
+    /// The document as a user who may not read its collection sees it in a conflict or merge
+    /// answer: its id, version and whether it is deleted, nothing of its content.
+    private func redacted(_ document: Document, in collection: CollectionPath, for user: String?, _ draft: Draft)
+        throws -> Document
+    {
+        guard let access else { return document }
+        let readable = try access.allows(.read, in: collection, user: user) { collection, id in
+            try liveFields(collection, id, draft)
+        }
+        if readable { return document }
+        return Document(
+            id: document.id, version: document.version, fields: [:], createTime: 0, updateTime: 0,
+            deleted: document.deleted)
+    }
+}
