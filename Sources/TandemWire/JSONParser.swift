@@ -86,6 +86,7 @@ struct JSONParser {
         while true {
             skipWhitespace()
             guard index < bytes.count, bytes[index] == UInt8(ascii: "\"") else { throw error("expected a string key") }
+            let keyStart = index
             let key = try string()
             skipWhitespace()
             guard index < bytes.count, bytes[index] == UInt8(ascii: ":") else {
@@ -93,7 +94,12 @@ struct JSONParser {
             }
             index += 1
             skipWhitespace()
-            object[key] = try value()
+            if object.updateValue(try value(), forKey: key) != nil {
+                // RFC 8259 leaves duplicate names undefined; two readers of one message must
+                // never disagree on what it says.
+                index = keyStart
+                throw error("the key '\(key.prefix(40))' appears twice in one object")
+            }
             skipWhitespace()
             guard index < bytes.count else { throw error("unexpected end of input in an object") }
             if bytes[index] == UInt8(ascii: ",") {

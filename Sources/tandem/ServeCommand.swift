@@ -73,11 +73,18 @@ struct ServeCommand: AsyncParsableCommand {
     @Option(help: "The largest document (the JSON of its fields), in bytes.")
     var maxDocumentBytes = Limits.default.maxDocumentBytes
 
-    @Option(help: "Days a deleted document's tombstone is kept; older resume tokens get a reset.")
+    @Option(
+        help: """
+            Days a deleted document's tombstone is kept; older resume tokens get a reset. \
+            0 purges tombstones at every maintenance run (for testing resets).
+            """)
     var tombstoneDays = 30
 
     @Option(help: "Days an idempotency key is remembered.")
     var idempotencyDays = 30
+
+    @Option(help: "Seconds between purges of expired tombstones and idempotency keys.")
+    var maintenanceSeconds = 3600
 
     func validate() throws {
         guard (0...65535).contains(port) else {
@@ -88,9 +95,9 @@ struct ServeCommand: AsyncParsableCommand {
             throw ValidationError("--max-ops-per-write and --max-listeners must be at least 1")
         }
         guard maxDocumentBytes >= 2 else { throw ValidationError("--max-document-bytes must be at least 2") }
-        guard tombstoneDays >= 1, idempotencyDays >= 1 else {
-            throw ValidationError("--tombstone-days and --idempotency-days must be at least 1")
-        }
+        guard tombstoneDays >= 0 else { throw ValidationError("--tombstone-days must be 0 or more") }
+        guard idempotencyDays >= 1 else { throw ValidationError("--idempotency-days must be at least 1") }
+        guard maintenanceSeconds >= 1 else { throw ValidationError("--maintenance-seconds must be at least 1") }
         for (name, rate) in [
             ("--fault-drop-connection", faultDropConnection), ("--fault-lost-ack", faultLostAck),
             ("--fault-delay-deliveries", faultDelayDeliveries), ("--fault-reject-writes", faultRejectWrites),
@@ -123,6 +130,7 @@ struct ServeCommand: AsyncParsableCommand {
             maxDocumentBytes: maxDocumentBytes)
         configuration.tombstoneRetention = .seconds(tombstoneDays * 24 * 3600)
         configuration.idempotencyRetention = .seconds(idempotencyDays * 24 * 3600)
+        configuration.maintenanceInterval = .seconds(maintenanceSeconds)
         configuration.logger = Logger(label: "tandem.server")
         if faultDropConnection > 0 || faultDropAfter != nil || faultLostAck > 0 || faultDelayDeliveries > 0
             || faultRejectWrites > 0

@@ -93,3 +93,36 @@ struct ProtocolPromiseTests {
         #expect(b.snapshots.filter { !$0.initial }.count == 1)
     }
 }
+
+@Suite("Resets seen from outside")
+struct OutsideResetTests {
+    @Test("tandem serve --tombstone-days 0 purges at once: a token from before a delete then gets reset")
+    func expiredTokenFromOutside() async throws {
+        let folder = try TemporaryDirectory()
+        let server = try await ServerProcess(
+            dataDirectory: folder.url, options: ["--tombstone-days", "0", "--maintenance-seconds", "1"])
+        defer { server.kill(SIGTERM) }
+        let writer = try await ServerConnection.connect(to: server.url, clientId: "writer")
+        let kept = try await writer.create("notes", ["t": "kept"])
+        let doomed = try await writer.create("notes", ["t": "doomed"])
+        let reader = try await ServerConnection.connect(to: server.url, clientId: "reader")
+        let first = Feed()
+        reader.listen(to: try path("notes"), handler: first.handler)
+        try await waitUntil("current") { first.isCurrent }
+        let token = try #require(first.lastToken)
+        _ = try await writer.delete("notes", doomed.id)
+
+        // Within a maintenance run or two the tombstone is purged; the old token then gets reset.
+        var attempt = 0
+        try await waitUntil("a resume from before the delete is reset", timeout: .seconds(30)) {
+            attempt += 1
+            let feed = Feed()
+            reader.listen(to: try path("notes"), target: "try-\(attempt)", resumeToken: token, handler: feed.handler)
+            try await waitUntil("answered") { feed.isCurrent || !feed.errors.isEmpty }
+            reader.unlisten("try-\(attempt)")
+            guard !feed.resets.isEmpty else { return false }
+            #expect(feed.changes.map(\.document.id) == [kept.id], "the full snapshot follows the reset")
+            return true
+        }
+    }
+}

@@ -1,0 +1,81 @@
+import Foundation
+import TandemServer
+import TandemTesting
+import TandemWire
+import Testing
+
+/// The examples of docs/PROTOCOL.md, checked against a real server: the document is the
+/// test's input, so the two cannot drift apart.
+@Suite("docs/PROTOCOL.md's examples are what the server says")
+struct ProtocolDocumentTests {
+    static let document = URL(fileURLWithPath: #filePath)
+        .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        .appendingPathComponent("docs/PROTOCOL.md")
+
+    /// A row of a tested table: the cells, without the outer pipes, trimmed.
+    static func rows(after marker: String) throws -> [[String]] {
+        let text = try String(contentsOf: document, encoding: .utf8)
+        let lines = text.components(separatedBy: "\n")
+        let start = try #require(lines.firstIndex(of: "<!-- tested: \(marker) -->"), "no table marked \(marker)")
+        return lines[(start + 1)...].prefix { $0.hasPrefix("|") }.dropFirst(2).map { line in
+            line.dropFirst().dropLast().components(separatedBy: " | ").map {
+                $0.trimmingCharacters(in: .whitespaces)
+            }
+        }
+    }
+
+    /// The text between the first and the last backtick of a cell.
+    static func code(_ cell: String) -> String {
+        guard let first = cell.firstIndex(of: "`"), let last = cell.lastIndex(of: "`"), first < last else {
+            return cell
+        }
+        return String(cell[cell.index(after: first)..<last])
+    }
+
+    @Test("every row of the error examples is answered word for word")
+    func errorExamples() async throws {
+        let rows = try Self.rows(after: "ProtocolDocumentTests.errorExamples")
+        #expect(rows.count >= 10)
+        let server = try TestServer()
+        var mismatches: [String] = []
+        for row in rows {
+            let beforeHello = row[0].hasPrefix("before hello:")
+            let message = Self.code(row[0])
+            let expectedCode = Self.code(String(row[1].prefix { $0 != ":" }))
+            let expectedText = String(row[1].drop { $0 != ":" }.dropFirst().drop { $0 == " " })
+
+            let socket = try RawWebSocket(port: server.port)
+            if !beforeHello {
+                try socket.send(text: #"{"type":"hello","protocol":1,"clientId":"doc"}"#)
+                _ = try await socket.readText()
+            }
+            try socket.send(text: message)
+            let answer = try Wire.decode(ServerMessage.self, from: Array(try await socket.readText().utf8))
+            guard case .error(let error) = answer else {
+                mismatches.append("\(message): answered \(answer)")
+                continue
+            }
+            if error.code.rawValue != expectedCode || error.message != expectedText {
+                mismatches.append("| `\(message)` | `\(error.code)`: \(error.message) |")
+            }
+        }
+        #expect(
+            mismatches.isEmpty, "rows that differ, as the server answers them:\n\(mismatches.joined(separator: "\n"))")
+    }
+
+    @Test("the rules-file example error is the one the server prints")
+    func rulesFileExample() throws {
+        let rows = try Self.rows(after: "ProtocolDocumentTests.rulesFileExample")
+        #expect(!rows.isEmpty)
+        for row in rows {
+            let rules = Self.code(row[0])
+            let expected = Self.code(row[1])
+            do {
+                _ = try AccessControl(tokens: nil, rules: (rules, "rules.json"))
+                Issue.record("accepted: \(rules)")
+            } catch {
+                #expect(error.message == expected, "the server prints: \(error.message)")
+            }
+        }
+    }
+}
