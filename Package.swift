@@ -81,6 +81,12 @@ let package = Package(
             path: "Fuzz/Harness"
         ),
         .executableTarget(name: "tandem-fuzz", dependencies: ["TandemFuzzing"], path: "Fuzz/Entry"),
+        // README's getting-started code, built with everything else and run by the tests.
+        .executableTarget(
+            name: "tandem-getting-started",
+            dependencies: ["Tandem", .product(name: "GRDB", package: "GRDB.swift")],
+            path: "Examples/GettingStarted"
+        ),
         .testTarget(name: "TandemWireTests", dependencies: ["TandemWire"]),
         .testTarget(name: "TandemSocketTests", dependencies: ["TandemSocket", "TandemTesting"]),
         .testTarget(

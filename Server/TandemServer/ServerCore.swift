@@ -108,7 +108,8 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
     var stats: ServerStats {
         let all = sessions.values.flatMap(\.listeners.values)
         return ServerStats(
-            connections: sessions.count, listeners: all.count, liveListeners: all.filter(\.isLive).count)
+            connections: sessions.count, listeners: all.count, liveListeners: all.filter(\.isLive).count,
+            heldMessages: sessions.values.map(\.heldCount).reduce(0, +))
     }
 
     // MARK: - Socket events (service thread)
@@ -291,6 +292,8 @@ public struct ServerStats: Sendable, Equatable {
     public var connections: Int
     public var listeners: Int
     public var liveListeners: Int
+    /// Messages held back by ``TandemServer/holdDeliveries()`` or an injected delay.
+    public var heldMessages: Int
 }
 
 extension ClientMessage {

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import Tandem
+import TandemSocket
 import TandemWire
 
 /// Options every client command takes.
@@ -25,14 +26,27 @@ struct ClientOptions: ParsableArguments {
     }
 
     /// Connects, turning failures into one line that says what to do.
-    func connect() async throws -> ServerConnection {
+    func connect(
+        clientId: String = "cli-\(DocumentID.random().rawValue.prefix(8))",
+        onClose: (@Sendable (WebSocketCloseEvent) -> Void)? = nil
+    ) async throws -> ServerConnection {
         do {
             return try await ServerConnection.connect(
-                to: server, clientId: "cli-\(DocumentID.random().rawValue.prefix(8))", token: token,
-                timeout: .seconds(timeout))
-        } catch let error as TandemError where error.code == .unreachable || error.code == .timedOut {
-            throw CLIError("\(error.message). Is `tandem serve` running? Pass --server URL to use another server.")
+                to: server, clientId: clientId, token: token, timeout: .seconds(timeout), onClose: onClose)
+        } catch let error as TandemError {
+            throw CLIError(Self.explain(error))
         }
+    }
+
+    /// A connection failure as one line that says what to do about it.
+    static func explain(_ error: TandemError) -> String {
+        if error.code == .unreachable || error.code == .timedOut {
+            return "\(error.message). Is `tandem serve` running? Pass --server URL to use another server."
+        }
+        if error.serverError?.code == .unauthenticated {
+            return "\(error.message). Pass --token TOKEN or set TANDEM_TOKEN to a token of the server's token file."
+        }
+        return error.message
     }
 }
 

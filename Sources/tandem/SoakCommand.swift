@@ -70,7 +70,7 @@ struct SoakCommand: AsyncParsableCommand {
         options.serverRestarts = serverRestarts
         options.lostAckRate = lostAckRate
         options.quietTimeout = .seconds(timeout)
-        options.executable = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
+        options.executable = Executable.current
 
         emit(
             "Tandem soak: \(devices) devices, \(ops) operations, seed \(seed), disconnect rate \(disconnectRate), "

@@ -9,8 +9,14 @@ struct WatchCommand: AsyncParsableCommand {
         commandName: "watch",
         abstract: "Print every change to a collection as it happens, until interrupted.",
         discussion: """
-            One line per change: added|modified|deleted ID VERSION JSON. The resume token goes \
-            to standard error; pass it to --since to continue where you stopped.
+            One line per change: added|modified|deleted ID VERSION JSON. Progress goes to \
+            standard error: when the watcher is up to date, and the resume token to pass to \
+            --since to continue where you stopped.
+
+            When the server goes away (restarted, killed, the network lost), the watcher \
+            reconnects with backoff and resumes from its last token, so it prints every change \
+            once: none missed, none twice. It stops on a permanent error (a refused token, a \
+            collection it may not read) or when interrupted.
 
             Examples:
               tandem watch notes
@@ -27,44 +33,104 @@ struct WatchCommand: AsyncParsableCommand {
 
     func validate() throws { _ = try parseCollection(collection) }
 
+    /// Why a connection's watch ended. Each connection attempt has its own number, so that
+    /// the news of an earlier one is not taken for the current one's.
+    private enum Ending: Sendable {
+        case lost(attempt: Int, String)
+        /// The pause before the next attempt is over.
+        case retry(attempt: Int)
+        case refused(String)
+        case interrupted
+    }
+
     func run() async throws {
         let path = try parseCollection(collection)
         let progress = WatchProgress(token: since)
-        let (endings, ending) = AsyncStream.makeStream(of: String?.self)
-
-        let connection = try await ServerConnection.connect(
-            to: options.server, clientId: "cli-watch-\(DocumentID.random().rawValue.prefix(6))", token: options.token,
-            timeout: .seconds(options.timeout),
-            onClose: { event in ending.yield("connection lost: \(event)") }
-        )
-        connection.listen(to: path, resumeToken: since) { event in
-            switch event {
-            case .snapshot(let snapshot):
-                for change in snapshot.changes {
-                    let document = change.document
-                    emit("\(change.kind) \(document.id) \(document.version) \(json(document.fields))")
-                }
-                progress.token = snapshot.resumeToken
-                if snapshot.initial && !snapshot.hasMore {
-                    note("# up to date at token \(snapshot.resumeToken)")
-                }
-            case .reset(let reason):
-                note("# reset: \(reason)")
-            case .error(let error):
-                ending.yield("cannot watch \(path): \(error.message)")
-            }
-        }
+        let clientId = "cli-watch-\(DocumentID.random().rawValue.prefix(6))"
+        let (endings, ending) = AsyncStream.makeStream(of: Ending.self)
         let interrupt = Task {
             _ = await Signals.wait(for: [SIGINT, SIGTERM])
-            ending.yield(nil)
+            ending.yield(.interrupted)
         }
+        defer { interrupt.cancel() }
+
+        // The first connection must succeed: a wrong URL or token is said at once.
+        var attempt = 0
+        var connection: ServerConnection? = try await options.connect(
+            clientId: clientId, onClose: { event in ending.yield(.lost(attempt: 0, "\(event)")) })
+        var backoff = Duration.milliseconds(250)
         var failure: String?
-        for await end in endings {
-            failure = end
-            break
+        loop: while true {
+            if let current = connection {
+                current.listen(to: path, resumeToken: progress.token) { event in
+                    switch event {
+                    case .snapshot(let snapshot):
+                        for change in snapshot.changes {
+                            let document = change.document
+                            emit("\(change.kind) \(document.id) \(document.version) \(json(document.fields))")
+                        }
+                        progress.token = snapshot.resumeToken
+                        if snapshot.initial && !snapshot.hasMore {
+                            note("# up to date at token \(snapshot.resumeToken)")
+                        }
+                    case .reset(let reason):
+                        note("# reset: \(reason)")
+                    case .error(let error):
+                        ending.yield(.refused("cannot watch \(path): \(error.message)"))
+                    }
+                }
+            }
+            // Wait for this connection (or this attempt's pause) to end.
+            let pause = backoff
+            let current = attempt
+            let wait: Task<Void, Never>? =
+                connection == nil
+                ? Task {
+                    try? await Task.sleep(for: pause)
+                    ending.yield(.retry(attempt: current))
+                } : nil
+            var next: Ending = .interrupted
+            for await end in endings {
+                switch end {
+                case .lost(let from, _) where from != current || connection == nil: continue
+                case .retry(let from) where from != current || connection != nil: continue
+                default: next = end
+                }
+                break
+            }
+            wait?.cancel()
+            switch next {
+            case .interrupted:
+                break loop
+            case .refused(let message):
+                failure = message
+                break loop
+            case .lost(_, let reason):
+                note("# connection lost (\(reason)); reconnecting")
+                connection?.close()
+                connection = nil
+                backoff = .milliseconds(250)
+                attempt += 1
+                continue loop
+            case .retry:
+                break
+            }
+            // Reconnect, backing off up to 5 s, until the server is back or a refusal is final.
+            attempt += 1
+            let number = attempt
+            do {
+                connection = try await ServerConnection.connect(
+                    to: options.server, clientId: clientId, token: options.token, timeout: .seconds(options.timeout),
+                    onClose: { event in ending.yield(.lost(attempt: number, "\(event)")) })
+                note("# reconnected to \(options.server); resuming from \(progress.token ?? "the start")")
+            } catch let error as TandemError where error.serverError?.code.isRejection == true {
+                failure = ClientOptions.explain(error)
+                break loop
+            } catch {
+                backoff = min(backoff * 2, .seconds(5))
+            }
         }
-        interrupt.cancel()
-        connection.close()
+        connection?.close()
         if let token = progress.token { note("# resume with --since \(token)") }
         if let failure { throw CLIError(failure) }
     }

@@ -103,7 +103,8 @@ struct FaultTests {
             try await pair.laptop.database.read { db in try Int64.fetchOne(db, sql: "SELECT id FROM account") })
         try pair.laptop.addEntry("Groceries", amount: -40, account: account)
         try await pair.laptop.service.syncNow()
-        try await Task.sleep(for: .milliseconds(200))
+        // The delivery to the phone exists and is held: it cannot have arrived.
+        try await waitUntil("the phone's delivery is held") { pair.server.server.stats.heldMessages > 0 }
         #expect(try pair.phone.entries().count == 1, "the phone has not heard of it yet")
         pair.server.server.releaseDeliveries()
         try await waitUntil("the phone hears of it") { try pair.phone.entries().count == 2 }

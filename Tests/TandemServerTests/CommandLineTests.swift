@@ -7,10 +7,20 @@ import Testing
 ///
 /// The wait happens on a thread of its own: blocking one of Swift concurrency's few threads
 /// for the seconds a command takes would starve the other tests running meanwhile.
-func runTandem(_ arguments: [String]) async throws -> (status: Int32, output: String, error: String) {
+func runTandem(
+    _ arguments: [String], by name: String? = nil, in folder: URL? = nil, environment: [String: String]? = nil
+) async throws -> (status: Int32, output: String, error: String) {
     let process = Process()
-    process.executableURL = try ServerProcess.findExecutable()
-    process.arguments = arguments
+    if let name {
+        // Started by name, as a shell would: through /usr/bin/env and PATH.
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = [name] + arguments
+    } else {
+        process.executableURL = try ServerProcess.findExecutable()
+        process.arguments = arguments
+    }
+    if let folder { process.currentDirectoryURL = folder }
+    if let environment { process.environment = environment }
     let output = Pipe(), error = Pipe()
     process.standardOutput = output
     process.standardError = error
@@ -100,6 +110,7 @@ struct CommandLineTests {
             (["serve", "--port", "70000"], "--port must be between 0 and 65535"),
             (["serve", "--host", "0.0.0.0", "--port", "0"], "only listens on loopback"),
             (["get", "notes/x", "--server", "ws://127.0.0.1:1"], "Is `tandem serve` running?"),
+            (["watch", "notes", "--server", "ws://127.0.0.1:1"], "Is `tandem serve` running?"),
             (["watch", "notes", "--server", "http://example.com"], "must be a ws:// URL"),
         ])
     func badArguments(arguments: [String], message: String) async throws {
@@ -124,6 +135,103 @@ struct CommandLineTests {
             #expect(result["goal"] is String)
             let ratio = try #require(result["floorRatio"] as? Double, "\(result)")
             #expect(ratio > 0)
+        }
+    }
+
+    @Test("tandem watch keeps running across a server SIGKILL and restart, and prints every change once")
+    func watchSurvivesRestarts() async throws {
+        let folder = try TemporaryDirectory()
+        let server = try await ServerProcess.onStablePort(dataDirectory: folder.url)
+        defer { server.kill(SIGTERM) }
+        let watch = try RunningTandem(["watch", "notes", "--server", server.url])
+        defer { watch.interrupt() }
+        var ids: [String] = []
+        func put(_ n: Int) async throws {
+            let put = try await runTandem(["put", "notes", #"{"n":\#(n)}"#, "--server", server.url])
+            #expect(put.status == 0, "\(put.error)")
+            ids.append(String(put.output.split(separator: " ")[0]))
+        }
+        for n in 0..<3 { try await put(n) }
+        try await waitUntil("the watcher printed three changes") { watch.outputLines.count >= 3 }
+
+        for restart in 0..<2 {
+            server.kill(SIGKILL)
+            try await waitUntil("the watcher noticed") {
+                watch.errorLines.filter { $0.contains("connection lost") }.count > restart
+            }
+            try await server.restart()
+            for n in 0..<3 { try await put(10 * (restart + 1) + n) }
+            let expected = 3 * (restart + 2)
+            try await waitUntil("the watcher printed the changes after the restart") {
+                watch.outputLines.count >= expected
+            }
+        }
+        // A marker last: once it is printed, nothing printed before can still be on its way.
+        try await put(99)
+        try await waitUntil("the marker is printed") { watch.outputLines.count >= ids.count }
+        let printed = watch.outputLines.map { $0.split(separator: " ")[1] }.map(String.init)
+        #expect(printed == ids, "each change once, in order: \(watch.outputLines)")
+        #expect(watch.outputLines.allSatisfy { $0.hasPrefix("added ") })
+        #expect(watch.errorLines.contains { $0.contains("reconnected") }, "\(watch.errorLines)")
+        #expect(watch.isRunning)
+    }
+
+    @Test("tandem soak and tandem bench work when run by name from PATH, from any folder")
+    func runByNameFromPath() async throws {
+        let elsewhere = try TemporaryDirectory()
+        let folder = try ServerProcess.findExecutable().deletingLastPathComponent().path
+        let environment = ["PATH": "\(folder):/usr/bin:/bin"]
+        let soak = try await runTandem(
+            ["soak", "--devices", "2", "--ops", "40", "--seed", "1", "--server-restarts", "1"],
+            by: "tandem", in: elsewhere.url, environment: environment)
+        #expect(soak.status == 0, "\(soak.output.suffix(1000)) \(soak.error.suffix(1000))")
+        let bench = try await runTandem(
+            ["bench", "connections", "--quick"], by: "tandem", in: elsewhere.url, environment: environment)
+        #expect(bench.status == 0, "\(bench.error.suffix(1000))")
+    }
+}
+
+/// A `tandem` command left running (a watcher), its output collected line by line.
+final class RunningTandem: Sendable {
+    private let process: Process
+    private let lines = Mutex<(output: [String], error: [String])>(([], []))
+
+    init(_ arguments: [String]) throws {
+        let process = Process()
+        process.executableURL = try ServerProcess.findExecutable()
+        process.arguments = arguments
+        let output = Pipe(), error = Pipe()
+        process.standardOutput = output
+        process.standardError = error
+        try process.run()
+        self.process = process
+        Self.collect(output.fileHandleForReading) { [weak self] line in self?.lines.withLock { $0.output.append(line) }
+        }
+        Self.collect(error.fileHandleForReading) { [weak self] line in self?.lines.withLock { $0.error.append(line) } }
+    }
+
+    var outputLines: [String] { lines.withLock { $0.output } }
+    var errorLines: [String] { lines.withLock { $0.error } }
+    var isRunning: Bool { process.isRunning }
+
+    /// SIGINT, then waits for the exit.
+    func interrupt() {
+        guard process.isRunning else { return }
+        kill(process.processIdentifier, SIGINT)
+        process.waitUntilExit()
+    }
+
+    /// Reads a pipe line by line on a thread of its own, until end of file.
+    private static func collect(_ handle: FileHandle, _ each: @escaping @Sendable (String) -> Void) {
+        Thread.detachNewThread {
+            var pending = Data()
+            while case let chunk = handle.availableData, !chunk.isEmpty {
+                pending.append(chunk)
+                while let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
+                    each(String(decoding: pending[pending.startIndex..<newline], as: UTF8.self))
+                    pending.removeSubrange(pending.startIndex...newline)
+                }
+            }
         }
     }
 }

@@ -5,6 +5,7 @@ import Foundation
 import GRDB
 import Tandem
 import TandemTesting
+import TandemWire
 import Testing
 
 // 1. Record types, as usual with GRDB. They leave Tandem's columns out.
@@ -105,5 +106,60 @@ struct GettingStartedTests {
         #expect(status?.isConnected == true)
         await phoneSync.stop()
         await laptopSync.stop()
+    }
+}
+
+@Suite("README's getting-started example")
+struct GettingStartedExampleTests {
+    static let root = URL(fileURLWithPath: #filePath)
+        .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+
+    /// Runs the example's executable, built beside `tandem`.
+    static func runExample(_ arguments: [String]) async throws -> (status: Int32, output: String) {
+        let process = Process()
+        process.executableURL = try ServerProcess.findExecutable().deletingLastPathComponent()
+            .appendingPathComponent("tandem-getting-started")
+        process.arguments = arguments
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        return try await onOwnThread {
+            let data = output.fileHandleForReading.readDataToEndOfFile()
+            process.waitUntilExit()
+            return (process.terminationStatus, String(decoding: data, as: UTF8.self))
+        }
+    }
+
+    @Test("README shows the example's code verbatim")
+    func readmeShowsTheExample() throws {
+        let readme = try String(contentsOf: Self.root.appendingPathComponent("README.md"), encoding: .utf8)
+        let example = try String(
+            contentsOf: Self.root.appendingPathComponent("Examples/GettingStarted/main.swift"), encoding: .utf8)
+        #expect(
+            readme.contains("```swift\n" + example + "```"),
+            "README's example differs from Examples/GettingStarted/main.swift")
+    }
+
+    @Test("without a server the example runs to its end: the changes wait, nothing crashes")
+    func offline() async throws {
+        let folder = try TemporaryDirectory()
+        let run = try await Self.runExample(["ws://127.0.0.1:1", folder.path("app.sqlite")])
+        #expect(run.status == 0)
+        #expect(run.output.hasPrefix("offline: 2 changes wait for the server"), "\(run.output)")
+    }
+
+    @Test("with a server the example pushes its account and transaction")
+    func online() async throws {
+        let server = try TestServer()
+        let folder = try TemporaryDirectory()
+        let run = try await Self.runExample([server.url, folder.path("app.sqlite"), "example-device"])
+        #expect(run.status == 0)
+        #expect(run.output == "synced: 0 changes pending, 0 failed\n", "\(run.output)")
+        let accounts = try server.server.documents(in: try CollectionPath("accounts"))
+        #expect(accounts.map { $0.fields["name"] } == ["Household"])
+        let transactions = try server.server.documents(
+            in: try CollectionPath("accounts/\(accounts[0].id)/transactions"))
+        #expect(transactions.map { $0.fields["label"] } == ["Rent"])
     }
 }

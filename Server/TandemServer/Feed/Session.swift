@@ -46,6 +46,9 @@ final class Session: @unchecked Sendable {
 
     var isHolding: Bool { held != nil }
 
+    /// Frames held back now.
+    var heldCount: Int { held?.count ?? 0 }
+
     /// Holds every outgoing message from now on (an injected delay), keeping their order.
     func hold() {
         if held == nil { held = [] }

@@ -267,7 +267,7 @@ enum Scenarios {
     static func connections(quick: Bool, progress: ProgressLine) async throws -> BenchResult {
         let count = quick ? 200 : 1000
         raiseOpenFilesLimit()
-        let executable = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
+        let executable = Executable.current
         let folder = try TemporaryDirectory(prefix: "tandem-bench-connections")
         let process = try await ServerProcess(dataDirectory: folder.url, executable: executable)
         defer { process.kill(SIGTERM) }
