@@ -23,7 +23,8 @@ public enum SoakScenario {
         var serverOptions = ["--fault-seed", String(options.seed)]
         if options.lostAckRate > 0 { serverOptions += ["--fault-lost-ack", String(options.lostAckRate)] }
         let server = try await ServerProcess.onStablePort(
-            dataDirectory: dataDirectory, options: serverOptions, executable: options.executable)
+            dataDirectory: dataDirectory, options: serverOptions,
+            executable: options.serverExecutable ?? options.executable)
         defer { server.kill() }
 
         let ledger = Ledger()
@@ -41,7 +42,11 @@ public enum SoakScenario {
                 configuration.hooks.afterWriteBack = { ops, results in
                     ledger.acknowledged(by: name, ops, results)
                 }
+                configuration.hooks.snapshotReceived = { snapshot in
+                    ledger.note(name, snapshot, "received")
+                }
                 configuration.hooks.afterApply = { snapshot in
+                    ledger.note(name, snapshot, "applied")
                     guard let database = database.withLock({ $0 }) else { return }
                     ledger.checkReadYourWrites(name, snapshot, database)
                 }
@@ -129,6 +134,9 @@ public struct SoakOptions: Sendable {
     public var quietTimeout: Duration = .seconds(180)
     /// The `tandem` executable that runs the server; by default found next to this program.
     public var executable: URL?
+    /// Another `tandem` executable to run the server with (another build of it), if not
+    /// ``executable``.
+    public var serverExecutable: URL?
 
     public init() {}
 }
@@ -177,6 +185,9 @@ final class Ledger: Sendable {
         var versions: [Key: Int64] = [:]
         /// Per device, the highest version of each document it wrote.
         var written: [String: [String: Int64]] = [:]
+        /// Per device and document, what happened to it last (acknowledgements, snapshots),
+        /// to explain a violation.
+        var history: [String: [String: [String]]] = [:]
         var deletes: Set<Key> = []
         var acknowledged = 0
         var violations: [String] = []
@@ -190,12 +201,33 @@ final class Ledger: Sendable {
                 let key = Key(collection: op.collection.rawValue, id: result.id.rawValue)
                 state.acknowledged += 1
                 state.versions[key] = max(state.versions[key] ?? 0, result.version)
+                Self.remember(&state, device, result.id.rawValue, "ack of \(op.kind) v\(result.version)")
                 if op.kind == .delete {
                     state.deletes.insert(key)
                 } else {
                     state.written[device, default: [:]][result.id.rawValue] = max(
                         state.written[device]?[result.id.rawValue] ?? 0, result.version)
                 }
+            }
+        }
+    }
+
+    /// Keeps the last events of a document on a device.
+    private static func remember(_ state: inout State, _ device: String, _ id: String, _ event: String) {
+        var events = state.history[device, default: [:]][id, default: []]
+        events.append(event)
+        if events.count > 16 { events.removeFirst(events.count - 16) }
+        state.history[device, default: [:]][id] = events
+    }
+
+    /// Records what a snapshot brought (when it was received, when it was applied).
+    func note(_ device: String, _ snapshot: ServerMessage.Snapshot, _ what: String) {
+        state.withLock { state in
+            for change in snapshot.changes {
+                Self.remember(
+                    &state, device, change.document.id.rawValue,
+                    "\(what) \(change.kind) v\(change.document.version) (snapshot \(snapshot.resumeToken)"
+                        + "\(snapshot.initial ? ", initial" : ""))")
             }
         }
     }
@@ -222,9 +254,11 @@ final class Ledger: Sendable {
             state.withLock { $0.violations.append("\(device): cannot read its own versions: \(error)") }
             return
         }
+        let history = state.withLock { $0.history[device] ?? [:] }
         let violations = held.compactMap { id, written, version -> String? in
             guard let version, version < written else { return nil }
-            return "\(device) shows \(id) at version \(version) after writing version \(written)"
+            return "\(device) shows \(id) at version \(version) after writing version \(written); its history there: "
+                + (history[id] ?? []).joined(separator: "; ")
         }
         if !violations.isEmpty { state.withLock { $0.violations += violations } }
     }

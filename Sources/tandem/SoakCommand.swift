@@ -43,6 +43,9 @@ struct SoakCommand: AsyncParsableCommand {
     @Option(help: "Seconds to wait for quiet at the end.")
     var timeout = 180
 
+    @Option(help: "Run the server with this tandem executable (another build) instead of this one.")
+    var serverExecutable: String?
+
     func validate() throws {
         guard (1...50).contains(devices) else { throw ValidationError("--devices must be between 1 and 50") }
         guard ops >= 1 else { throw ValidationError("--ops must be at least 1") }
@@ -71,6 +74,12 @@ struct SoakCommand: AsyncParsableCommand {
         options.lostAckRate = lostAckRate
         options.quietTimeout = .seconds(timeout)
         options.executable = Executable.current
+        if let serverExecutable {
+            guard FileManager.default.isExecutableFile(atPath: serverExecutable) else {
+                throw ValidationError("--server-executable: '\(serverExecutable)' is not an executable file")
+            }
+            options.serverExecutable = URL(fileURLWithPath: serverExecutable)
+        }
 
         emit(
             "Tandem soak: \(devices) devices, \(ops) operations, seed \(seed), disconnect rate \(disconnectRate), "

@@ -423,3 +423,82 @@ struct RaceTests {
             afterRestart.contains { snapshot in snapshot.changes.contains { $0.document.fields["title"] == "Second" } })
     }
 }
+
+@Suite("A stale snapshot queued behind a push")
+struct StaleSnapshotTests {
+    /// The soak's read-your-writes failure (`device-5 shows X at version 1 after writing
+    /// version 2`), forced: the echo of a create arrives while a push is under way and waits
+    /// behind its barrier; the same push updates the document and then, in a later batch,
+    /// deletes it (a delete filed while the push runs goes out in it). When the echo is
+    /// finally applied, the row it would update is gone: without a memory of the
+    /// acknowledged delete, it inserts the document again at version 1.
+    @Test("an echo older than this device's acknowledged delete does not bring the document back")
+    func staleEchoAfterOwnDelete() async throws {
+        let server = try TestServer()
+        let deleteAcknowledged = Mutex<DocumentID?>(nil)
+        let violations = Seen<String>()
+        let deleteAfterUpdate = Mutex<(@Sendable () -> Void)?>(nil)
+        let deviceBox = Mutex<TestDevice?>(nil)
+        let device = try TestDevice(name: "phone", serverURL: server.url) { configuration in
+            // Pushes only when the test asks, one batch at a time: the delete filed after the
+            // update's write-back goes out in the same push.
+            configuration.pushDelay = .seconds(3600)
+            configuration.pushInterval = .seconds(3600)
+            configuration.writesInFlight = 1
+            configuration.hooks.afterWriteBack = { ops, results in
+                if ops.contains(where: { $0.kind == .update }) {
+                    deleteAfterUpdate.withLock { $0 }?()
+                }
+                for (op, result) in zip(ops, results) where op.kind == .delete {
+                    deleteAcknowledged.withLock { $0 = result.id }
+                }
+            }
+            configuration.hooks.afterApply = { snapshot in
+                guard let gone = deleteAcknowledged.withLock({ $0 }),
+                    let device = deviceBox.withLock({ $0 })
+                else { return }
+                let present =
+                    (try? device.database.read { db in
+                        try Int.fetchOne(
+                            db, sql: "SELECT COUNT(*) FROM account WHERE serverId = ?", arguments: [gone.rawValue])
+                    }) ?? 0
+                if present > 0 {
+                    violations.append("after applying \(snapshot.resumeToken), \(gone) is back, deleted before")
+                }
+            }
+        }
+        deviceBox.withLock { $0 = device }
+        device.service.start()
+        try await device.waitUntilConnected()
+
+        // The create is acknowledged; its echo is held by the server.
+        server.server.holdDeliveries()
+        let account = try device.addAccount("Household")
+        try await device.service.syncNow()
+        let serverId = try DocumentID(try #require(try device.serverId(ofAccount: account.id!) as String?))
+
+        // The update goes out; its answer waits behind the held echo. Once the server has the
+        // update, let everything go: the echo arrives while the push still runs.
+        try await device.database.write { db in
+            try db.execute(sql: "UPDATE account SET name = 'Home' WHERE id = ?", arguments: [account.id!])
+        }
+        deleteAfterUpdate.withLock {
+            $0 = {
+                try? device.database.write { db in
+                    try db.execute(sql: "DELETE FROM account WHERE id = ?", arguments: [account.id!])
+                }
+            }
+        }
+        let push = Task { _ = try await device.service.syncNow() }
+        try await waitUntil("the server has the update") {
+            try server.server.document(in: try CollectionPath("accounts"), id: serverId)?.version == 2
+        }
+        server.server.releaseDeliveries()
+        try await push.value
+        try await waitUntil("the delete is acknowledged") { deleteAcknowledged.withLock { $0 } != nil }
+        let report = try await Convergence.waitUntilQuiet(server: server, devices: [device])
+        #expect(report.isConverged, "\(report.firstDifferences)")
+        #expect(violations.all.isEmpty, "\(violations.all)")
+        #expect(try device.accountCount() == 0)
+    }
+}

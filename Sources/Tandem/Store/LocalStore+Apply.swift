@@ -77,6 +77,8 @@ extension LocalStore {
         var filedDeletes: Bool
         /// Some reference or document waits for a row to arrive. Set once a change adds one.
         var waiting: Bool
+        /// Some document is known to be deleted and its tombstone has not arrived yet.
+        var gone: Bool
 
         init(_ db: Database) throws {
             // Of any table: these read the partial indexes on `pendingOp`, which hold only
@@ -91,15 +93,17 @@ extension LocalStore {
                     db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE pendingOp = 'delete')"))
                 ?? true
             waiting = try LocalStore.anythingWaits(db)
+            gone = try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_gone)")) ?? true
         }
 
         /// For changes applied outside a snapshot (a deferred document): look for everything.
-        static let everything = ApplyContext(unansweredCreates: true, filedDeletes: true, waiting: true)
+        static let everything = ApplyContext(unansweredCreates: true, filedDeletes: true, waiting: true, gone: true)
 
-        private init(unansweredCreates: Bool, filedDeletes: Bool, waiting: Bool) {
+        private init(unansweredCreates: Bool, filedDeletes: Bool, waiting: Bool, gone: Bool) {
             self.unansweredCreates = unansweredCreates
             self.filedDeletes = filedDeletes
             self.waiting = waiting
+            self.gone = gone
         }
     }
 
@@ -112,6 +116,19 @@ extension LocalStore {
         receiveTimes(of: document)
         let local = try db.cachedStatement(sql: model.lookupSQL).firstRow(arguments: [serverId]) { row in
             (id: row[0] as Int64, isDirty: row[1] as Bool)
+        }
+
+        if context.gone {
+            // What the device knew of this document's delete: the tombstone brings it now, or
+            // the change is older than the delete (queued before it) and brings nothing.
+            let goneAt = try Int64.fetchOne(
+                db.cachedStatement(sql: "SELECT version FROM tandem_gone WHERE collection = ? AND serverId = ?"),
+                arguments: [collection.rawValue, serverId])
+            if let goneAt {
+                if document.version <= goneAt && !document.deleted { return }
+                try db.cachedStatement(sql: "DELETE FROM tandem_gone WHERE collection = ? AND serverId = ?")
+                    .execute(arguments: [collection.rawValue, serverId])
+            }
         }
 
         if change.kind == .deleted || document.deleted {
@@ -483,6 +500,8 @@ extension LocalStore {
                 """, arguments: arguments)
         for id in gone { try removeRow(model, id: id, db) }
         try db.execute(sql: "DELETE FROM tandem_reset_seen WHERE collection = ?", arguments: [collection.rawValue])
+        // The full snapshot was the whole truth: nothing older can still be on its way.
+        try db.execute(sql: "DELETE FROM tandem_gone WHERE collection = ?", arguments: [collection.rawValue])
         try db.execute(
             sql: "UPDATE tandem_listener SET resetting = 0 WHERE collection = ?", arguments: [collection.rawValue])
         return gone.count

@@ -233,6 +233,7 @@ extension LocalStore {
             if let stored = result.document { receiveTimes(of: stored) }
             if push.op.kind == .delete {
                 try forget(push.table, push.rowId, db)
+                try rememberGone(push.op.collection, result.id, version: result.version, db)
                 continue
             }
             let fieldsJSON = model.keepsServerFields ? Self.fieldsText(push.op.fields ?? [:]) : nil
@@ -314,6 +315,7 @@ extension LocalStore {
         if server.deleted {
             // A remote delete wins over local edits (and completes a local delete).
             if exists { try removeRow(model, id: push.rowId, db) } else { try forget(model.name, push.rowId, db) }
+            try rememberGone(collection, server.id, version: server.version, db)
             return false
         }
         switch push.op.kind {
@@ -375,6 +377,20 @@ extension LocalStore {
     }
 
     /// Drops a row's bookkeeping.
+    /// Remembers that a document is deleted at `version`, until its tombstone arrives through
+    /// the listener: a snapshot that was already queued behind the push (an older version of
+    /// the document) is then not taken for a document to insert.
+    func rememberGone(_ collection: CollectionPath, _ id: DocumentID, version: Int64, _ db: Database) throws {
+        try db.cachedStatement(
+            sql: """
+
+                INSERT INTO tandem_gone (collection, serverId, version) VALUES (?, ?, ?)
+                ON CONFLICT (collection, serverId) DO UPDATE SET version = MAX(version, excluded.version)
+                """
+
+        ).execute(arguments: [collection.rawValue, id.rawValue, version])
+    }
+
     func forget(_ table: String, _ rowId: Int64, _ db: Database) throws {
         try db.cachedStatement(sql: "DELETE FROM tandem_row WHERE tableName = ? AND rowId = ?").execute(arguments: [
             table, rowId,

@@ -103,6 +103,15 @@ enum SyncSchema {
                     PRIMARY KEY (tableName, rowId)
                 );
                 CREATE TABLE IF NOT EXISTS tandem_meta (key TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL);
+                -- Documents this device knows are deleted at a version (its own acknowledged
+                -- deletes, deletes a conflict answer reported) whose tombstone its listener has
+                -- not brought yet: a snapshot queued before the delete must not bring them back.
+                CREATE TABLE IF NOT EXISTS tandem_gone (
+                    collection TEXT NOT NULL,
+                    serverId TEXT NOT NULL,
+                    version INTEGER NOT NULL,
+                    PRIMARY KEY (collection, serverId)
+                ) WITHOUT ROWID;
                 """)
     }
 
