@@ -61,6 +61,10 @@ final class ServiceLoop: @unchecked Sendable {
         protocols[0].name = UnsafePointer(protocolName)
         protocols[0].callback = tandemServiceCallback
         protocols[0].rx_buffer_size = 64 << 10
+        // Unused storage, but libwebsockets calls LWS_CALLBACK_WS_SERVER_DROP_PROTOCOL (where a
+        // close it makes on its own gets a status, see WebSocketConnection.dropping) only for
+        // protocols that have some.
+        protocols[0].per_session_data_size = 8
 
         idlePolicy = .allocate(capacity: 1)
         idlePolicy.initialize(to: lws_retry_bo_t())
@@ -261,7 +265,10 @@ final class ServiceLoop: @unchecked Sendable {
             return connection(of: wsi)?.writable() ?? -1
 
         case LWS_CALLBACK_WS_PEER_INITIATED_CLOSE:
-            connection(of: wsi)?.peerInitiatedClose(input, length)
+            return connection(of: wsi)?.peerInitiatedClose(wsi, input, length) ?? 0
+
+        case LWS_CALLBACK_WS_SERVER_DROP_PROTOCOL:
+            connection(of: wsi)?.dropping(wsi)
             return 0
 
         case LWS_CALLBACK_CLOSED, LWS_CALLBACK_CLIENT_CLOSED, LWS_CALLBACK_WSI_DESTROY:

@@ -1,4 +1,7 @@
 import CLibWebSockets
+#if canImport(Glibc)
+    import Glibc
+#endif
 import Synchronization
 
 /// One WebSocket connection, server side or client side.
@@ -26,6 +29,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     let loop: ServiceLoop
     private let maxQueuedBytes: Int
     private let maxMessageBytes: Int
+    private let idleTimeout: Duration
 
     /// State shared between the caller's threads and the service thread.
     private let state = Mutex(SharedState())
@@ -40,6 +44,12 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     nonisolated(unsafe) private var receiveKind: WebSocketMessage.Kind = .text
     nonisolated(unsafe) private var closeCause: WebSocketCloseEvent?
     nonisolated(unsafe) private var closeDelivered = false
+    /// When the peer last sent anything.
+    nonisolated(unsafe) private var lastReceive = ContinuousClock.now
+    /// A close was decided while reading: what the peer sends from now on is dropped.
+    nonisolated(unsafe) private var discardingInput = false
+    /// The close frame was handed to libwebsockets: nothing more may be written.
+    nonisolated(unsafe) private var closeHanded = false
 
     private struct SharedState {
         var phase: Phase = .connecting
@@ -82,6 +92,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         self.delegate = delegate
         self.maxQueuedBytes = configuration.maxQueuedBytes
         self.maxMessageBytes = configuration.maxMessageBytes
+        self.idleTimeout = .seconds(Int(configuration.idleTimeout))
     }
 
     public static func == (lhs: WebSocketConnection, rhs: WebSocketConnection) -> Bool { lhs === rhs }
@@ -216,16 +227,54 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
             return (Self.takeFlowChange(&s), !s.outbound.isEmpty || s.closeRequest != nil, immediate)
         }
         guard let wsi else { return }
-        if let immediateClose {
-            // The close frame goes out if the socket takes it; either way libwebsockets drops
-            // the connection on its next turn instead of waiting to be writable.
+        if let immediateClose, !closeHanded {
             closeCause = WebSocketCloseEvent(code: immediateClose.code, reason: immediateClose.reason)
-            setCloseReason(wsi, immediateClose.code, immediateClose.reason)
-            lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_ASYNC)
+            closeAtOnce(wsi, immediateClose)
             return
         }
         if let flow { lws_rx_flow_control(wsi, flow ? 1 : 0) }
         if wantsWrite { lws_callback_on_writable(wsi) }
+    }
+
+    /// Closes without waiting for the peer to read: a peer that stopped reading (a send queue
+    /// overflow) never lets the socket become writable, and a close that waits for it never
+    /// comes.
+    ///
+    /// The close frame is written straight into the socket's buffer (`lws_write` with
+    /// `LWS_WRITE_CLOSE`, whose value 4 libwebsockets 4.1 keeps private) when libwebsockets
+    /// holds no part of an earlier message; the kernel delivers it after what is queued, and a
+    /// peer that reads late still finds the status. What the peer sent and nobody read is
+    /// drained first, so that the close ends in FIN, not RST (an RST can make the peer discard
+    /// what it has not read yet). Then libwebsockets drops the connection. When it does hold
+    /// part of a message, the close goes out from the next writable callback if the peer reads
+    /// within 3 seconds; otherwise the connection is dropped without it.
+    private func closeAtOnce(_ wsi: OpaquePointer, _ request: CloseRequest) {
+        closeHanded = true
+        guard lws_partial_buffered(wsi) == 0 else {
+            // The close frame cannot cut into the message under way: it follows it if the peer
+            // reads within a few seconds; otherwise the connection is dropped without it.
+            closeHanded = false
+            lws_callback_on_writable(wsi)
+            lws_set_timeout(wsi, PENDING_TIMEOUT_USER_OK, 3)
+            return
+        }
+        var frame = [UInt8](repeating: 0, count: OutboundMessage.headroom)
+        frame += [UInt8(request.code.rawValue >> 8), UInt8(request.code.rawValue & 0xFF)]
+        frame += Array(request.reason.utf8.prefix(123))
+        let count = frame.count - OutboundMessage.headroom
+        _ = frame.withUnsafeMutableBufferPointer { buffer in
+            lws_write(wsi, buffer.baseAddress! + OutboundMessage.headroom, count, lws_write_protocol(rawValue: 4))
+        }
+        // At most 256 KiB: a peer that keeps sending gets its RST, and the thread moves on.
+        let socket = lws_get_socket_fd(wsi)
+        var drain = [UInt8](repeating: 0, count: 16 << 10)
+        var reads = 0
+        while reads < 16,
+            drain.withUnsafeMutableBytes({ recv(socket, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }) > 0
+        {
+            reads += 1
+        }
+        lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_ASYNC)
     }
 
     private func setCloseReason(_ wsi: OpaquePointer, _ code: WebSocketCloseCode, _ reason: String) {
@@ -257,6 +306,8 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     /// close the connection (after a requested close frame was set up).
     func writable() -> Int32 {
         guard let wsi else { return -1 }
+        // Waiting for the peer's answer to our close: libwebsockets still calls, nothing may go.
+        if closeHanded { return 0 }
         var written = 0
         var drained = false
         while true {
@@ -292,6 +343,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
             case .close(let request):
                 closeCause = WebSocketCloseEvent(code: request.code, reason: request.reason)
                 setCloseReason(wsi, request.code, request.reason)
+                closeHanded = true
                 return -1
             case .idle:
                 if drained { delegate?.webSocketDidDrain(self) }
@@ -307,17 +359,36 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     }
 
     /// Adds a received fragment; delivers the message once it is complete.
+    ///
+    /// Anything received counts as a sign of life for the idle timeout
+    /// (`lws_validity_confirmed`: by itself libwebsockets counts only pongs).
+    ///
+    /// A message over the limit is closed with 1009 as soon as a frame *announces* more than
+    /// the limit, not once that much arrived. The close is never decided by returning -1 here:
+    /// libwebsockets would drop the rest of its read buffer, lose its place in the stream and
+    /// end the connection without the close frame. Instead the connection stops reading what
+    /// follows and closes from its next writable callback.
     func received(_ wsi: OpaquePointer, _ input: UnsafeMutableRawPointer?, _ length: Int) -> Int32 {
+        lastReceive = ContinuousClock.now
+        lws_validity_confirmed(wsi)
+        if discardingInput { return 0 }
         if lws_is_first_fragment(wsi) != 0 {
             receiveBuffer.removeAll(keepingCapacity: receiveBuffer.capacity <= 64 << 10)
             receiveKind = lws_frame_is_binary(wsi) != 0 ? .binary : .text
         }
-        if receiveBuffer.count + length > maxMessageBytes {
+        if receiveBuffer.count + length + Int(lws_remaining_packet_payload(wsi)) > maxMessageBytes {
+            receiveBuffer = []
+            discardingInput = true
             let reason = "message larger than \(maxMessageBytes) bytes"
             closeCause = WebSocketCloseEvent(code: .messageTooBig, reason: reason)
-            setCloseReason(wsi, .messageTooBig, reason)
-            receiveBuffer = []
-            return -1
+            state.withLock { s in
+                s.outbound.removeAll()
+                s.queuedBytes = 0
+                s.phase = .closing
+                s.closeRequest = CloseRequest(code: .messageTooBig, reason: reason)
+            }
+            lws_callback_on_writable(wsi)
+            return 0
         }
         if let input, length > 0 {
             receiveBuffer.append(contentsOf: UnsafeRawBufferPointer(start: input, count: length))
@@ -333,16 +404,46 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         return 0
     }
 
-    /// Records the close frame the peer sent: a 2-byte status, then the reason.
-    func peerInitiatedClose(_ input: UnsafeMutableRawPointer?, _ length: Int) {
+    /// Records the close frame the peer sent: a 2-byte status, then the reason. A body of one
+    /// byte breaks RFC 6455 (§5.5.1: none, or a status of two bytes): that is answered with
+    /// 1002, not echoed.
+    func peerInitiatedClose(_ wsi: OpaquePointer, _ input: UnsafeMutableRawPointer?, _ length: Int) -> Int32 {
+        if length == 1 {
+            let reason = "protocol error: a close frame's body is a 2-byte status and a reason, not 1 byte"
+            closeCause = WebSocketCloseEvent(code: .protocolError, reason: reason)
+            setCloseReason(wsi, .protocolError, reason)
+            return -1
+        }
         guard let input, length >= 2 else {
             closeCause = WebSocketCloseEvent(code: .noStatus, reason: "")
-            return
+            return 0
         }
         let bytes = UnsafeRawBufferPointer(start: input, count: length)
         let code = UInt16(bytes[0]) << 8 | UInt16(bytes[1])
         closeCause = WebSocketCloseEvent(
             code: WebSocketCloseCode(rawValue: code), reason: String(decoding: bytes[2...], as: UTF8.self))
+        return 0
+    }
+
+    /// libwebsockets is closing the connection on its own, before it decides whether to send
+    /// a close frame: it sends one only when a status was set. It closes on its own for two
+    /// reasons that deserve one: the idle timeout (1001), and a frame that broke RFC 6455 (a
+    /// control frame over 125 bytes, a length with its top bit set: 1002). A peer that closed
+    /// the TCP connection, or a close this side or the peer started, is left as it is.
+    func dropping(_ wsi: OpaquePointer) {
+        guard closeCause == nil, lws_get_close_length(wsi) == 0 else { return }
+        if ContinuousClock.now - lastReceive >= idleTimeout - .seconds(1) {
+            let reason = "idle timeout: nothing received for \(idleTimeout.components.seconds) s"
+            closeCause = WebSocketCloseEvent(code: .goingAway, reason: reason)
+            setCloseReason(wsi, .goingAway, reason)
+            return
+        }
+        var byte: UInt8 = 0
+        let peeked = recv(lws_get_socket_fd(wsi), &byte, 1, Int32(MSG_PEEK | MSG_DONTWAIT))
+        guard peeked > 0 || (peeked < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) else { return }
+        let reason = "protocol error: a frame broke RFC 6455"
+        closeCause = WebSocketCloseEvent(code: .protocolError, reason: reason)
+        setCloseReason(wsi, .protocolError, reason)
     }
 
     /// Reports the end of the connection to the delegate, once.

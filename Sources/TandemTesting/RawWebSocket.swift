@@ -120,7 +120,7 @@ public final class RawWebSocket: @unchecked Sendable {
         try await onOwnThread { try self.readFrameBlocking(until: ContinuousClock.now + timeout) }
     }
 
-    /// Reads frames until a text frame arrives, skipping pings and pongs.
+    /// Reads frames until a text frame arrives, answering pings as any WebSocket client does.
     public func readText(timeout: Duration = .seconds(5)) async throws -> String {
         try await onOwnThread {
             let deadline = ContinuousClock.now + timeout
@@ -129,6 +129,7 @@ public final class RawWebSocket: @unchecked Sendable {
                 switch frame.opcode {
                 case .text: return frame.text
                 case .close: throw Failure(description: "closed (\(frame.closeCode ?? 0)): \(frame.closeReason)")
+                case .ping: try? self.sendFrame(opcode: .pong, payload: frame.payload)
                 default: continue
                 }
             }

@@ -18,6 +18,9 @@ import TandemServer
 public final class TestServer: Sendable {
     public let directory: TemporaryDirectory
     private let running = Mutex<TandemServer?>(nil)
+    /// While stopped, the port is held (bound, not listening): a device trying it is refused,
+    /// and no server another test starts meanwhile can take it.
+    private let held = Mutex<RefusingPort?>(nil)
     private let baseConfiguration: ServerConfiguration
 
     /// - Parameter configure: Adjusts the configuration (limits, retention, clock).
@@ -43,17 +46,21 @@ public final class TestServer: Sendable {
     public var url: String { "ws://127.0.0.1:\(port)" }
     public var port: Int { baseConfiguration.port }
 
-    /// Stops the server: connections close with 1001, the database is closed.
+    /// Stops the server: connections close with 1001, the database is closed. The port stays
+    /// reserved for ``start()``.
     public func stop() {
         let server = running.withLock { server in
             defer { server = nil }
             return server
         }
-        server?.shutdown()
+        guard let server else { return }
+        server.shutdown()
+        held.withLock { $0 = try? RefusingPort(port: port) }
     }
 
     /// Starts a stopped server again on the same port and data folder.
     public func start() throws {
+        held.withLock { $0 = nil }
         let server = try TandemServer(configuration: baseConfiguration)
         running.withLock { $0 = server }
     }

@@ -29,9 +29,8 @@ struct ServiceBehaviorTests {
 
     @Test("with the server down, syncNow fails with disconnected once its wait is over; the row stays pending")
     func syncNowOffline() async throws {
-        let server = try TestServer()
-        let phone = try TestDevice(name: "phone", serverURL: server.url)
-        server.stop()
+        let offline = try RefusingPort()
+        let phone = try TestDevice(name: "phone", serverURL: offline.url)
         phone.service.start()
         try phone.addAccount("Household")
         await #expect(throws: TandemError.self) {

@@ -13,12 +13,11 @@ struct ConnectionTests {
         // release build, about one in 500 in a debug build, hence the many attempts).
         // The port stays bound, not listening, until the end: connects to it are refused, and
         // no server started meanwhile by another test can take it.
-        let (socket, port) = try boundPort()
-        defer { close(socket) }
+        let refusing = try RefusingPort()
         for attempt in 0..<2000 {
             do {
                 let connection = try await ServerConnection.connect(
-                    to: "ws://127.0.0.1:\(port)", clientId: "c\(attempt)", timeout: .seconds(2))
+                    to: refusing.url, clientId: "c\(attempt)", timeout: .seconds(2))
                 connection.close()
                 Issue.record("attempt \(attempt) connected to a closed port")
             } catch let error as TandemError {
@@ -27,28 +26,4 @@ struct ConnectionTests {
             }
         }
     }
-
-    /// A socket bound to a free loopback port, and the port.
-    private func boundPort() throws -> (socket: Int32, port: Int) {
-        let socket = Foundation.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        address.sin_port = 0
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { raw in
-                bind(socket, raw, length) == 0 && getsockname(socket, raw, &length) == 0
-            }
-        }
-        guard bound else {
-            close(socket)
-            throw ConnectionTestFailure(description: "cannot bind a loopback port: errno \(errno)")
-        }
-        return (socket, Int(UInt16(bigEndian: address.sin_port)))
-    }
-}
-
-struct ConnectionTestFailure: Error, CustomStringConvertible {
-    var description: String
 }

@@ -1,0 +1,141 @@
+import Foundation
+import Synchronization
+import TandemServer
+import TandemTesting
+import TandemWire
+import Testing
+
+/// The close frames PROTOCOL.md promises, read off the wire by a client that does the RFC 6455
+/// framing by hand.
+@Suite("Close codes on the wire")
+struct CloseCodeTests {
+    static func session(_ server: TestServer, receiveBufferSize: Int? = nil) async throws -> RawWebSocket {
+        let raw = try RawWebSocket(port: server.port, receiveBufferSize: receiveBufferSize)
+        try raw.send(text: #"{"type":"hello","protocol":1,"clientId":"closer"}"#)
+        _ = try await raw.readText()
+        return raw
+    }
+
+    @Test("a ping with a 200-byte payload (control frames carry at most 125) is closed with 1002")
+    func oversizePing() async throws {
+        let server = try TestServer()
+        let raw = try await Self.session(server)
+        try raw.sendFrame(opcode: .ping, payload: Array(repeating: 0x41, count: 200))
+        let close = try await raw.readClose(timeout: .seconds(10))
+        #expect(close.closeCode == 1002, "\(close.closeReason)")
+    }
+
+    @Test("a close frame with a 1-byte body is answered with 1002, not echoed")
+    func oneByteClose() async throws {
+        let server = try TestServer()
+        let raw = try await Self.session(server)
+        try raw.sendFrame(opcode: .close, payload: [0x03])
+        let close = try await raw.readClose(timeout: .seconds(10))
+        #expect(close.closeCode == 1002, "\(close.payload)")
+    }
+
+    @Test("a frame announcing 2^62 bytes is closed with 1009 at once, while the peer keeps sending")
+    func hugeAnnouncedLength() async throws {
+        let server = try TestServer()
+        let raw = try await Self.session(server)
+        // FIN + text, masked, 64-bit length 2^62, mask, then some payload.
+        var header: [UInt8] = [0x81, 0x80 | 127]
+        header += [0x40, 0, 0, 0, 0, 0, 0, 0]
+        header += [1, 2, 3, 4]
+        try raw.sendRaw(header + Array(repeating: 0x20, count: 70_000))
+        let close = try await raw.readClose(timeout: .seconds(10))
+        #expect(close.closeCode == 1009, "\(close.closeReason)")
+    }
+
+    @Test(
+        "a message over the limit, in fragments of any size, is closed with 1009 every time",
+        arguments: [4096, 50_000, 65_536])
+    func oversizeFragments(fragment: Int) async throws {
+        let server = try TestServer { $0.limits.maxMessageBytes = 256 << 10 }
+        for attempt in 0..<10 {
+            let raw = try await Self.session(server)
+            var wire: [UInt8] = []
+            let total = 300 << 10
+            var sent = 0
+            while sent < total {
+                let size = min(fragment, total - sent)
+                wire += RawWebSocket.frame(
+                    opcode: sent == 0 ? .text : .continuation, payload: Array(repeating: 0x20, count: size),
+                    fin: sent + size == total)
+                sent += size
+            }
+            try? raw.sendRaw(wire)
+            let close = try await raw.readClose(timeout: .seconds(10))
+            #expect(close.closeCode == 1009, "attempt \(attempt): \(close.closeReason)")
+        }
+    }
+
+    @Test("a client whose send queue overflows finds a 1008 close frame when it reads, however late")
+    func overflowCloseFrame() async throws {
+        let server = try TestServer { $0.maxQueuedBytesPerConnection = 256 << 10 }
+        let stalled = try await Self.session(server, receiveBufferSize: 4096)
+        try stalled.send(text: #"{"type":"listen","target":"t","collection":"big"}"#)
+        let writer = try await connect(server)
+        let blob = String(repeating: "x", count: 60_000)
+        // The stalled client reads nothing while changes pile up for it.
+        try await waitUntil("the stalled client's queue overflowed", timeout: .seconds(60)) {
+            _ = try await writer.create("big", ["blob": .string(blob)])
+            return server.server.stats.connections == 1
+        }
+        let close = try await stalled.readClose(timeout: .seconds(20))
+        #expect(close.closeCode == 1008, "\(close.closeReason)")
+        #expect(close.closeReason.hasPrefix("send queue overflow"), "\(close.closeReason)")
+    }
+
+    @Test("a connection dropped by an injected fault gets 1011")
+    func injectedFault() async throws {
+        let server = try TestServer { $0.faults = FaultPlan(seed: 1, dropConnectionAfter: 2) }
+        let raw = try await Self.session(server)
+        try raw.send(text: #"{"type":"get","request":"r","collection":"c","id":"x"}"#)
+        let close = try await raw.readClose(timeout: .seconds(10))
+        #expect(close.closeCode == 1011)
+        #expect(close.closeReason.hasPrefix("injected fault"), "\(close.closeReason)")
+    }
+
+    @Test("a client silent past the idle timeout is closed with 1001; one that only sends data stays")
+    func idleTimeout() async throws {
+        let server = try TestServer { configuration in
+            configuration.pingInterval = 2
+            configuration.idleTimeout = 5
+        }
+        let silent = try await Self.session(server)
+        let talker = try await Self.session(server)
+        // The talker sends a get every 100 ms from a thread of its own (not the test's task,
+        // which a loaded machine may hold up for seconds) and never answers a ping.
+        let gaps = Mutex<Duration>(.zero)
+        let talking = Task {
+            try await onOwnThread {
+                let started = ContinuousClock.now
+                var last = started
+                while ContinuousClock.now - started < .seconds(8) {
+                    try talker.send(text: #"{"type":"get","request":"r","collection":"c","id":"x"}"#)
+                    let now = ContinuousClock.now
+                    gaps.withLock { $0 = max($0, now - last) }
+                    last = now
+                    Thread.sleep(forTimeInterval: 0.1)
+                }
+            }
+        }
+        let close = try await silent.readClose(timeout: .seconds(30))
+        #expect(close.closeCode == 1001, "\(close.closeReason)")
+        #expect(close.closeReason.hasPrefix("idle timeout"), "\(close.closeReason)")
+        do { try await talking.value } catch {
+            var frames: [String] = []
+            while let frame = try? await talker.readFrame(timeout: .seconds(1)) {
+                frames.append("\(frame.opcode) \(frame.closeCode ?? 0) \(frame.closeReason) \(frame.text.prefix(80))")
+            }
+            Issue.record(
+                "the talker was closed: \(error); it received: \(frames.suffix(3)); longest pause between its sends: \(gaps.withLock { $0 })"
+            )
+            return
+        }
+        try talker.send(text: #"{"type":"get","request":"last","collection":"c","id":"x"}"#)
+        var answer = ""
+        while !answer.contains(#""request":"last""#) { answer = try await talker.readText() }
+    }
+}
