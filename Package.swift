@@ -24,6 +24,12 @@ let package = Package(
             pkgConfig: "libwebsockets",
             providers: [.apt(["libwebsockets-dev"]), .brew(["libwebsockets"])]
         ),
+        .systemLibrary(
+            name: "CLibPQ",
+            path: "Sources/CLibPQ",
+            pkgConfig: "libpq",
+            providers: [.apt(["libpq-dev"]), .brew(["libpq"])]
+        ),
         .target(name: "TandemWire"),
         .target(
             name: "TandemSocket",
@@ -37,6 +43,7 @@ let package = Package(
             dependencies: [
                 "TandemWire",
                 "TandemSocket",
+                "CLibPQ",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
             ],

@@ -23,8 +23,9 @@ public struct ServerConfiguration: Sendable {
     public var faults: FaultPlan?
     /// The port; 0 picks a free one (see ``TandemServer/port``). Default: 7878.
     public var port = 7878
-    /// The folder of the SQLite database (`tandem.sqlite`), created if missing.
-    public var dataDirectory: URL
+    /// Where documents are kept: a SQLite file in a folder (one server), or a PostgreSQL
+    /// database (any number of server nodes).
+    public var storage: Storage
     /// Message, write, listener and document limits, announced in `welcome`.
     public var limits = Limits.default
     /// How long a deleted document's tombstone is kept. A listener whose resume token is older
@@ -52,9 +53,41 @@ public struct ServerConfiguration: Sendable {
     public var clock: @Sendable () -> Int64 = { Int64((Date().timeIntervalSince1970 * 1000).rounded()) }
     public var logger = Logger(label: "tandem.server")
 
+    /// A server keeping its documents in SQLite in `dataDirectory` (`tandem.sqlite`, created
+    /// if missing).
     public init(dataDirectory: URL) {
-        self.dataDirectory = dataDirectory
+        storage = .sqlite(directory: dataDirectory)
     }
+
+    public init(storage: Storage) {
+        self.storage = storage
+    }
+
+    /// Where a server keeps its documents.
+    public enum Storage: Sendable, CustomStringConvertible {
+        /// `tandem.sqlite` in this folder, for one server process.
+        case sqlite(directory: URL)
+        /// A PostgreSQL database, shared by every server node given the same URL, like
+        /// `postgresql://tandem@/tandem?host=/run/postgresql&port=5432`.
+        case postgres(url: String)
+
+        public var description: String {
+            switch self {
+            case .sqlite(let directory): "SQLite in \(directory.path)"
+            case .postgres(let url): "PostgreSQL at \(Self.withoutPassword(url))"
+            }
+        }
+
+        /// A URL with any password replaced, for logs.
+        static func withoutPassword(_ url: String) -> String {
+            guard var components = URLComponents(string: url), components.password != nil else { return url }
+            components.password = "***"
+            return components.string ?? url
+        }
+    }
+
+    /// A name for this node in health reports and logs. Default: `HOST:PORT`.
+    public var nodeName: String?
 
     var socketConfiguration: WebSocketConfiguration {
         var socket = WebSocketConfiguration()

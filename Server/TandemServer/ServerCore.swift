@@ -42,6 +42,10 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
     var faults: FaultInjector?
     /// While true, every delivery is held until ``releaseDeliveries()`` (tests).
     var holdsDeliveries = false
+    /// False while the store cannot be reached (PostgreSQL down or cut off): the node then
+    /// closes its connections (1013) and turns new ones away, so that clients go to a node
+    /// that can serve them.
+    var storeReachable = true
     private var maintenance: DispatchSourceTimer?
     var isStopped = false
 
@@ -215,6 +219,13 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
     }
 
     private func greet(_ session: Session, _ hello: ClientMessage.Hello) {
+        guard storeReachable else {
+            let reason = "store unavailable: this node cannot reach its database; try another node or later"
+            session.send(WireError(.internal, reason))
+            session.connection.close(code: .tryAgainLater, reason: reason)
+            session.isClosed = true
+            return
+        }
         guard session.clientId == nil else {
             session.send(WireError(.badMessage, "hello was already received on this connection"))
             return
@@ -268,6 +279,39 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
         session.isClosed = true
     }
 
+    // MARK: - The store's news
+
+    /// Another node committed to these collections (nil: read every followed feed, after the
+    /// store's connection came back or on its periodic check).
+    func storeNews(_ collections: Set<CollectionPath>?) {
+        guard !isStopped, storeReachable else { return }
+        if let collections {
+            scheduleFeedRound(collections.filter { followed[$0] != nil })
+        } else {
+            scheduleFeedRound(Set(followed.keys))
+        }
+    }
+
+    /// The store stopped or started answering.
+    func storeReachability(_ reachable: Bool) {
+        guard !isStopped, reachable != storeReachable else { return }
+        storeReachable = reachable
+        if reachable {
+            logger.notice("the store answers again; accepting connections")
+            return
+        }
+        logger.error(
+            "the store is unreachable; closing connections so that clients go to another node",
+            metadata: ["tandem.connections": "\(sessions.count)"])
+        for session in sessions.values where !session.isClosed {
+            session.connection.close(
+                code: .tryAgainLater, reason: "store unavailable: this node lost its database; reconnect")
+            session.isClosed = true
+            for listener in session.listeners.values { remove(listener) }
+            session.listeners = [:]
+        }
+    }
+
     /// Holds the deliveries of every connection until ``releaseDeliveries()``.
     func holdDeliveries() {
         flushWrites()
@@ -317,5 +361,9 @@ extension ClientMessage {
 extension Duration {
     var milliseconds: Int64 {
         components.seconds * 1000 + components.attoseconds / 1_000_000_000_000_000
+    }
+
+    var seconds: Double {
+        Double(components.seconds) + Double(components.attoseconds) / 1e18
     }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Logging
 import TandemSocket
 import TandemWire
@@ -51,14 +52,23 @@ public final class TandemServer: Sendable {
             throw ServerError(.invalidConfiguration, "limits must be positive (messages at least 1 KiB): \(limits)")
         }
         self.configuration = configuration
+        // The store calls back before the core exists; the box hands its news on once it does.
+        let relay = StoreRelay()
         let store: any DocumentStore
         do {
-            store = try SQLiteStore(directory: configuration.dataDirectory, logger: configuration.logger)
+            switch configuration.storage {
+            case .sqlite(let directory):
+                store = try SQLiteStore(directory: directory, logger: configuration.logger)
+            case .postgres(let url):
+                store = try PostgresStore(
+                    url: url, logger: configuration.logger, onNews: { relay.news($0) },
+                    onReachability: { relay.reachability($0) })
+            }
         } catch {
-            throw ServerError(
-                .storage, "cannot open the database in \(configuration.dataDirectory.path): \(error)")
+            throw ServerError(.storage, "cannot open the store (\(configuration.storage)): \(error)")
         }
         let core = ServerCore(configuration: configuration, store: store)
+        relay.attach(core)
         do {
             socket = try WebSocketServer(
                 host: configuration.host, port: configuration.port, configuration: configuration.socketConfiguration,
@@ -73,7 +83,7 @@ public final class TandemServer: Sendable {
         configuration.logger.info(
             "listening",
             metadata: [
-                "tandem.url": "\(url)", "tandem.data": "\(configuration.dataDirectory.path)",
+                "tandem.url": "\(url)", "tandem.store": "\(configuration.storage)",
                 "tandem.access": "\(configuration.access == nil ? "open (loopback only)" : "tokens and rules")",
             ])
     }
@@ -145,5 +155,23 @@ public final class TandemServer: Sendable {
     /// Every live document of the collection, in the order of their last write.
     public func documents(in collection: CollectionPath) throws -> [Document] {
         try core.queue.sync { try core.store.documents(in: collection) }
+    }
+}
+
+/// Hands the store's news (another node's commits, the database's reachability), which come on
+/// the store's own thread, to the core's queue.
+private final class StoreRelay: Sendable {
+    private let core = Mutex<ServerCore?>(nil)
+
+    func attach(_ core: ServerCore) { self.core.withLock { $0 = core } }
+
+    func news(_ collections: Set<CollectionPath>?) {
+        guard let core = core.withLock({ $0 }) else { return }
+        core.queue.async { core.storeNews(collections) }
+    }
+
+    func reachability(_ reachable: Bool) {
+        guard let core = core.withLock({ $0 }) else { return }
+        core.queue.async { core.storeReachability(reachable) }
     }
 }

@@ -25,6 +25,8 @@ public struct WebSocketCloseCode: RawRepresentable, Hashable, Sendable, CustomSt
     public static let messageTooBig = WebSocketCloseCode(rawValue: 1009)
     /// 1011: the endpoint hit an unexpected condition.
     public static let internalError = WebSocketCloseCode(rawValue: 1011)
+    /// 1013: try again later (IANA registry): the server cannot serve now, another may.
+    public static let tryAgainLater = WebSocketCloseCode(rawValue: 1013)
 
     public var description: String { String(rawValue) }
 }

@@ -25,7 +25,7 @@ public enum DemoScenario {
     ) async throws -> DemoResult {
         let started = ContinuousClock.now
         var random = SeededGenerator(seed: options.seed)
-        let server = try TestServer()
+        let server = try await TestServer()
         defer { server.stop() }
 
         let ackDelay = options.ackDelay

@@ -11,7 +11,7 @@ import TandemWire
 /// For example:
 ///
 /// ```swift
-/// let server = try TestServer()
+/// let server = try await TestServer()
 /// let phone = try TestDevice(name: "phone", serverURL: server.url)   // the cash-flow model
 /// phone.service.start()
 /// try await phone.database.write { db in … }

@@ -3,15 +3,19 @@ import Synchronization
 import TandemServer
 
 /// A companion server for tests: in this process, on a free port, with its data in a
-/// temporary folder that is removed afterwards.
+/// temporary folder (or a fresh PostgreSQL database) that is removed afterwards.
 ///
 /// For example:
 ///
 /// ```swift
-/// let server = try TestServer()
+/// let server = try await TestServer()
 /// defer { server.stop() }
-/// let device = try await TestDevice(server: server)
+/// let device = try TestDevice(name: "phone", serverURL: server.url)
 /// ```
+///
+/// The store comes from the environment, so that the same tests run against both:
+/// `TANDEM_TEST_STORE=postgres` puts each test server's documents in a database of its own in
+/// the shared throwaway PostgreSQL cluster (``PostgresCluster/shared()``); otherwise SQLite.
 ///
 /// ``restart()`` stops the server and starts it again on the same port and data, as a
 /// server process restart would, so clients reconnect to the same URL.
@@ -22,11 +26,25 @@ public final class TestServer: Sendable {
     /// and no server another test starts meanwhile can take it.
     private let held = Mutex<RefusingPort?>(nil)
     private let baseConfiguration: ServerConfiguration
+    private let database: (cluster: PostgresCluster, url: String)?
 
-    /// - Parameter configure: Adjusts the configuration (limits, retention, clock).
-    public init(configure: (inout ServerConfiguration) -> Void = { _ in }) throws {
+    /// Which store test servers use: `TANDEM_TEST_STORE` (`sqlite`, the default, or `postgres`).
+    public static var storeKind: String {
+        ProcessInfo.processInfo.environment["TANDEM_TEST_STORE"] ?? "sqlite"
+    }
+
+    /// - Parameter configure: Adjusts the configuration (limits, retention, clock, storage).
+    public init(configure: (inout ServerConfiguration) -> Void = { _ in }) async throws {
         directory = try TemporaryDirectory(prefix: "tandem-server")
         var configuration = ServerConfiguration(dataDirectory: directory.url)
+        var database: (cluster: PostgresCluster, url: String)?
+        if Self.storeKind == "postgres" {
+            let cluster = try await PostgresCluster.shared()
+            let url = try await onOwnThread { try cluster.createDatabase() }
+            configuration.storage = .postgres(url: url)
+            database = (cluster, url)
+        }
+        self.database = database
         configuration.port = 0
         configuration.logger.logLevel = .warning
         configure(&configuration)
@@ -73,5 +91,8 @@ public final class TestServer: Sendable {
 
     public var isRunning: Bool { running.withLock { $0 != nil } }
 
-    deinit { stop() }
+    deinit {
+        stop()
+        if let database { database.cluster.dropDatabase(url: database.url) }
+    }
 }

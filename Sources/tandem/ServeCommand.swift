@@ -9,14 +9,16 @@ struct ServeCommand: AsyncParsableCommand {
         commandName: "serve",
         abstract: "Run the companion server.",
         discussion: """
-            Documents are kept in SQLite in the data folder. Without access control the server \
-            only listens on loopback. With --tokens and/or --rules, clients present a token and \
+            Documents are kept in SQLite in the data folder, or, with --postgres, in a PostgreSQL \
+            database that any number of server nodes share (see docs/SCALE-OUT.md). Without \
+            access control the server only listens on loopback. With --tokens and/or --rules, clients present a token and \
             everything the rules do not allow is denied (file formats in the README).
 
             Examples:
               tandem serve
               tandem serve --port 0 --data /tmp/tandem     (any free port)
               tandem serve --host 0.0.0.0 --tokens tokens.json --rules rules.json
+              tandem serve --port 7001 --postgres 'postgresql://tandem@/tandem?host=/run/postgresql'
             """)
 
     @Option(help: "The address to listen on (loopback only without access control).")
@@ -25,8 +27,14 @@ struct ServeCommand: AsyncParsableCommand {
     @Option(help: "The port; 0 picks a free one.")
     var port = 7878
 
-    @Option(help: "The data folder, created if missing.")
-    var data = "./tandem-data"
+    @Option(help: "The data folder of the SQLite store, created if missing (default: ./tandem-data).")
+    var data: String?
+
+    @Option(
+        help: ArgumentHelp(
+            "Keep documents in this PostgreSQL database instead of SQLite: every node given the same URL serves the same data.",
+            valueName: "url"))
+    var postgres: String?
 
     @Option(help: "A JSON file of bearer tokens and the user each names: {\"tokens\": {\"TOKEN\": \"USER\"}}.")
     var tokens: String?
@@ -87,6 +95,13 @@ struct ServeCommand: AsyncParsableCommand {
     var maintenanceSeconds = 3600
 
     func validate() throws {
+        if postgres != nil && data != nil {
+            throw ValidationError("--data and --postgres choose the store: give one of them, not both")
+        }
+        if let postgres, !(postgres.hasPrefix("postgresql://") || postgres.hasPrefix("postgres://") || postgres.contains("=")) {
+            throw ValidationError(
+                "--postgres takes a PostgreSQL URL, like postgresql://tandem@/tandem?host=/run/postgresql&port=5432; got '\(postgres)'")
+        }
         guard (0...65535).contains(port) else {
             throw ValidationError("--port must be between 0 and 65535, not \(port)")
         }
@@ -122,7 +137,12 @@ struct ServeCommand: AsyncParsableCommand {
             handler.logLevel = level
             return handler
         }
-        var configuration = ServerConfiguration(dataDirectory: URL(fileURLWithPath: data).standardizedFileURL)
+        var configuration =
+            if let postgres {
+                ServerConfiguration(storage: .postgres(url: postgres))
+            } else {
+                ServerConfiguration(dataDirectory: URL(fileURLWithPath: data ?? "./tandem-data").standardizedFileURL)
+            }
         configuration.host = host
         configuration.port = port
         configuration.limits = Limits(
@@ -158,7 +178,7 @@ struct ServeCommand: AsyncParsableCommand {
             throw CLIError(error.description)
         }
         emit("listening on \(server.url)")
-        emit("data in \(configuration.dataDirectory.path)")
+        emit("store: \(configuration.storage)")
         if configuration.access == nil {
             emit("access: open, no access control, so the server accepts connections from this machine only")
         } else {

@@ -9,7 +9,7 @@ import Testing
 struct BasicSyncTests {
     @Test("an account and its entries created on one device appear on the other")
     func createAndReceive() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let phone = try TestDevice(name: "phone", serverURL: server.url)
         let laptop = try TestDevice(name: "laptop", serverURL: server.url)
         phone.service.start()
@@ -32,7 +32,7 @@ struct BasicSyncTests {
 
     @Test("edits and deletes travel both ways")
     func editsAndDeletes() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let phone = try TestDevice(name: "phone", serverURL: server.url)
         let laptop = try TestDevice(name: "laptop", serverURL: server.url)
         phone.service.start()
@@ -55,7 +55,7 @@ struct BasicSyncTests {
 
     @Test("a private account stays on its device")
     func privateStaysLocal() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let phone = try TestDevice(name: "phone", serverURL: server.url)
         phone.service.start()
         let secret = try phone.addAccount("Secret", shared: false)

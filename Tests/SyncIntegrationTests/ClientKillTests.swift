@@ -87,7 +87,7 @@ struct ClientKillTests {
     /// killed with SIGKILL once the server acknowledged their push, before the answer is
     /// written back.
     static func killDuringPush() async throws -> (TestServer, TemporaryDirectory, held: String) {
-        let server = try TestServer()
+        let server = try await TestServer()
         let folder = try TemporaryDirectory(prefix: "tandem-killed-phone")
         // The account is synced first, so that the push the kill interrupts is of entries.
         do {
@@ -110,7 +110,7 @@ struct ClientKillTests {
         "killed inside the transaction applying a snapshot: nothing of it is kept, the resume token neither; reopened, it converges without duplicates"
     )
     func killedMidApply() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let laptop = try TestDevice(name: "laptop", serverURL: server.url)
         laptop.service.start()
         let account = try laptop.addAccount("Household")

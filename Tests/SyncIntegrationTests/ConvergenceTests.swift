@@ -7,7 +7,7 @@ import Testing
 struct ConvergenceTests {
     @Test("local writes succeed with the server down; on reconnect everything converges")
     func offline() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let phone = try TestDevice(name: "phone", serverURL: server.url)
         let laptop = try TestDevice(name: "laptop", serverURL: server.url)
         phone.service.start()

@@ -14,7 +14,7 @@ struct FaultTests {
     /// A phone writes `count` entries while the server injects `plan`; then the faults stop
     /// and everything must converge, with no write lost or doubled.
     func writeThrough(_ plan: FaultPlan, count: Int = 40) async throws -> FaultCounts {
-        let server = try TestServer { $0.faults = plan }
+        let server = try await TestServer { $0.faults = plan }
         let device = { (name: String) in
             try TestDevice(name: name, serverURL: server.url) { configuration in
                 configuration.maxAttempts = 1000  // transient faults must not fail rows for good
@@ -67,7 +67,7 @@ struct FaultTests {
 
     @Test("deliveries delayed at random arrive late but in commit order")
     func delayedDeliveries() async throws {
-        let server = try TestServer {
+        let server = try await TestServer {
             $0.faults = FaultPlan(seed: 6, delayedDeliveryRate: 0.5, deliveryDelay: .milliseconds(50))
         }
         let listener = try await ServerConnection.connect(to: server.url, clientId: "listener")
@@ -114,7 +114,7 @@ struct FaultTests {
     @Test("the same seed makes the same decisions for the same messages")
     func replay() async throws {
         func pattern() async throws -> [Bool] {
-            let server = try TestServer { $0.faults = FaultPlan(seed: 42, rejectedWriteRate: 0.5) }
+            let server = try await TestServer { $0.faults = FaultPlan(seed: 42, rejectedWriteRate: 0.5) }
             let client = try await ServerConnection.connect(to: server.url, clientId: "replay")
             defer { client.close() }
             var refused: [Bool] = []

@@ -14,7 +14,7 @@ struct RaceTests {
     private func createWithEchoBeforeWriteBack(_ serialization: Serialization) async throws
         -> (device: TestDevice, serverId: DocumentID, server: TestServer)
     {
-        let server = try TestServer()
+        let server = try await TestServer()
         let afterAck = Checkpoint()
         let acknowledged = Seen<DocumentID>()
         let received = Seen<ServerMessage.Snapshot>()
@@ -72,7 +72,7 @@ struct RaceTests {
 
     @Test("an edit made while its push is in flight is not lost: the row stays dirty and goes out on the new base")
     func editDuringPush() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let afterAck = Checkpoint()
         let device = try TestDevice(name: "phone", serverURL: server.url) { configuration in
             configuration.hooks.afterAck = { _ in afterAck.pause() }
@@ -100,7 +100,7 @@ struct RaceTests {
 
     @Test("a lost acknowledgement: the resend with the same idempotency key yields the same server id and one document")
     func lostAcknowledgement() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let drops = Mutex(1)
         let keys = Seen<String>()
         let device = try TestDevice(name: "phone", serverURL: server.url) { configuration in
@@ -129,7 +129,7 @@ struct RaceTests {
         "a create whose acknowledgement was lost is recognized by its key when its document arrives through the listener"
     )
     func lostAcknowledgementAdoptedFromListener() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let drops = Mutex(1)
         let device = try TestDevice(name: "phone", serverURL: server.url) { configuration in
             // One lost answer exhausts the attempts: the row is failed and not pushed again, so
@@ -158,7 +158,7 @@ struct RaceTests {
 
     @Test("a create whose answer was lost and whose document was deleted meanwhile is removed, not resurrected")
     func unansweredCreateDeletedRemotely() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let laptop = try TestDevice(name: "laptop", serverURL: server.url)
         laptop.service.start()
         let drops = Mutex(0)
@@ -200,7 +200,7 @@ struct RaceTests {
 
     @Test("an edit made after an update's answer was lost is pushed, not taken for pushed by the resend")
     func editAfterLostUpdateAnswer() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let drops = Mutex(0)
         let phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
             configuration.reconnectDelay = .seconds(30)
@@ -238,7 +238,7 @@ struct RaceTests {
 
     @Test("snapshots that arrive before the first push completes are applied after it, without duplicates")
     func snapshotBeforeFirstPush() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let laptop = try TestDevice(name: "laptop", serverURL: server.url)
         laptop.service.start()
 
@@ -272,7 +272,7 @@ struct RaceTests {
 
     @Test("changes made offline are pushed before the listeners resume, then everything converges")
     func offlineChangesPushedFirst() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let laptop = try TestDevice(name: "laptop", serverURL: server.url)
         laptop.service.start()
         let household = try laptop.addAccount("Household")
@@ -339,7 +339,7 @@ struct RaceTests {
                         title TEXT NOT NULL, isShared INTEGER NOT NULL DEFAULT 1);
                     """)
         }
-        let server = try TestServer()
+        let server = try await TestServer()
         let laptop = try TestDevice(name: "laptop", serverURL: server.url, model: model)
         laptop.service.start()
         try await laptop.database.write { db in
@@ -378,7 +378,7 @@ struct RaceTests {
     @Test(
         "the resume token is stored with the changes: a client killed between two snapshots misses and repeats nothing")
     func resumeTokenWithChanges() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let phone = try TestDevice(name: "phone", serverURL: server.url)
         phone.service.start()
         let account = try phone.addAccount("Household")
@@ -434,7 +434,7 @@ struct StaleSnapshotTests {
     /// acknowledged delete, it inserts the document again at version 1.
     @Test("an echo older than this device's acknowledged delete does not bring the document back")
     func staleEchoAfterOwnDelete() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let deleteAcknowledged = Mutex<DocumentID?>(nil)
         let violations = Seen<String>()
         let deleteAfterUpdate = Mutex<(@Sendable () -> Void)?>(nil)

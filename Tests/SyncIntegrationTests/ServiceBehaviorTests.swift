@@ -10,7 +10,7 @@ import Testing
 struct ServiceBehaviorTests {
     @Test("syncNow waits for a connection attempt under way, however short its connectionWait")
     func syncNowWaitsForAttemptUnderWay() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let attempt = Checkpoint()
         let phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
             configuration.hooks.beforeConnect = { attempt.pause() }
@@ -41,7 +41,7 @@ struct ServiceBehaviorTests {
 
     @Test("a row the server refuses fails at once and is listed with the reason; the others still sync")
     func refusalFailsAtOnce() async throws {
-        let server = try TestServer { $0.limits.maxDocumentBytes = 512 }
+        let server = try await TestServer { $0.limits.maxDocumentBytes = 512 }
         let phone = try TestDevice(name: "phone", serverURL: server.url)
         phone.service.start()
         let account = try phone.addAccount("Household")
@@ -66,7 +66,7 @@ struct ServiceBehaviorTests {
 
     @Test("a row whose push keeps failing becomes failed after the configured attempts, then retries on demand")
     func attemptsExhausted() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let drops = Mutex(2)
         let phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
             configuration.maxAttempts = 2
@@ -90,7 +90,7 @@ struct ServiceBehaviorTests {
 
     @Test("a backlog longer than one push's 64 batches is pushed in full without waiting for the periodic push")
     func longBacklog() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
             configuration.maxBatchSize = 2
             configuration.pushInterval = .seconds(3600)
@@ -111,7 +111,7 @@ struct ServiceBehaviorTests {
     @Test("last write wins: of two offline edits of one entry, the later one wins on every device")
     func lastWriteWins() async throws {
         let clock = TestClock()
-        let server = try TestServer { $0.clock = { clock.now() } }
+        let server = try await TestServer { $0.clock = { clock.now() } }
         let phone = try TestDevice(name: "phone", serverURL: server.url) { $0.clock = clock }
         let laptop = try TestDevice(name: "laptop", serverURL: server.url) { $0.clock = clock }
         phone.service.start()
@@ -140,7 +140,7 @@ struct ServiceBehaviorTests {
     @Test("a listener change never overwrites a newer unpushed local edit")
     func listenerDoesNotOverwriteNewerLocalEdit() async throws {
         let clock = TestClock()
-        let server = try TestServer { $0.clock = { clock.now() } }
+        let server = try await TestServer { $0.clock = { clock.now() } }
         let held = Checkpoint()
         let phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
             configuration.clock = clock
@@ -171,7 +171,7 @@ struct ServiceBehaviorTests {
 
     @Test("listeners follow sharing: an unshared account stops syncing, sharing it again resumes")
     func listenersFollowSharing() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let phone = try TestDevice(name: "phone", serverURL: server.url)
         let laptop = try TestDevice(name: "laptop", serverURL: server.url)
         phone.service.start()

@@ -49,7 +49,7 @@ struct DevicePair {
         laptopClock: any SyncClock = SystemClock(),
         serverClock: (any SyncClock)? = nil, phoneHooks: SyncHooks = SyncHooks()
     ) async throws {
-        server = try TestServer { configuration in
+        server = try await TestServer { configuration in
             if let serverClock { configuration.clock = { serverClock.now() } }
         }
         phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in

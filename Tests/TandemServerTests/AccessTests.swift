@@ -13,14 +13,14 @@ enum AccessFixture {
     static let tokens = SampleAccess.tokens
     static let rules = SampleAccess.rules
 
-    static func server() throws -> TestServer {
+    static func server() async throws -> TestServer {
         let access = try SampleAccess.control()
-        return try TestServer { $0.access = access }
+        return try await TestServer { $0.access = access }
     }
 
     /// The server with account A1 (owner alice, member bob) and one transaction T1 in it.
     static func seeded() async throws -> TestServer {
-        let server = try server()
+        let server = try await server()
         let alice = try await connect(server, token: "t-alice")
         defer { alice.close() }
         _ = try await alice.create("accounts", ["owner": "alice", "members": ["bob"]], id: "A1")
@@ -268,7 +268,7 @@ struct AccessFirstTests {
     /// Alice's note N1 (with a secret) and its tombstone twin N2, in her own notes, which bob
     /// may neither read nor write.
     static func aliceNotes() async throws -> TestServer {
-        let server = try AccessFixture.server()
+        let server = try await AccessFixture.server()
         let alice = try await AccessFixture.connect(server, token: "t-alice")
         defer { alice.close() }
         _ = try await alice.create("users/alice/notes", ["secret": 1], id: "N1")
@@ -400,7 +400,7 @@ struct AccessFirstTests {
             {"rules": [{"match": "inbox", "create": "true"}, {"match": "inbox", "read": "user == 'alice'"}]}
             """#
         let access = try AccessControl(tokens: (AccessFixture.tokens, "tokens.json"), rules: (rules, "rules.json"))
-        let server = try TestServer { $0.access = access }
+        let server = try await TestServer { $0.access = access }
         let alice = try await AccessFixture.connect(server, token: "t-alice")
         defer { alice.close() }
         _ = try await alice.create("inbox", ["letter": "private"], id: "L1")

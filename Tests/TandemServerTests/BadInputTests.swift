@@ -85,7 +85,7 @@ let badInputs: [BadInput] = [
 struct BadInputTests {
     @Test("each bad input gets its documented answer", arguments: badInputs)
     func badInput(_ input: BadInput) async throws {
-        let server = try TestServer { configuration in
+        let server = try await TestServer { configuration in
             configuration.limits = Limits(
                 maxMessageBytes: 64 << 10, maxOpsPerWrite: 10, maxListenersPerConnection: 5, maxDocumentBytes: 4096)
         }
@@ -134,7 +134,7 @@ struct BadInputTests {
 
     @Test("a slow consumer is disconnected without stalling the other listeners")
     func slowConsumer() async throws {
-        let server = try TestServer { $0.maxQueuedBytesPerConnection = 256 << 10 }
+        let server = try await TestServer { $0.maxQueuedBytesPerConnection = 256 << 10 }
         let healthy = try await connect(server)
         let healthyFeed = Feed()
         healthy.listen(to: try path("firehose"), handler: healthyFeed.handler)
@@ -163,7 +163,7 @@ struct BadInputTests {
 
     @Test("a flood of tiny frames is answered in order without unbounded queueing")
     func flood() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let raw = try RawWebSocket(port: server.port)
         try raw.send(text: #"{"type":"hello","protocol":1,"clientId":"flood"}"#)
         _ = try await raw.readText()
@@ -184,7 +184,7 @@ struct BadInputTests {
 
     @Test("a message sent as a million one-byte fragments is put together and answered")
     func millionFragments() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let raw = try RawWebSocket(port: server.port)
         try raw.send(text: #"{"type":"hello","protocol":1,"clientId":"fragments"}"#)
         _ = try await raw.readText()
@@ -203,7 +203,7 @@ struct BadInputTests {
 
     @Test("a connection that opens and never says hello is closed with 1008")
     func silentConnection() async throws {
-        let server = try TestServer { $0.helloTimeout = .milliseconds(300) }
+        let server = try await TestServer { $0.helloTimeout = .milliseconds(300) }
         let silent = try RawWebSocket(port: server.port)
         let close = try await silent.readClose(timeout: .seconds(10))
         #expect(close.closeCode == 1008)

@@ -18,7 +18,7 @@ struct CloseCodeTests {
 
     @Test("a ping with a 200-byte payload (control frames carry at most 125) is closed with 1002")
     func oversizePing() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let raw = try await Self.session(server)
         try raw.sendFrame(opcode: .ping, payload: Array(repeating: 0x41, count: 200))
         let close = try await raw.readClose(timeout: .seconds(10))
@@ -27,7 +27,7 @@ struct CloseCodeTests {
 
     @Test("a close frame with a 1-byte body is answered with 1002, not echoed")
     func oneByteClose() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let raw = try await Self.session(server)
         try raw.sendFrame(opcode: .close, payload: [0x03])
         let close = try await raw.readClose(timeout: .seconds(10))
@@ -36,7 +36,7 @@ struct CloseCodeTests {
 
     @Test("a frame announcing 2^62 bytes is closed with 1009 at once, while the peer keeps sending")
     func hugeAnnouncedLength() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let raw = try await Self.session(server)
         // FIN + text, masked, 64-bit length 2^62, mask, then some payload.
         var header: [UInt8] = [0x81, 0x80 | 127]
@@ -51,7 +51,7 @@ struct CloseCodeTests {
         "a message over the limit, in fragments of any size, is closed with 1009 every time",
         arguments: [4096, 50_000, 65_536])
     func oversizeFragments(fragment: Int) async throws {
-        let server = try TestServer { $0.limits.maxMessageBytes = 256 << 10 }
+        let server = try await TestServer { $0.limits.maxMessageBytes = 256 << 10 }
         for attempt in 0..<10 {
             let raw = try await Self.session(server)
             var wire: [UInt8] = []
@@ -72,7 +72,7 @@ struct CloseCodeTests {
 
     @Test("a client whose send queue overflows finds a 1008 close frame when it reads, however late")
     func overflowCloseFrame() async throws {
-        let server = try TestServer { $0.maxQueuedBytesPerConnection = 256 << 10 }
+        let server = try await TestServer { $0.maxQueuedBytesPerConnection = 256 << 10 }
         let stalled = try await Self.session(server, receiveBufferSize: 4096)
         try stalled.send(text: #"{"type":"listen","target":"t","collection":"big"}"#)
         let writer = try await connect(server)
@@ -89,7 +89,7 @@ struct CloseCodeTests {
 
     @Test("a connection dropped by an injected fault gets 1011")
     func injectedFault() async throws {
-        let server = try TestServer { $0.faults = FaultPlan(seed: 1, dropConnectionAfter: 2) }
+        let server = try await TestServer { $0.faults = FaultPlan(seed: 1, dropConnectionAfter: 2) }
         let raw = try await Self.session(server)
         try raw.send(text: #"{"type":"get","request":"r","collection":"c","id":"x"}"#)
         let close = try await raw.readClose(timeout: .seconds(10))
@@ -99,7 +99,7 @@ struct CloseCodeTests {
 
     @Test("a client silent past the idle timeout is closed with 1001; one that only sends data stays")
     func idleTimeout() async throws {
-        let server = try TestServer { configuration in
+        let server = try await TestServer { configuration in
             configuration.pingInterval = 2
             configuration.idleTimeout = 5
         }

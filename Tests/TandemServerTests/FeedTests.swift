@@ -9,7 +9,7 @@ import Testing
 struct FeedTests {
     @Test("a listener gets the initial snapshot, then live adds, modifications and deletes in commit order")
     func liveFeed() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let writer = try await connect(server)
         let a = try await writer.create("notes", ["title": "a"])
         let b = try await writer.create("notes", ["title": "b"])
@@ -37,7 +37,7 @@ struct FeedTests {
 
     @Test("a listener on an empty collection is current at once")
     func emptyCollection() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let reader = try await connect(server)
         let feed = Feed()
         reader.listen(to: try path("nothing/here/yet"), handler: feed.handler)
@@ -47,7 +47,7 @@ struct FeedTests {
 
     @Test("a reconnecting listener receives only what changed after its token, typed added, modified or deleted")
     func resume() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let writer = try await connect(server)
         let a = try await writer.create("notes", ["title": "a"])
         let b = try await writer.create("notes", ["title": "b"])
@@ -82,7 +82,7 @@ struct FeedTests {
     @Test("a token older than the tombstone horizon gets reset, then the full snapshot")
     func horizonReset() async throws {
         let clock = ManualServerClock()
-        let server = try TestServer { configuration in
+        let server = try await TestServer { configuration in
             configuration.clock = clock.read
             configuration.tombstoneRetention = .seconds(3600)
         }
@@ -112,7 +112,7 @@ struct FeedTests {
 
     @Test("a token from another database gets reset")
     func foreignToken() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let writer = try await connect(server)
         _ = try await writer.create("notes", ["title": "a"])
         let feed = Feed()
@@ -124,7 +124,7 @@ struct FeedTests {
 
     @Test("a large collection arrives in pages that the client can resume between")
     func paging() async throws {
-        let server = try TestServer { configuration in
+        let server = try await TestServer { configuration in
             configuration.snapshotPageSize = 100
         }
         let writer = try await connect(server)
@@ -154,7 +154,7 @@ struct FeedTests {
 
     @Test("changes written during the initial load reach the listener exactly once, in order")
     func writesDuringCatchUp() async throws {
-        let server = try TestServer { configuration in
+        let server = try await TestServer { configuration in
             configuration.snapshotPageSize = 50
         }
         let writer = try await connect(server)
@@ -175,7 +175,7 @@ struct FeedTests {
 
     @Test("fifty listeners on one collection all receive every change, in order")
     func fanOut() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let writer = try await connect(server)
         var feeds: [Feed] = []
         var readers: [ServerConnection] = []
@@ -206,7 +206,7 @@ struct FeedTests {
 
     @Test("unlisten stops the changes of that target only")
     func unlisten() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let connection = try await connect(server)
         let kept = Feed(), dropped = Feed()
         connection.listen(to: try path("a"), target: "kept", handler: kept.handler)
@@ -221,7 +221,7 @@ struct FeedTests {
 
     @Test("a connection may not hold more listeners than the limit")
     func tooManyListeners() async throws {
-        let server = try TestServer { $0.limits.maxListenersPerConnection = 2 }
+        let server = try await TestServer { $0.limits.maxListenersPerConnection = 2 }
         let connection = try await connect(server)
         let feeds = [Feed(), Feed(), Feed()]
         for (index, feed) in feeds.enumerated() {
@@ -237,7 +237,7 @@ struct FeedTests {
 struct OwnCreateResumeTests {
     @Test("a client resuming from a token older than its own create hears of that document's delete")
     func deleteOfOwnCreate() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let creator = try await connect(server, as: "creator")
         let feed = Feed()
         creator.listen(to: try path("notes"), handler: feed.handler)

@@ -36,7 +36,7 @@ struct ProtocolDocumentTests {
     func errorExamples() async throws {
         let rows = try Self.rows(after: "ProtocolDocumentTests.errorExamples")
         #expect(rows.count >= 10)
-        let server = try TestServer()
+        let server = try await TestServer()
         var mismatches: [String] = []
         for row in rows {
             let beforeHello = row[0].hasPrefix("before hello:")

@@ -30,7 +30,7 @@ struct ProtocolPromiseTests {
 
     @Test("fieldTimes travel with a document everywhere: get, initial snapshots, resumed and live snapshots")
     func fieldTimesEverywhere() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let writer = try await connect(server)
         let id = try await Self.mergedDocument(writer)
         let expected: [String: Int64] = ["title": 10, "amount": 20]
@@ -63,7 +63,7 @@ struct ProtocolPromiseTests {
 
     @Test("one commit gives each listener one snapshot, each document once in its latest state")
     func oneSnapshotPerCommit() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let writer = try await connect(server)
         let existing = try await writer.create("a", ["v": 0])
         let reader = try await connect(server)

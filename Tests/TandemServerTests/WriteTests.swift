@@ -9,7 +9,7 @@ import Testing
 struct WriteTests {
     @Test("the same write sent twice creates one document and answers the same id both times")
     func idempotentResend() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let connection = try await connect(server, as: "device-1")
         let ops = [WriteOp.create(in: try path("notes"), fields: ["t": "once"], idempotencyKey: key())]
         guard case .ack(let first) = try await connection.write(ops) else { throw TestFailure("refused") }
@@ -31,7 +31,7 @@ struct WriteTests {
 
     @Test("an update with a stale baseVersion gets conflict with the server's document and changes nothing")
     func staleBaseVersion() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let connection = try await connect(server)
         let created = try await connection.create("notes", ["t": "v1"])
         guard case .ack = try await connection.update("notes", created.id, ["t": "v2"], base: 1) else {
@@ -51,7 +51,7 @@ struct WriteTests {
 
     @Test("a write is all or nothing: one failed precondition rolls back the ops before it")
     func atomic() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let connection = try await connect(server)
         let existing = try await connection.create("notes", ["t": "x"])
         let reply = try await connection.write([
@@ -65,7 +65,7 @@ struct WriteTests {
 
     @Test("a proposed id is used, and proposing an existing one is a conflict")
     func proposedID() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let connection = try await connect(server)
         let first = try await connection.create("notes", ["t": 1], id: "my-id")
         #expect(first.id.rawValue == "my-id")
@@ -78,7 +78,7 @@ struct WriteTests {
 
     @Test("server-assigned ids are 20 characters and versions count every write")
     func versions() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let connection = try await connect(server)
         let created = try await connection.create("notes", ["t": 1])
         #expect(created.id.rawValue.count == 20)
@@ -98,7 +98,7 @@ struct WriteTests {
 
     @Test("an update or delete of a deleted document is a conflict showing the tombstone; no resurrection")
     func noResurrection() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let connection = try await connect(server)
         let created = try await connection.create("notes", ["t": 1])
         _ = try await connection.delete("notes", created.id)
@@ -110,7 +110,7 @@ struct WriteTests {
 
     @Test("get returns the stored document")
     func get() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let connection = try await connect(server)
         let created = try await connection.create("a/b/c", ["nested": ["x": [1, 2]]])
         let document = try #require(try await connection.get(try path("a/b/c"), created.id))
@@ -123,7 +123,7 @@ struct WriteTests {
 struct ServerMergeTests {
     @Test("the same two conflicting writes applied in both orders give identical documents")
     func commutative() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let connection = try await connect(server, as: "merger")
         let notes = try path("notes")
         var ids: [DocumentID] = []
@@ -164,7 +164,7 @@ struct ServerMergeTests {
 
     @Test("a merged write sent twice with its key changes nothing the second time and answers the same")
     func idempotent() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let connection = try await connect(server, as: "merger")
         let notes = try path("notes")
         let created = try await connection.create("notes", ["a": 1])

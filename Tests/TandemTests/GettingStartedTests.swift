@@ -75,7 +75,7 @@ func openDevice(path: String, serverURL: String, deviceId: String) throws -> (Da
 struct GettingStartedTests {
     @Test("the guide's code syncs an account and its transactions between two devices")
     func guide() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let folder = try TemporaryDirectory()
         let (phone, phoneSync) = try openDevice(
             path: folder.path("phone.sqlite"), serverURL: server.url, deviceId: "phone")
@@ -151,7 +151,7 @@ struct GettingStartedExampleTests {
 
     @Test("with a server the example pushes its account and transaction")
     func online() async throws {
-        let server = try TestServer()
+        let server = try await TestServer()
         let folder = try TemporaryDirectory()
         let run = try await Self.runExample([server.url, folder.path("app.sqlite"), "example-device"])
         #expect(run.status == 0)

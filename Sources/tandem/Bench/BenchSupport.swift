@@ -162,6 +162,6 @@ func benchDevice(
 }
 
 /// A quiet test server for the benchmarks.
-func benchServer() throws -> TestServer {
-    try TestServer { $0.logger.logLevel = .critical }
+func benchServer() async throws -> TestServer {
+    try await TestServer { $0.logger.logLevel = .critical }
 }

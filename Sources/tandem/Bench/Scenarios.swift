@@ -16,7 +16,7 @@ enum Scenarios {
     /// to B's local commit of the same document.
     static func propagation(quick: Bool, progress: ProgressLine) async throws -> BenchResult {
         let count = quick ? 200 : 1000
-        let server = try benchServer()
+        let server = try await benchServer()
         defer { server.stop() }
         let arrivals = Mutex<[String: ContinuousClock.Instant]>([:])
         let a = try benchDevice("a", server: server)
@@ -65,7 +65,7 @@ enum Scenarios {
     /// Device A holds dirty rows of about 400 bytes; the time until B has them all in SQLite.
     static func throughput(quick: Bool, progress: ProgressLine) async throws -> BenchResult {
         let count = quick ? 10_000 : 100_000
-        let server = try benchServer()
+        let server = try await benchServer()
         defer { server.stop() }
         let a = try benchDevice("a", server: server)
         let b = try benchDevice("b", server: server)
@@ -104,7 +104,7 @@ enum Scenarios {
     /// The server holds documents; a fresh client listens and stores them all.
     static func snapshot(quick: Bool, progress: ProgressLine) async throws -> BenchResult {
         let count = quick ? 10_000 : 100_000
-        let server = try benchServer()
+        let server = try await benchServer()
         defer { server.stop() }
         try await BenchModel.seed(count, url: server.url) { done in progress.show("snapshot: seeding \(done)/\(count)")
         }
@@ -137,7 +137,7 @@ enum Scenarios {
         let listeners = quick ? 100 : 1000
         let writes = quick ? 20 : 100
         raiseOpenFilesLimit()
-        let server = try benchServer()
+        let server = try await benchServer()
         defer { server.stop() }
         let items = try CollectionPath("items")
         final class Tally: Sendable {
@@ -207,7 +207,7 @@ enum Scenarios {
         let sizes = quick ? [1000, 10_000] : [1000, 10_000, 100_000]
         var medians: [String: Double] = [:]
         for size in sizes {
-            let server = try benchServer()
+            let server = try await benchServer()
             try await BenchModel.seed(size, url: server.url) { done in progress.show("apply: seeding \(done)/\(size)") }
             let durations = Mutex<[Duration]>([])
             let began = Mutex<ContinuousClock.Instant?>(nil)

@@ -1,0 +1,301 @@
+import CLibPQ
+import Foundation
+
+/// One connection to PostgreSQL through libpq, with a deadline on every call.
+///
+/// libpq's blocking calls wait as long as TCP does: minutes, when the network between a node
+/// and the database is cut. So every call here uses libpq's asynchronous API
+/// (`PQsendQueryParams`, `PQconsumeInput`, `PQisBusy`) and waits with `poll` until the
+/// deadline; a call that runs out of time closes the connection and throws a connection
+/// failure, which the caller treats like any lost connection.
+///
+/// Statements are prepared once per connection (`PQsendPrepare`) and run by name after.
+/// Parameters and results travel as text.
+///
+/// Not thread-safe: one thread (or serial queue) uses a connection at a time.
+final class PostgresConnection {
+    let url: String
+    let timeout: Duration
+    private var connection: OpaquePointer?
+    private var prepared: [String: String] = [:]
+
+    /// Connects within `timeout`.
+    ///
+    /// - Parameter url: A libpq connection string or URI, like
+    ///   `postgresql://user@/db?host=/run/postgresql&port=5433`.
+    /// - Throws: ``PostgresError`` (a connection failure) when the server cannot be reached or
+    ///   refuses the connection.
+    init(url: String, timeout: Duration = .seconds(5)) throws(PostgresError) {
+        self.url = url
+        self.timeout = timeout
+        let deadline = ContinuousClock.now + timeout
+        guard let connection = PQconnectStart(url) else {
+            throw PostgresError(connectionFailure: "libpq could not allocate a connection")
+        }
+        self.connection = connection
+        if PQstatus(connection) == CONNECTION_BAD {
+            let message = Self.message(connection)
+            close()
+            throw PostgresError(connectionFailure: "cannot connect to PostgreSQL: \(message)")
+        }
+        var state = PGRES_POLLING_WRITING
+        while state != PGRES_POLLING_OK {
+            if state == PGRES_POLLING_FAILED {
+                let message = Self.message(connection)
+                close()
+                throw PostgresError(connectionFailure: "cannot connect to PostgreSQL: \(message)")
+            }
+            let events = state == PGRES_POLLING_READING ? Int16(POLLIN) : Int16(POLLOUT)
+            guard wait(for: events, until: deadline) else {
+                close()
+                throw PostgresError(connectionFailure: "cannot connect to PostgreSQL within \(timeout)")
+            }
+            state = PQconnectPoll(connection)
+        }
+        PQsetnonblocking(connection, 1)
+    }
+
+    deinit { close() }
+
+    /// True until the connection failed or was closed.
+    var isOpen: Bool {
+        guard let connection else { return false }
+        return PQstatus(connection) == CONNECTION_OK
+    }
+
+    /// The socket, for waiting on notifications.
+    var socket: Int32 { connection.map(PQsocket) ?? -1 }
+
+    func close() {
+        if let connection { PQfinish(connection) }
+        connection = nil
+        prepared = [:]
+    }
+
+    // MARK: - Statements
+
+    /// Runs one statement with `$1`… parameters (text, or nil for NULL) and returns its rows.
+    ///
+    /// - Parameter prepare: Prepare the statement once on this connection and run it by name
+    ///   after (for statements that run often).
+    /// - Throws: ``PostgresError``: the server's error (with its SQLSTATE), or a connection
+    ///   failure (the connection is closed then).
+    @discardableResult
+    func query(_ sql: String, _ parameters: [String?] = [], prepare: Bool = false) throws(PostgresError)
+        -> PostgresRows
+    {
+        guard let connection, PQstatus(connection) == CONNECTION_OK else {
+            throw PostgresError(connectionFailure: "the connection to PostgreSQL is closed")
+        }
+        let deadline = ContinuousClock.now + timeout
+        var name: String?
+        if prepare {
+            if let known = prepared[sql] {
+                name = known
+            } else {
+                let fresh = "tandem_\(prepared.count + 1)"
+                let sent = PQsendPrepare(connection, fresh, sql, Int32(parameters.count), nil)
+                try finishSending(sent, deadline)
+                _ = try results(deadline)
+                prepared[sql] = fresh
+                name = fresh
+            }
+        }
+        let sent = withParameters(parameters) { values in
+            if let name {
+                PQsendQueryPrepared(connection, name, Int32(parameters.count), values, nil, nil, 0)
+            } else {
+                PQsendQueryParams(connection, sql, Int32(parameters.count), nil, values, nil, nil, 0)
+            }
+        }
+        try finishSending(sent, deadline)
+        return try results(deadline)
+    }
+
+    /// Notifications received so far (`LISTEN`), without waiting.
+    func notifications() throws(PostgresError) -> [(channel: String, payload: String)] {
+        guard let connection, PQconsumeInput(connection) == 1 else {
+            let message = connection.map(Self.message) ?? "closed"
+            close()
+            throw PostgresError(connectionFailure: "the connection to PostgreSQL failed: \(message)")
+        }
+        var received: [(String, String)] = []
+        while let notification = PQnotifies(connection) {
+            received.append(
+                (String(cString: notification.pointee.relname), String(cString: notification.pointee.extra)))
+            PQfreemem(notification)
+        }
+        return received
+    }
+
+    /// Waits until the socket has something to read, at most `duration`.
+    func waitForInput(_ duration: Duration) -> Bool {
+        wait(for: Int16(POLLIN), until: ContinuousClock.now + duration)
+    }
+
+    // MARK: - Plumbing
+
+    private func finishSending(_ sent: Int32, _ deadline: ContinuousClock.Instant) throws(PostgresError) {
+        guard let connection else { throw PostgresError(connectionFailure: "the connection to PostgreSQL is closed") }
+        guard sent == 1 else { throw failure("cannot send to PostgreSQL") }
+        while true {
+            let flushed = PQflush(connection)
+            if flushed == 0 { return }
+            if flushed < 0 { throw failure("cannot send to PostgreSQL") }
+            guard wait(for: Int16(POLLOUT | POLLIN), until: deadline) else { throw timedOut() }
+            if PQconsumeInput(connection) == 0 { throw failure("the connection to PostgreSQL failed") }
+        }
+    }
+
+    /// Reads every result of the statement sent; throws the first error among them.
+    private func results(_ deadline: ContinuousClock.Instant) throws(PostgresError) -> PostgresRows {
+        guard let connection else { throw PostgresError(connectionFailure: "the connection to PostgreSQL is closed") }
+        var rows = PostgresRows()
+        var error: PostgresError?
+        while true {
+            while PQisBusy(connection) == 1 {
+                guard wait(for: Int16(POLLIN), until: deadline) else { throw timedOut() }
+                if PQconsumeInput(connection) == 0 { throw failure("the connection to PostgreSQL failed") }
+            }
+            guard let result = PQgetResult(connection) else { break }
+            defer { PQclear(result) }
+            switch PQresultStatus(result) {
+            case PGRES_TUPLES_OK:
+                rows.append(result)
+            case PGRES_COMMAND_OK, PGRES_EMPTY_QUERY:
+                break
+            default:
+                if error == nil {
+                    let state = PQresultErrorField(result, Int32(UInt8(ascii: "C"))).map { String(cString: $0) }
+                    let message = PQresultErrorMessage(result).map { String(cString: $0) } ?? "unknown error"
+                    error = PostgresError(
+                        state: state ?? "", message: message.trimmingCharacters(in: .whitespacesAndNewlines))
+                }
+            }
+        }
+        if PQstatus(connection) != CONNECTION_OK { throw failure("the connection to PostgreSQL failed") }
+        if let error { throw error }
+        return rows
+    }
+
+    private func wait(for events: Int16, until deadline: ContinuousClock.Instant) -> Bool {
+        guard let connection else { return false }
+        var descriptor = pollfd(fd: PQsocket(connection), events: events, revents: 0)
+        while true {
+            let remaining = deadline - ContinuousClock.now
+            guard remaining > .zero else { return false }
+            let milliseconds = Int32(min(remaining.components.seconds * 1000 + 1, 60_000))
+            let ready = poll(&descriptor, 1, milliseconds)
+            if ready > 0 { return true }
+            if ready < 0 && errno != EINTR { return false }
+        }
+    }
+
+    private func failure(_ what: String) -> PostgresError {
+        let message = connection.map(Self.message) ?? "closed"
+        close()
+        return PostgresError(connectionFailure: "\(what): \(message)")
+    }
+
+    private func timedOut() -> PostgresError {
+        close()
+        return PostgresError(connectionFailure: "PostgreSQL did not answer within \(timeout)")
+    }
+
+    private static func message(_ connection: OpaquePointer) -> String {
+        PQerrorMessage(connection).map { String(cString: $0) }?.trimmingCharacters(in: .whitespacesAndNewlines)
+            ?? "unknown error"
+    }
+
+    private func withParameters<T>(
+        _ parameters: [String?], _ body: (UnsafePointer<UnsafePointer<CChar>?>?) -> T
+    ) -> T {
+        var copies = parameters.map { $0.map { strdup($0) } ?? nil }
+        defer { for copy in copies { free(copy) } }
+        return copies.withUnsafeMutableBufferPointer { buffer in
+            buffer.baseAddress!.withMemoryRebound(to: UnsafePointer<CChar>?.self, capacity: max(buffer.count, 1)) {
+                body(parameters.isEmpty ? nil : UnsafePointer($0))
+            }
+        }
+    }
+}
+
+/// The rows of a statement's results, as text (nil for NULL).
+struct PostgresRows {
+    private(set) var rows: [[String?]] = []
+
+    mutating func append(_ result: OpaquePointer) {
+        let count = PQntuples(result), columns = PQnfields(result)
+        rows.reserveCapacity(rows.count + Int(count))
+        for row in 0..<count {
+            var values: [String?] = []
+            values.reserveCapacity(Int(columns))
+            for column in 0..<columns {
+                if PQgetisnull(result, row, column) == 1 {
+                    values.append(nil)
+                } else {
+                    values.append(String(cString: PQgetvalue(result, row, column)))
+                }
+            }
+            rows.append(values)
+        }
+    }
+
+    var isEmpty: Bool { rows.isEmpty }
+    var count: Int { rows.count }
+}
+
+/// An error from PostgreSQL, or a failed connection to it.
+struct PostgresError: Error, CustomStringConvertible {
+    /// The SQLSTATE (`23505` for a unique violation); empty for a connection failure.
+    var state: String
+    var message: String
+    /// The connection is gone (refused, lost, timed out); it was closed.
+    var isConnectionFailure: Bool
+
+    init(state: String, message: String) {
+        self.state = state
+        self.message = message
+        isConnectionFailure = false
+    }
+
+    init(connectionFailure message: String) {
+        state = ""
+        self.message = message
+        isConnectionFailure = true
+    }
+
+    var description: String { state.isEmpty ? message : "\(message) (SQLSTATE \(state))" }
+
+    /// A unique violation or a deadlock: running the transaction again may succeed.
+    var isRetryable: Bool { state == "23505" || state == "40P01" || state == "40001" }
+}
+
+/// PostgreSQL's text forms of values.
+enum PostgresText {
+    /// An array literal of texts, `{"a","b\"c",NULL}`.
+    static func array(_ values: [String?]) -> String {
+        var literal = "{"
+        for (index, value) in values.enumerated() {
+            if index > 0 { literal += "," }
+            guard let value else {
+                literal += "NULL"
+                continue
+            }
+            literal += "\""
+            for character in value.unicodeScalars {
+                if character == "\"" || character == "\\" { literal += "\\" }
+                literal.unicodeScalars.append(character)
+            }
+            literal += "\""
+        }
+        return literal + "}"
+    }
+
+    static func array(_ values: [Int64]) -> String {
+        "{" + values.map(String.init).joined(separator: ",") + "}"
+    }
+
+    static func bool(_ value: String?) -> Bool { value == "t" }
+    static func int(_ value: String?) -> Int64 { value.flatMap { Int64($0) } ?? 0 }
+}

@@ -1,0 +1,277 @@
+import Foundation
+import Synchronization
+
+/// A throwaway PostgreSQL cluster for tests: `initdb` in a temporary folder, the server on a
+/// Unix socket in that folder and a free port, stopped by its PID when the tests end.
+///
+/// Most tests share one cluster (``shared``) and get a fresh database each
+/// (``createDatabase()``); tests that restart or cut off PostgreSQL start their own.
+///
+/// PostgreSQL refuses to run as root: run as root, the cluster belongs to the `postgres` user
+/// (Debian's package creates it) and its programs run as that user through `runuser`. A
+/// watchdog started with the server stops it when the test process is gone, however that
+/// process ends.
+///
+/// For example:
+///
+/// ```swift
+/// let cluster = try await PostgresCluster.start()
+/// defer { cluster.stop() }
+/// let url = try cluster.createDatabase()   // postgresql://tandem@/t_…?host=…&port=…
+/// ```
+public final class PostgresCluster: Sendable {
+    public let directory: URL
+    public let port: Int
+    /// Extra addresses it listens on over TCP (besides its Unix socket), trusting every client.
+    public let tcpAddresses: [String]
+    private let folder: TemporaryDirectory
+    private let state = Mutex<State>(State())
+
+    private struct State {
+        var server: Process?
+        var databases = 0
+    }
+
+    /// `postgresql://tandem@/postgres?host=…&port=…`: the cluster's maintenance database.
+    public var url: String { url(database: "postgres") }
+
+    /// The URL of a database of the cluster, over its Unix socket.
+    public func url(database: String) -> String {
+        "postgresql://tandem@/\(database)?host=\(directory.path)&port=\(port)"
+    }
+
+    /// The URL of a database of the cluster over TCP, at one of its ``tcpAddresses``.
+    public func tcpURL(database: String, address: String) -> String {
+        "postgresql://tandem@\(address):\(port)/\(database)"
+    }
+
+    /// The one cluster most tests share, started on first use (once, however many tests ask
+    /// at the same time).
+    public static func shared() async throws -> PostgresCluster {
+        let starting = sharedCluster.withLock { task in
+            if let task { return task }
+            let started = Task { try await start() }
+            task = started
+            return started
+        }
+        return try await starting.value
+    }
+
+    private static let sharedCluster = Mutex<Task<PostgresCluster, any Error>?>(nil)
+
+    /// Makes a cluster and starts its server.
+    ///
+    /// - Parameters:
+    ///   - tcpAddresses: Addresses to listen on over TCP too (for tests across network namespaces).
+    ///   - durable: Keep `fsync` on. Off by default: the tests check logic, not disks, and a
+    ///     busy CI machine's disk is slow. The benchmarks turn it on.
+    public static func start(tcpAddresses: [String] = [], durable: Bool = false) async throws -> PostgresCluster {
+        let cluster = try PostgresCluster(tcpAddresses: tcpAddresses, durable: durable)
+        try await cluster.startServer()
+        return cluster
+    }
+
+    private init(tcpAddresses: [String], durable: Bool) throws {
+        folder = try TemporaryDirectory(prefix: "tandem-postgres")
+        directory = folder.url
+        self.tcpAddresses = tcpAddresses
+        port = try Self.freePort()
+        try Self.giveToPostgresUser(directory)
+        let data = directory.appendingPathComponent("data").path
+        try Self.run(
+            Self.binary("initdb"),
+            ["-D", data, "-U", "tandem", "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C"])
+        var settings = [
+            "listen_addresses = '\(tcpAddresses.joined(separator: ","))'",
+            "unix_socket_directories = '\(directory.path)'",
+            "port = \(port)",
+            "max_connections = 300",
+            "shared_buffers = 32MB",
+            "log_min_messages = fatal",
+            "logging_collector = off",
+        ]
+        if !durable { settings += ["fsync = off", "synchronous_commit = off", "full_page_writes = off"] }
+        try (settings.joined(separator: "\n") + "\n").appendToFile(at: "\(data)/postgresql.conf")
+        if !tcpAddresses.isEmpty {
+            try "host all all 0.0.0.0/0 trust\n".appendToFile(at: "\(data)/pg_hba.conf")
+        }
+    }
+
+    deinit { stop() }
+
+    // MARK: - Server
+
+    /// Starts (or starts again) the server and waits until it accepts connections.
+    public func startServer() async throws {
+        let data = directory.appendingPathComponent("data").path
+        let postgres = try Self.binary("postgres")
+        // The watchdog: stops the server (fast shutdown) once the test process is gone.
+        let script = """
+            "\(postgres)" -D "\(data)" & pg=$!
+            while [ -d /proc/\(ProcessInfo.processInfo.processIdentifier) ] && kill -0 $pg 2>/dev/null; do sleep 1; done
+            kill -INT $pg 2>/dev/null; wait $pg
+            """
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/bin/sh")
+        process.arguments = ["-c", script]
+        if Self.isRoot {
+            process.executableURL = URL(fileURLWithPath: "/usr/sbin/runuser")
+            process.arguments = ["-u", "postgres", "--", "/bin/sh", "-c", script]
+        }
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        state.withLock { $0.server = process }
+        try await waitUntil("PostgreSQL accepts connections", timeout: .seconds(60)) {
+            (try? Self.run(
+                Self.binary("pg_isready"), ["-h", directory.path, "-p", String(port), "-U", "tandem", "-q"],
+                asPostgres: false)) != nil
+        }
+    }
+
+    /// The postmaster's process id, from its pid file.
+    public var serverPID: Int32? {
+        let file = directory.appendingPathComponent("data/postmaster.pid").path
+        return (try? String(contentsOfFile: file, encoding: .utf8))?.split(separator: "\n").first.flatMap {
+            Int32($0)
+        }
+    }
+
+    /// Stops the server at once, as a crash would (`pg_ctl stop -m immediate`), and waits.
+    public func crash() {
+        if let pid = serverPID { kill(pid, SIGQUIT) }
+        waitForServerExit()
+    }
+
+    /// Stops the server and removes nothing (the cluster can start again).
+    public func stopServer() {
+        if let pid = serverPID { kill(pid, SIGINT) }
+        waitForServerExit()
+    }
+
+    /// `pg_ctl restart -m immediate`: crash, then start again on the same port and data.
+    public func restartImmediately() async throws {
+        crash()
+        try await startServer()
+    }
+
+    private func waitForServerExit() {
+        let process = state.withLock { state in
+            defer { state.server = nil }
+            return state.server
+        }
+        process?.waitUntilExit()
+    }
+
+    /// Stops the server for good; the folder goes with this object.
+    public func stop() {
+        stopServer()
+    }
+
+    // MARK: - Databases
+
+    /// Creates an empty database and returns its URL.
+    public func createDatabase() throws -> String {
+        let name = state.withLock { state -> String in
+            state.databases += 1
+            return "t\(state.databases)_\(UUID().uuidString.prefix(8).lowercased())"
+        }
+        try sql("CREATE DATABASE \(name)")
+        return url(database: name)
+    }
+
+    /// Drops a database made by ``createDatabase()`` (its connections too).
+    public func dropDatabase(url: String) {
+        guard let name = url.split(separator: "/").last?.split(separator: "?").first else { return }
+        try? sql("DROP DATABASE IF EXISTS \(name) WITH (FORCE)")
+    }
+
+    /// Runs SQL with psql in the maintenance database.
+    public func sql(_ statement: String, database: String = "postgres") throws {
+        try Self.run(
+            Self.binary("psql"),
+            ["-h", directory.path, "-p", String(port), "-U", "tandem", "-d", database, "-v", "ON_ERROR_STOP=1",
+             "-q", "-c", statement],
+            asPostgres: false)
+    }
+
+    // MARK: - Plumbing
+
+    static var isRoot: Bool { getuid() == 0 }
+
+    /// A PostgreSQL program: from `pg_config --bindir`, else Debian's folder.
+    static func binary(_ name: String) throws -> String {
+        let folders =
+            ((try? FileManager.default.contentsOfDirectory(atPath: "/usr/lib/postgresql")) ?? [])
+            .sorted { (Int($0) ?? 0) > (Int($1) ?? 0) }.map { "/usr/lib/postgresql/\($0)/bin" }
+            + ["/usr/local/pgsql/bin", "/usr/bin"]
+        for folder in folders where FileManager.default.isExecutableFile(atPath: "\(folder)/\(name)") {
+            return "\(folder)/\(name)"
+        }
+        throw ServerProcessError(
+            "PostgreSQL's \(name) is not installed: scripts/install-deps installs postgresql (Debian's package)")
+    }
+
+    /// Runs a program to its end (as the `postgres` user when run as root, unless told not to)
+    /// and throws with its output when it fails.
+    @discardableResult
+    static func run(_ program: String, _ arguments: [String], asPostgres: Bool = true) throws -> String {
+        let process = Process()
+        if isRoot && asPostgres {
+            process.executableURL = URL(fileURLWithPath: "/usr/sbin/runuser")
+            process.arguments = ["-u", "postgres", "--", program] + arguments
+        } else {
+            process.executableURL = URL(fileURLWithPath: program)
+            process.arguments = arguments
+        }
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = output
+        try process.run()
+        let data = output.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        let text = String(decoding: data, as: UTF8.self)
+        guard process.terminationStatus == 0 else {
+            throw ServerProcessError(
+                "\((program as NSString).lastPathComponent) failed (\(process.terminationStatus)): \(text.suffix(500))")
+        }
+        return text
+    }
+
+    /// Run as root, the folder must belong to the user the server runs as.
+    private static func giveToPostgresUser(_ folder: URL) throws {
+        guard isRoot else { return }
+        guard let user = getpwnam("postgres") else {
+            throw ServerProcessError(
+                "run as root, the tests need the 'postgres' user to run PostgreSQL: install Debian's postgresql")
+        }
+        chown(folder.path, user.pointee.pw_uid, user.pointee.pw_gid)
+    }
+
+    /// A free TCP port (bound to, then released, and not in the kernel's ephemeral range, so
+    /// that no client connection takes it meanwhile).
+    private static func freePort() throws -> Int {
+        let ephemeralStart =
+            (try? String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8))
+            .flatMap { $0.split(whereSeparator: \.isWhitespace).first.flatMap { Int($0) } } ?? 32768
+        for _ in 0..<50 {
+            let candidate = Int.random(in: max(1024, ephemeralStart - 20_000)..<(ephemeralStart - 10_000))
+            if let probe = try? RefusingPort(port: candidate) {
+                _ = probe
+                return candidate
+            }
+        }
+        throw ServerProcessError("no free port for PostgreSQL")
+    }
+}
+
+extension String {
+    fileprivate func appendToFile(at path: String) throws {
+        guard let handle = FileHandle(forWritingAtPath: path) else {
+            throw ServerProcessError("cannot write \(path)")
+        }
+        defer { try? handle.close() }
+        try handle.seekToEnd()
+        try handle.write(contentsOf: Data(utf8))
+    }
+}
