@@ -89,6 +89,9 @@ public struct ServerConfiguration: Sendable {
     /// A name for this node in health reports and logs. Default: `HOST:PORT`.
     public var nodeName: String?
 
+    /// Test seams: points where a test can hold the server to force an interleaving.
+    public var hooks = ServerHooks()
+
     var socketConfiguration: WebSocketConfiguration {
         var socket = WebSocketConfiguration()
         socket.maxMessageBytes = limits.maxMessageBytes
@@ -126,4 +129,15 @@ public struct ServerError: Error, Sendable, CustomStringConvertible {
     }
 
     public var description: String { message }
+}
+
+/// Points inside the server where a test can watch or hold it. Each runs on the server's core
+/// queue: a hook that blocks holds the whole node there.
+public struct ServerHooks: Sendable {
+    /// Inside a group commit's transaction, after everything is written and the collections'
+    /// sequence numbers are taken, before the commit: with PostgreSQL, the collections' locks
+    /// are held here.
+    public var beforeCommit: (@Sendable () -> Void)?
+
+    public init() {}
 }

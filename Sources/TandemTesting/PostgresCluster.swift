@@ -182,8 +182,22 @@ public final class PostgresCluster: Sendable {
 
     /// Drops a database made by ``createDatabase()`` (its connections too).
     public func dropDatabase(url: String) {
-        guard let name = url.split(separator: "/").last?.split(separator: "?").first else { return }
+        guard let name = Self.databaseName(of: url) else { return }
         try? sql("DROP DATABASE IF EXISTS \(name) WITH (FORCE)")
+    }
+
+    /// The database a URL names (`postgresql://user@host/NAME?…`).
+    public static func databaseName(of url: String) -> String? {
+        URLComponents(string: url).map { String($0.path.dropFirst()) }.flatMap { $0.isEmpty ? nil : $0 }
+    }
+
+    /// Runs a query with psql and returns its rows, one per line, columns separated by `|`.
+    public func query(_ statement: String, database: String = "postgres") throws -> String {
+        try Self.run(
+            Self.binary("psql"),
+            ["-h", directory.path, "-p", String(port), "-U", "tandem", "-d", database, "-v", "ON_ERROR_STOP=1",
+             "-A", "-t", "-q", "-c", statement],
+            asPostgres: false)
     }
 
     /// Runs SQL with psql in the maintenance database.

@@ -59,6 +59,7 @@ extension ServerCore {
                     let outcomes = try requests.map { try group.apply($0.request) }
                     try group.save()
                     written = group.writtenCollections
+                    configuration.hooks.beforeCommit?()
                     return outcomes
                 }
                 for ((index, _), outcome) in zip(requests, outcomes) {

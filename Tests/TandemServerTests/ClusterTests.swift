@@ -1,0 +1,280 @@
+import Foundation
+import Synchronization
+import Tandem
+import TandemServer
+import TandemTesting
+import TandemWire
+import Testing
+
+/// Several server nodes over one PostgreSQL database, in this process: each node its own
+/// core, store connections and WebSocket port; PostgreSQL the only thing they share.
+struct Nodes {
+    let cluster: PostgresCluster
+    let databaseURL: String
+    let servers: [TestServer]
+
+    static func start(
+        _ count: Int, configure: @escaping (inout ServerConfiguration) -> Void = { _ in }
+    ) async throws -> Nodes {
+        let cluster = try await PostgresCluster.shared()
+        let url = try await onOwnThread { try cluster.createDatabase() }
+        var servers: [TestServer] = []
+        for index in 0..<count {
+            servers.append(
+                try await TestServer { configuration in
+                    configuration.storage = .postgres(url: url)
+                    configuration.nodeName = "node-\(index)"
+                    configure(&configuration)
+                })
+        }
+        return Nodes(cluster: cluster, databaseURL: url, servers: servers)
+    }
+
+    subscript(index: Int) -> TestServer { servers[index] }
+}
+
+@Suite("Many nodes over one PostgreSQL database")
+struct ClusterTests {
+    @Test("a listener on node B sees writes made through nodes A and C, in commit order, each once")
+    func writesThroughOtherNodes() async throws {
+        let nodes = try await Nodes.start(3)
+        let reader = try await connect(nodes[1])
+        let feed = Feed()
+        reader.listen(to: try path("shared"), handler: feed.handler)
+        try await waitUntil("current") { feed.isCurrent }
+
+        let writers = [try await connect(nodes[0], as: "writer-a"), try await connect(nodes[2], as: "writer-c")]
+        var written: [DocumentID] = []
+        try await withThrowingTaskGroup(of: [DocumentID].self) { group in
+            for (index, writer) in writers.enumerated() {
+                group.addTask {
+                    var ids: [DocumentID] = []
+                    for n in 0..<60 {
+                        let created = try await writer.create("shared", ["n": .int(Int64(n)), "by": .int(Int64(index))])
+                        ids.append(created.id)
+                        if n % 3 == 0 {
+                            _ = try await writer.update(
+                                "shared", created.id, ["n": .int(Int64(-n)), "by": .int(Int64(index))], base: 1)
+                        }
+                    }
+                    return ids
+                }
+            }
+            for try await ids in group { written += ids }
+        }
+        let final = try nodes[1].server.documents(in: try path("shared"))
+        try await waitUntil("B's listener has every document at its last version") {
+            let seen = Dictionary(feed.changes.map { ($0.document.id, $0.document.version) }, uniquingKeysWith: max)
+            return final.allSatisfy { seen[$0.id] == $0.version }
+        }
+        #expect(Set(written) == Set(final.map(\.id)))
+        // In sequence order, with no change seen twice.
+        let sequences = feed.snapshots.compactMap { ResumeToken($0.resumeToken)?.sequence }
+        #expect(sequences == sequences.sorted())
+        let pairs = feed.changes.map { "\($0.document.id) v\($0.document.version)" }
+        #expect(pairs.count == Set(pairs).count, "a change was sent twice")
+        // Each document's versions arrive in increasing order.
+        var last: [DocumentID: Int64] = [:]
+        for change in feed.changes {
+            #expect(change.document.version > last[change.document.id] ?? 0)
+            last[change.document.id] = change.document.version
+        }
+    }
+
+    @Test("a resume token taken on one node resumes exactly there on another")
+    func resumeOnAnotherNode() async throws {
+        let nodes = try await Nodes.start(3)
+        let writer = try await connect(nodes[0])
+        let a = try await writer.create("notes", ["t": "a"])
+        let b = try await writer.create("notes", ["t": "b"])
+        let first = try await connect(nodes[0], as: "phone")
+        let feed = Feed()
+        first.listen(to: try path("notes"), handler: feed.handler)
+        try await waitUntil("current") { feed.isCurrent }
+        let token = try #require(feed.lastToken)
+        first.close()
+
+        let other = try await connect(nodes[1])
+        _ = try await other.update("notes", a.id, ["t": "a2"], base: 1)
+        let c = try await other.create("notes", ["t": "c"])
+        _ = try await other.delete("notes", b.id)
+
+        let again = try await connect(nodes[2], as: "phone")
+        let resumed = Feed()
+        again.listen(to: try path("notes"), resumeToken: token, handler: resumed.handler)
+        try await waitUntil("current") { resumed.isCurrent }
+        #expect(resumed.summary == ["modified \(a.id) v2", "added \(c.id) v1", "deleted \(b.id) v2"])
+        #expect(resumed.resets.isEmpty)
+    }
+
+    @Test("an idempotency key resent to another node gets the first answer and changes nothing")
+    func idempotentAcrossNodes() async throws {
+        let nodes = try await Nodes.start(2)
+        let ops = [WriteOp.create(in: try path("notes"), fields: ["t": "once"], idempotencyKey: key())]
+        let first = try await connect(nodes[0], as: "device-1")
+        guard case .ack(let answer) = try await first.write(ops) else { throw TestFailure("refused") }
+        first.close()
+        let second = try await connect(nodes[1], as: "device-1")
+        guard case .ack(let again) = try await second.write(ops) else { throw TestFailure("refused") }
+        #expect(again == answer)
+        #expect(try nodes[1].server.documents(in: try path("notes")).count == 1)
+    }
+
+    @Test("the same resend arriving at two nodes at once is applied once")
+    func concurrentResends() async throws {
+        let nodes = try await Nodes.start(2)
+        for round in 0..<20 {
+            let ops = [
+                WriteOp.create(in: try path("race"), fields: ["round": .int(Int64(round))], idempotencyKey: key())
+            ]
+            let a = try await connect(nodes[0], as: "device-\(round)")
+            let b = try await connect(nodes[1], as: "device-\(round)")
+            async let one = a.write(ops)
+            async let two = b.write(ops)
+            guard case .ack(let first) = try await one, case .ack(let second) = try await two else {
+                throw TestFailure("refused")
+            }
+            #expect(first == second, "round \(round)")
+        }
+        #expect(try nodes[0].server.documents(in: try path("race")).count == 20)
+    }
+
+    @Test("a stale update through one node after a write through another is a conflict; merges commute across nodes")
+    func conflictsAndMergesAcrossNodes() async throws {
+        let nodes = try await Nodes.start(2)
+        let a = try await connect(nodes[0])
+        let b = try await connect(nodes[1])
+        let created = try await a.create("notes", ["t": "v1"])
+        guard case .ack = try await a.update("notes", created.id, ["t": "v2"], base: 1) else {
+            throw TestFailure("update refused")
+        }
+        guard case .conflict(_, let server) = try await b.update("notes", created.id, ["t": "stale"], base: 1) else {
+            throw TestFailure("expected a conflict")
+        }
+        #expect(server.version == 2)
+        #expect(server.fields == ["t": "v2"])
+
+        let notes = try path("merged")
+        guard
+            case .ack(let made) = try await a.write([
+                WriteOp(
+                    kind: .create, collection: notes, id: nil, fields: ["x": 0, "y": 0], baseVersion: nil,
+                    idempotencyKey: key(), fieldTimes: ["x": 1, "y": 1])
+            ])
+        else { throw TestFailure("create refused") }
+        let id = made[0].id
+        async let fromA = a.write([
+            WriteOp(
+                kind: .update, collection: notes, id: id, fields: ["x": 10, "y": 10], baseVersion: nil,
+                idempotencyKey: key(), fieldTimes: ["x": 5, "y": 2])
+        ])
+        async let fromB = b.write([
+            WriteOp(
+                kind: .update, collection: notes, id: id, fields: ["x": 20, "y": 20], baseVersion: nil,
+                idempotencyKey: key(), fieldTimes: ["x": 3, "y": 4])
+        ])
+        _ = try await (fromA, fromB)
+        let merged = try #require(try nodes[1].server.document(in: notes, id: id))
+        #expect(merged.fields == ["x": 10, "y": 20], "each field keeps its later write, whichever node took it")
+        #expect(merged.version == 3)
+    }
+
+    @Test("access rules hold across nodes: a member removed through one node loses his listener on another")
+    func revocationAcrossNodes() async throws {
+        let access = try SampleAccess.control()
+        let nodes = try await Nodes.start(2) { $0.access = access }
+        let alice = try await ServerConnection.connect(to: nodes[0].url, clientId: "alice-1", token: "t-alice")
+        _ = try await alice.create("accounts", ["owner": "alice", "members": ["bob"]], id: "A1")
+        let bob = try await ServerConnection.connect(to: nodes[1].url, clientId: "bob-1", token: "t-bob")
+        let transactions = try path("accounts/A1/transactions")
+        let feed = Feed()
+        bob.listen(to: transactions, handler: feed.handler)
+        try await waitUntil("bob's listener is current") { feed.isCurrent }
+        _ = try await alice.create(transactions.rawValue, ["amount": 1], id: "T1")
+        try await waitUntil("bob hears T1 on the other node") { feed.changes.count == 1 }
+
+        let reply = try await alice.write([
+            .update(
+                in: try path("accounts"), id: try DocumentID("A1"), fields: ["owner": "alice", "members": []],
+                baseVersion: nil, idempotencyKey: key()),
+            .create(in: transactions, id: try DocumentID("T2"), fields: ["amount": 2], idempotencyKey: key()),
+        ])
+        guard case .ack = reply else { throw TestFailure("\(reply)") }
+        try await waitUntil("bob's listener is stopped") { !feed.errors.isEmpty }
+        #expect(feed.errors.first?.code == .permissionDenied)
+        #expect(!feed.changes.contains { $0.document.id.rawValue == "T2" })
+        // And his writes are refused through either node.
+        for node in 0..<2 {
+            let connection = try await ServerConnection.connect(
+                to: nodes[node].url, clientId: "bob-\(node + 2)", token: "t-bob")
+            await #expect(throws: TandemError.self) { _ = try await connection.create(transactions.rawValue, ["x": 1]) }
+        }
+    }
+
+    @Test("devices on different nodes converge, each through its own node")
+    func devicesOnDifferentNodes() async throws {
+        let nodes = try await Nodes.start(3)
+        let devices = try (0..<3).map { index in
+            try TestDevice(name: "device-\(index)", serverURL: nodes[index].url)
+        }
+        for device in devices { device.service.start() }
+        let account = try devices[0].addAccount("Household")
+        _ = account
+        try await waitUntil("every device has the account") { try devices.allSatisfy { try $0.accounts().count == 1 } }
+        for (index, device) in devices.enumerated() {
+            let local = try device.accounts()[0].id!
+            for n in 0..<10 { try device.addEntry("entry \(index)-\(n)", amount: Int64(n), account: local) }
+        }
+        let report = try await Convergence.waitUntilQuiet(server: nodes[1].server, devices: devices)
+        #expect(report.isConverged, "\(report.firstDifferences)")
+        #expect(try devices.allSatisfy { try $0.entries().count == 30 })
+    }
+
+    @Test("sequences follow commit order: a write on another node waits for the transaction that took the sequence before")
+    func sequencesFollowCommitOrder() async throws {
+        let held = Checkpoint()
+        let holding = Mutex(false)
+        let nodes = try await Nodes.start(3) { configuration in
+            if configuration.nodeName == "node-0" {
+                configuration.hooks.beforeCommit = { if holding.withLock({ $0 }) { held.pause() } }
+            }
+        }
+        defer { held.release() }
+        let reader = try await connect(nodes[2])
+        let feed = Feed()
+        reader.listen(to: try path("ordered"), handler: feed.handler)
+        try await waitUntil("current") { feed.isCurrent }
+        let a = try await connect(nodes[0])
+        let b = try await connect(nodes[1])
+
+        // Node A takes its sequence and stops before committing.
+        holding.withLock { $0 = true }
+        let first = Task { try await a.create("ordered", ["by": "a"]) }
+        try await held.reached()
+        holding.withLock { $0 = false }
+        // Node B writes the same collection: it must wait for A's commit, not take the next
+        // sequence and commit before it. PostgreSQL shows it waiting on A's lock.
+        let second = Task { try await b.create("ordered", ["by": "b"]) }
+        try await waitUntil("node B's transaction waits for a lock") {
+            try await onOwnThread { try nodes.waitingForLocks() } > 0
+        }
+        #expect(feed.changes.isEmpty, "nothing of the collection is visible while A holds its sequence")
+        held.release()
+        let firstId = try await first.value.id
+        let secondId = try await second.value.id
+        try await waitUntil("both arrive") { feed.changes.count == 2 }
+        #expect(feed.changes.map(\.document.id) == [firstId, secondId], "in the order of their sequences")
+        let sequences = feed.snapshots.compactMap { ResumeToken($0.resumeToken)?.sequence }
+        #expect(sequences == sequences.sorted())
+    }
+}
+
+extension Nodes {
+    /// How many of this database's sessions wait for a lock now.
+    func waitingForLocks() throws -> Int {
+        let database = PostgresCluster.databaseName(of: databaseURL) ?? ""
+        let output = try cluster.query(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = '\(database)' AND wait_event_type = 'Lock'")
+        return Int(output.trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0
+    }
+}
