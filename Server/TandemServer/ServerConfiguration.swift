@@ -92,12 +92,33 @@ public struct ServerConfiguration: Sendable {
     /// Test seams: points where a test can hold the server to force an interleaving.
     public var hooks = ServerHooks()
 
+    /// A TLS certificate chain and private key (PEM files): the server speaks `wss://`.
+    public var tls: TLSFiles?
+
+    /// Lets a server with a token file listen on a non-loopback address without TLS (bearer
+    /// tokens then cross the network in the clear), for a server behind a proxy that
+    /// terminates TLS. Default: false.
+    public var allowsPlaintext = false
+
+    /// A certificate and its private key, as PEM files.
+    public struct TLSFiles: Sendable {
+        public var certificate: URL
+        public var privateKey: URL
+
+        public init(certificate: URL, privateKey: URL) {
+            self.certificate = certificate
+            self.privateKey = privateKey
+        }
+    }
+
     var socketConfiguration: WebSocketConfiguration {
         var socket = WebSocketConfiguration()
         socket.maxMessageBytes = limits.maxMessageBytes
         socket.maxQueuedBytes = maxQueuedBytesPerConnection
         socket.pingInterval = pingInterval
         socket.idleTimeout = idleTimeout
+        socket.tlsCertificate = tls?.certificate.path
+        socket.tlsPrivateKey = tls?.privateKey.path
         return socket
     }
 

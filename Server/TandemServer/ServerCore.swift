@@ -54,10 +54,15 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
     private static let pendingHighMark = 256
     private static let pendingLowMark = 32
 
+    /// What `/healthz` reports; read by the socket's service thread.
+    let health: NodeHealth
+
     init(configuration: ServerConfiguration, store: any DocumentStore) {
         self.configuration = configuration
         self.logger = configuration.logger
         self.store = store
+        health = NodeHealth(
+            node: configuration.nodeName ?? "\(configuration.host):\(configuration.port)", store: store.kind)
         faults = configuration.faults.map(FaultInjector.init)
     }
 
@@ -99,6 +104,7 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
         guard !isStopped else { return }
         flushWrites()
         isStopped = true
+        health.update { $0.stopping = true }
         maintenance?.cancel()
         maintenance = nil
         for session in sessions.values { session.isClosed = true }
@@ -124,6 +130,7 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
         queue.async { [self] in
             guard !isStopped else { return }
             sessions[connection.id] = session
+            health.update { $0.connections = sessions.count }
         }
         let timeout = DispatchTimeInterval.milliseconds(Int(configuration.helloTimeout.milliseconds))
         queue.asyncAfter(deadline: .now() + timeout) { [weak session] in
@@ -166,6 +173,7 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
             session.listeners = [:]
             session.release()
             sessions[connection.id] = nil
+            health.update { $0.connections = sessions.count }
             logger.debug(
                 "connection closed",
                 metadata: ["tandem.session": "\(session.id)", "tandem.close": "\(event)"])
@@ -296,6 +304,7 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
     func storeReachability(_ reachable: Bool) {
         guard !isStopped, reachable != storeReachable else { return }
         storeReachable = reachable
+        health.update { $0.storeReachable = reachable }
         if reachable {
             logger.notice("the store answers again; accepting connections")
             return

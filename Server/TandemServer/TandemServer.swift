@@ -41,6 +41,20 @@ public final class TandemServer: Sendable {
                 "without access control the server only listens on loopback (127.0.0.1 or ::1), not \(configuration.host)"
             )
         }
+        if !configuration.isLoopback, configuration.access?.tokens != nil, configuration.tls == nil,
+            !configuration.allowsPlaintext
+        {
+            throw ServerError(
+                .invalidConfiguration,
+                "listening on \(configuration.host) with a token file but without TLS would send every bearer token "
+                    + "across the network in the clear: give a certificate and key (--tls-cert, --tls-key), or "
+                    + "--allow-plaintext when a proxy in front of the server terminates TLS")
+        }
+        if let tls = configuration.tls {
+            for file in [tls.certificate, tls.privateKey] where !FileManager.default.isReadableFile(atPath: file.path) {
+                throw ServerError(.invalidConfiguration, "cannot read the TLS file \(file.path)")
+            }
+        }
         guard (0...65535).contains(configuration.port) else {
             throw ServerError(.invalidConfiguration, "port \(configuration.port) is not between 0 and 65535")
         }
@@ -72,13 +86,18 @@ public final class TandemServer: Sendable {
         do {
             socket = try WebSocketServer(
                 host: configuration.host, port: configuration.port, configuration: configuration.socketConfiguration,
-                delegate: core, logger: configuration.logger)
+                delegate: core, httpHandler: { [core] request, respond in core.http(request, respond) },
+                logger: configuration.logger)
         } catch {
             core.queue.sync { core.stop() }
             throw ServerError(.listen, error.message)
         }
         self.core = core
         port = socket.port
+        if configuration.nodeName == nil {
+            let port = socket.port
+            core.health.update { $0.node = "\(configuration.host):\(port)" }
+        }
         core.startMaintenance()
         configuration.logger.info(
             "listening",
@@ -88,10 +107,10 @@ public final class TandemServer: Sendable {
             ])
     }
 
-    /// `ws://HOST:PORT`, for clients.
+    /// `ws://HOST:PORT` (`wss://` with TLS), for clients.
     public var url: String {
         let host = configuration.host.contains(":") ? "[\(configuration.host)]" : configuration.host
-        return "ws://\(host):\(port)"
+        return "\(configuration.tls == nil ? "ws" : "wss")://\(host):\(port)"
     }
 
     /// Closes every connection with 1001, stops listening, and closes the database.

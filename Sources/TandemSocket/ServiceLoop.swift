@@ -21,6 +21,8 @@ final class ServiceLoop: @unchecked Sendable {
     let name: String
     /// The delegate of connections accepted by a server loop; nil on a client loop.
     let acceptDelegate: (any WebSocketDelegate)?
+    /// Answers plain HTTP requests on a server loop's port; nil answers 404.
+    let httpHandler: HTTPHandler?
     /// The port the server loop listens on; 0 on a client loop.
     private(set) var listenPort = 0
 
@@ -30,6 +32,8 @@ final class ServiceLoop: @unchecked Sendable {
 
     /// Service thread only: every connection libwebsockets knows, kept alive until `WSI_DESTROY`.
     private var registry: [ObjectIdentifier: WebSocketConnection] = [:]
+    /// Service thread only: HTTP requests under way, by their `wsi`.
+    private var exchanges: [OpaquePointer: HTTPExchange] = [:]
 
     private let pending = Mutex(Pending())
     private let finished = DispatchSemaphore(value: 0)
@@ -37,6 +41,8 @@ final class ServiceLoop: @unchecked Sendable {
 
     private struct Pending {
         var attention: [WebSocketConnection] = []
+        /// HTTP exchanges whose answer is ready to be written.
+        var answered: [HTTPExchange] = []
         var stopping = false
         /// The context, until the service thread destroys it. Kept under the lock because
         /// `lws_cancel_service` is called from other threads and must not race the destroy.
@@ -47,12 +53,13 @@ final class ServiceLoop: @unchecked Sendable {
     /// Creates the context (listening when `listen` is given) and starts its service thread.
     init(
         name: String, listen: (host: String, port: Int)?, acceptDelegate: (any WebSocketDelegate)?,
-        configuration: WebSocketConfiguration, logger: Logger
+        httpHandler: HTTPHandler? = nil, configuration: WebSocketConfiguration, logger: Logger
     ) throws(WebSocketError) {
         self.name = name
         self.configuration = configuration
         self.logger = logger
         self.acceptDelegate = acceptDelegate
+        self.httpHandler = httpHandler
         LibWebSocketsLog.route(to: logger)
 
         protocolName = strdup("tandem")!
@@ -82,6 +89,38 @@ final class ServiceLoop: @unchecked Sendable {
 
         var interface: UnsafeMutablePointer<CChar>?
         defer { free(interface) }
+        // TLS through libwebsockets' OpenSSL: the files are read while the context is made.
+        //
+        // Only contexts that use TLS ask libwebsockets for its OpenSSL set-up: libwebsockets 4.1
+        // keeps the index under which it finds a connection from its OpenSSL session in a
+        // process-wide variable that each such set-up replaces, so a handshake under way in
+        // another context when one is made fails ("can't get wsi from ssl privdata"). A
+        // process makes few of them (a server's one, a client loop per set of trusted
+        // authorities), once, at the start.
+        var tlsFiles: [UnsafeMutablePointer<CChar>?] = []
+        defer { tlsFiles.forEach { free($0) } }
+        func keep(_ path: String?) -> UnsafePointer<CChar>? {
+            guard let path else { return nil }
+            let copy = strdup(path)
+            tlsFiles.append(copy)
+            return UnsafePointer(copy)
+        }
+        let serverTLS = listen != nil && (configuration.tlsCertificate != nil || configuration.tlsPrivateKey != nil)
+        if listen == nil || serverTLS { info.options |= UInt64(LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT) }
+        if serverTLS {
+            guard configuration.tlsCertificate != nil, configuration.tlsPrivateKey != nil else {
+                Self.release(protocols: protocols, name: protocolName, policy: idlePolicy)
+                throw WebSocketError(.contextCreationFailed, "TLS needs both a certificate and a private key")
+            }
+            info.ssl_cert_filepath = keep(configuration.tlsCertificate)
+            info.ssl_private_key_filepath = keep(configuration.tlsPrivateKey)
+        }
+        if listen == nil {
+            let system = "/etc/ssl/certs/ca-certificates.crt"
+            info.client_ssl_ca_filepath = keep(
+                configuration.trustedCertificates
+                    ?? (FileManager.default.fileExists(atPath: system) ? system : nil))
+        }
         if let listen {
             info.port = Int32(listen.port)
             let address = listen.host == "localhost" ? "127.0.0.1" : listen.host
@@ -98,6 +137,13 @@ final class ServiceLoop: @unchecked Sendable {
 
         guard let context = lws_create_context(&info) else {
             Self.release(protocols: protocols, name: protocolName, policy: idlePolicy)
+            if let certificate = configuration.tlsCertificate, let key = configuration.tlsPrivateKey, listen != nil {
+                throw WebSocketError(
+                    .contextCreationFailed,
+                    "could not start TLS with the certificate \(certificate) and the key \(key) "
+                        + "(missing, unreadable, not PEM, or not a pair?), or could not listen on \(listen!.host):\(listen!.port)"
+                )
+            }
             if let listen {
                 throw WebSocketError(
                     .contextCreationFailed,
@@ -275,6 +321,31 @@ final class ServiceLoop: @unchecked Sendable {
             finish(wsi, failure: nil)
             return 0
 
+        case LWS_CALLBACK_HTTP:
+            return startHTTP(wsi, input)
+
+        case LWS_CALLBACK_HTTP_BODY:
+            guard let exchange = exchanges[wsi], let input else { return 0 }
+            guard exchange.request.body.count + length <= configuration.maxHTTPBodyBytes else {
+                exchange.request.body = []
+                answer(exchange, HTTPResponse(status: 413, contentType: "text/plain", text: "request body too large\n"))
+                return 0
+            }
+            exchange.request.body.append(contentsOf: UnsafeRawBufferPointer(start: input, count: length))
+            return 0
+
+        case LWS_CALLBACK_HTTP_BODY_COMPLETION:
+            guard let exchange = exchanges[wsi], exchange.readyResponse == nil else { return 0 }
+            dispatch(exchange)
+            return 0
+
+        case LWS_CALLBACK_HTTP_WRITEABLE:
+            return exchanges[wsi]?.write() ?? 0
+
+        case LWS_CALLBACK_CLOSED_HTTP:
+            exchanges.removeValue(forKey: wsi)?.wsi = nil
+            return 0
+
         case LWS_CALLBACK_CLIENT_CONNECTION_ERROR:
             let message = input.map { String(cString: $0.assumingMemoryBound(to: CChar.self)) }
             finish(wsi, failure: message ?? "connection failed")
@@ -306,9 +377,15 @@ final class ServiceLoop: @unchecked Sendable {
     }
 
     private func serviceAttentionList() {
-        let list = pending.withLock { p -> [WebSocketConnection] in
-            defer { p.attention = [] }
-            return p.attention
+        let (list, answered) = pending.withLock { p -> ([WebSocketConnection], [HTTPExchange]) in
+            defer {
+                p.attention = []
+                p.answered = []
+            }
+            return (p.attention, p.answered)
+        }
+        for exchange in answered {
+            if let wsi = exchange.wsi, exchanges[wsi] === exchange { lws_callback_on_writable(wsi) }
         }
         for connection in list {
             if connection.wsi == nil, let target = connection.connectTarget {
@@ -317,6 +394,57 @@ final class ServiceLoop: @unchecked Sendable {
             }
             connection.attend()
         }
+    }
+
+    // MARK: - HTTP
+
+    /// A plain HTTP request arrived (service thread): a GET goes to the handler now, a POST
+    /// once its body is in.
+    private func startHTTP(_ wsi: OpaquePointer, _ input: UnsafeMutableRawPointer?) -> Int32 {
+        let path = input.map { String(cString: $0.assumingMemoryBound(to: CChar.self)) } ?? "/"
+        let method: String
+        if lws_hdr_total_length(wsi, WSI_TOKEN_POST_URI) > 0 {
+            method = "POST"
+        } else if lws_hdr_total_length(wsi, WSI_TOKEN_GET_URI) > 0 {
+            method = "GET"
+        } else {
+            method = "OTHER"
+        }
+        let request = HTTPRequest(
+            method: method, path: path, query: Self.header(wsi, WSI_TOKEN_HTTP_URI_ARGS) ?? "",
+            authorization: Self.header(wsi, WSI_TOKEN_HTTP_AUTHORIZATION), body: [], peer: Self.peerAddress(wsi))
+        let exchange = HTTPExchange(wsi: wsi, request: request)
+        exchanges[wsi] = exchange
+        if method != "POST" { dispatch(exchange) }
+        return 0
+    }
+
+    private func dispatch(_ exchange: HTTPExchange) {
+        guard let httpHandler else {
+            answer(exchange, .notFound(exchange.request.path))
+            return
+        }
+        httpHandler(exchange.request) { [self] response in answer(exchange, response) }
+    }
+
+    /// Any thread: the answer is ready; the service thread writes it.
+    private func answer(_ exchange: HTTPExchange, _ response: HTTPResponse) {
+        exchange.setResponse(response)
+        let wasIdle = pending.withLock { p -> Bool in
+            guard p.context != nil else { return false }
+            p.answered.append(exchange)
+            return p.answered.count + p.attention.count == 1
+        }
+        if wasIdle { wake() }
+    }
+
+    private static func header(_ wsi: OpaquePointer, _ token: lws_token_indexes) -> String? {
+        let length = lws_hdr_total_length(wsi, token)
+        guard length > 0 else { return nil }
+        var buffer = [CChar](repeating: 0, count: Int(length) + 1)
+        let copied = buffer.withUnsafeMutableBufferPointer { lws_hdr_copy(wsi, $0.baseAddress, Int32($0.count), token) }
+        guard copied >= 0 else { return nil }
+        return String(decoding: buffer.prefix(Int(copied)).map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     /// Starts a client connection (service thread only, like every lws call).

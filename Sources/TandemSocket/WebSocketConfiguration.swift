@@ -34,5 +34,18 @@ public struct WebSocketConfiguration: Sendable {
     /// keep such a connection "open" for hours.
     public var idleTimeout: UInt16 = 45
 
+    /// A server's TLS certificate chain and private key (PEM files): with them the server
+    /// speaks `wss://` (and `https://` for its HTTP pages) instead of `ws://`. Both or neither.
+    public var tlsCertificate: String?
+    public var tlsPrivateKey: String?
+
+    /// For clients: the certificate authorities (a PEM file) a `wss://` server's certificate
+    /// must chain to. Nil: the system's (`/etc/ssl/certs/ca-certificates.crt` on Debian). The
+    /// server's name is checked against its certificate either way.
+    public var trustedCertificates: String?
+
+    /// The largest body of a plain HTTP request (a POST to the server's port). Default: 64 MiB.
+    public var maxHTTPBodyBytes: Int = 64 << 20
+
     public init() {}
 }

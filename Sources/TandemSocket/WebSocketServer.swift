@@ -26,18 +26,21 @@ public final class WebSocketServer: Sendable {
     ///   - port: The port, or 0 for any free port.
     ///   - configuration: Message and queue limits, keepalive timers.
     ///   - delegate: Receives the events of every accepted connection.
+    ///   - httpHandler: Answers plain HTTP requests on the same port (health, metrics, …);
+    ///     without one they get 404.
     ///   - logger: Where libwebsockets' warnings and errors go.
     /// - Throws: ``WebSocketError`` `.contextCreationFailed` when the address cannot be bound.
     public init(
         host: String = "127.0.0.1", port: Int = 0, configuration: WebSocketConfiguration = .init(),
-        delegate: any WebSocketDelegate, logger: Logger = Logger(label: "tandem.socket")
+        delegate: any WebSocketDelegate, httpHandler: HTTPHandler? = nil,
+        logger: Logger = Logger(label: "tandem.socket")
     ) throws(WebSocketError) {
         guard (0...65535).contains(port) else {
             throw WebSocketError(.contextCreationFailed, "port \(port) is not between 0 and 65535")
         }
         loop = try ServiceLoop(
-            name: "server", listen: (host, port), acceptDelegate: delegate, configuration: configuration,
-            logger: logger)
+            name: "server", listen: (host, port), acceptDelegate: delegate, httpHandler: httpHandler,
+            configuration: configuration, logger: logger)
         self.host = host
         self.port = loop.listenPort
     }

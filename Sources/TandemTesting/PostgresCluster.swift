@@ -195,8 +195,10 @@ public final class PostgresCluster: Sendable {
     public func query(_ statement: String, database: String = "postgres") throws -> String {
         try Self.run(
             Self.binary("psql"),
-            ["-h", directory.path, "-p", String(port), "-U", "tandem", "-d", database, "-v", "ON_ERROR_STOP=1",
-             "-A", "-t", "-q", "-c", statement],
+            [
+                "-h", directory.path, "-p", String(port), "-U", "tandem", "-d", database, "-v", "ON_ERROR_STOP=1",
+                "-A", "-t", "-q", "-c", statement,
+            ],
             asPostgres: false)
     }
 
@@ -204,8 +206,10 @@ public final class PostgresCluster: Sendable {
     public func sql(_ statement: String, database: String = "postgres") throws {
         try Self.run(
             Self.binary("psql"),
-            ["-h", directory.path, "-p", String(port), "-U", "tandem", "-d", database, "-v", "ON_ERROR_STOP=1",
-             "-q", "-c", statement],
+            [
+                "-h", directory.path, "-p", String(port), "-U", "tandem", "-d", database, "-v", "ON_ERROR_STOP=1",
+                "-q", "-c", statement,
+            ],
             asPostgres: false)
     }
 

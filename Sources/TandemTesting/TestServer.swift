@@ -33,6 +33,16 @@ public final class TestServer: Sendable {
         ProcessInfo.processInfo.environment["TANDEM_TEST_STORE"] ?? "sqlite"
     }
 
+    /// `TANDEM_TEST_TLS_DIR`: a folder with `server.pem` and `server.key` (for 127.0.0.1 and
+    /// localhost, signed by a test authority the run trusts through `SSL_CERT_FILE`): test
+    /// servers then speak `wss://` only. scripts/test runs the protocol suites this way.
+    public static var tlsFolder: URL? {
+        ProcessInfo.processInfo.environment["TANDEM_TEST_TLS_DIR"].map(URL.init(fileURLWithPath:))
+    }
+
+    /// True when test servers speak TLS (tests of raw frames over plain TCP do not run then).
+    public static var usesTLS: Bool { tlsFolder != nil }
+
     /// - Parameter configure: Adjusts the configuration (limits, retention, clock, storage).
     public init(configure: (inout ServerConfiguration) -> Void = { _ in }) async throws {
         directory = try TemporaryDirectory(prefix: "tandem-server")
@@ -47,6 +57,11 @@ public final class TestServer: Sendable {
         self.database = database
         configuration.port = 0
         configuration.logger.logLevel = .warning
+        if let folder = Self.tlsFolder {
+            configuration.tls = .init(
+                certificate: folder.appendingPathComponent("server.pem"),
+                privateKey: folder.appendingPathComponent("server.key"))
+        }
         configure(&configuration)
         let server = try TandemServer(configuration: configuration)
         configuration.port = server.port
@@ -60,8 +75,8 @@ public final class TestServer: Sendable {
         return server
     }
 
-    /// `ws://127.0.0.1:PORT`; stays the same across ``restart()``.
-    public var url: String { "ws://127.0.0.1:\(port)" }
+    /// `ws://127.0.0.1:PORT` (`wss://` with TLS); stays the same across ``restart()``.
+    public var url: String { "\(baseConfiguration.tls == nil ? "ws" : "wss")://127.0.0.1:\(port)" }
     public var port: Int { baseConfiguration.port }
 
     /// Stops the server: connections close with 1001, the database is closed. The port stays

@@ -6,8 +6,20 @@ import TandemWire
 
 /// Options every client command takes.
 struct ClientOptions: ParsableArguments {
-    @Option(name: .long, help: "The server's URL (or set TANDEM_SERVER).")
+    @Option(
+        name: .long,
+        help: "The server's URL, or several nodes' URLs separated by commas, tried in turn (or set TANDEM_SERVER).")
     var server: String = ProcessInfo.processInfo.environment["TANDEM_SERVER"] ?? "ws://127.0.0.1:7878"
+
+    @Option(
+        name: .customLong("ca"),
+        help: "For wss:// servers: a PEM file of the certificate authorities to trust (default: the system's).")
+    var trustedCertificates: String?
+
+    /// The nodes to try, in order.
+    var servers: [String] {
+        server.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+    }
 
     @Option(name: .customLong("token"), help: "A bearer token for servers with access control (or set TANDEM_TOKEN).")
     var tokenOption: String?
@@ -19,27 +31,45 @@ struct ClientOptions: ParsableArguments {
     var timeout: Int = 10
 
     func validate() throws {
-        guard server.hasPrefix("ws://") || server.hasPrefix("wss://") else {
-            throw ValidationError("--server must be a ws:// URL, like ws://127.0.0.1:7878; got '\(server)'")
+        guard !servers.isEmpty else { throw ValidationError("--server needs a URL, like ws://127.0.0.1:7878") }
+        for url in servers where !(url.hasPrefix("ws://") || url.hasPrefix("wss://")) {
+            throw ValidationError("--server must be a ws:// or wss:// URL, like ws://127.0.0.1:7878; got '\(url)'")
+        }
+        if let trustedCertificates, !FileManager.default.isReadableFile(atPath: trustedCertificates) {
+            throw ValidationError("--ca: cannot read '\(trustedCertificates)'")
         }
         guard timeout > 0 else { throw ValidationError("--timeout must be at least 1 second") }
     }
 
-    /// Connects, turning failures into one line that says what to do.
+    /// Connects to the first node that answers, turning failures into one line that says what
+    /// to do.
+    ///
+    /// - Parameter startingAt: Which node to try first (the others follow, round robin).
     func connect(
-        clientId: String = "cli-\(DocumentID.random().rawValue.prefix(8))",
+        clientId: String = "cli-\(DocumentID.random().rawValue.prefix(8))", startingAt first: Int = 0,
         onClose: (@Sendable (WebSocketCloseEvent) -> Void)? = nil
     ) async throws -> ServerConnection {
-        do {
-            return try await ServerConnection.connect(
-                to: server, clientId: clientId, token: token, timeout: .seconds(timeout), onClose: onClose)
-        } catch let error as TandemError {
-            throw CLIError(Self.explain(error))
+        var last: TandemError?
+        for offset in 0..<servers.count {
+            let url = servers[(first + offset) % servers.count]
+            do {
+                return try await ServerConnection.connect(
+                    to: url, clientId: clientId, token: token, trustedCertificates: trustedCertificates,
+                    timeout: .seconds(timeout), onClose: onClose)
+            } catch let error as TandemError {
+                // A refusal (a bad token) is the same on every node: say it at once.
+                if error.serverError?.code.isRejection == true { throw CLIError(Self.explain(error)) }
+                last = error
+            }
         }
+        throw CLIError(Self.explain(last ?? TandemError(.unreachable, "no server to connect to")))
     }
 
     /// A connection failure as one line that says what to do about it.
     static func explain(_ error: TandemError) -> String {
+        if error.code == .unreachable && error.message.contains("TLS handshake") {
+            return "\(error.message). Pass --ca FILE with the authority that signed the server's certificate."
+        }
         if error.code == .unreachable || error.code == .timedOut {
             return "\(error.message). Is `tandem serve` running? Pass --server URL to use another server."
         }

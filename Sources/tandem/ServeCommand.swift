@@ -19,6 +19,7 @@ struct ServeCommand: AsyncParsableCommand {
               tandem serve --port 0 --data /tmp/tandem     (any free port)
               tandem serve --host 0.0.0.0 --tokens tokens.json --rules rules.json
               tandem serve --port 7001 --postgres 'postgresql://tandem@/tandem?host=/run/postgresql'
+              tandem serve --host 0.0.0.0 --tls-cert cert.pem --tls-key key.pem --tokens tokens.json --rules rules.json
             """)
 
     @Option(help: "The address to listen on (loopback only without access control).")
@@ -35,6 +36,18 @@ struct ServeCommand: AsyncParsableCommand {
             "Keep documents in this PostgreSQL database instead of SQLite: every node given the same URL serves the same data.",
             valueName: "url"))
     var postgres: String?
+
+    @Option(help: "A TLS certificate chain (PEM): serve wss:// instead of ws:// (with --tls-key).")
+    var tlsCert: String?
+
+    @Option(help: "The TLS certificate's private key (PEM).")
+    var tlsKey: String?
+
+    @Flag(help: "Allow a token file on a non-loopback address without TLS (for a proxy that terminates TLS).")
+    var allowPlaintext = false
+
+    @Option(help: "This node's name in /healthz and logs (default: HOST:PORT).")
+    var nodeName: String?
 
     @Option(help: "A JSON file of bearer tokens and the user each names: {\"tokens\": {\"TOKEN\": \"USER\"}}.")
     var tokens: String?
@@ -95,12 +108,18 @@ struct ServeCommand: AsyncParsableCommand {
     var maintenanceSeconds = 3600
 
     func validate() throws {
+        if (tlsCert == nil) != (tlsKey == nil) {
+            throw ValidationError("--tls-cert and --tls-key go together: give both, or neither")
+        }
         if postgres != nil && data != nil {
             throw ValidationError("--data and --postgres choose the store: give one of them, not both")
         }
-        if let postgres, !(postgres.hasPrefix("postgresql://") || postgres.hasPrefix("postgres://") || postgres.contains("=")) {
+        if let postgres,
+            !(postgres.hasPrefix("postgresql://") || postgres.hasPrefix("postgres://") || postgres.contains("="))
+        {
             throw ValidationError(
-                "--postgres takes a PostgreSQL URL, like postgresql://tandem@/tandem?host=/run/postgresql&port=5432; got '\(postgres)'")
+                "--postgres takes a PostgreSQL URL, like postgresql://tandem@/tandem?host=/run/postgresql&port=5432; got '\(postgres)'"
+            )
         }
         guard (0...65535).contains(port) else {
             throw ValidationError("--port must be between 0 and 65535, not \(port)")
@@ -145,6 +164,12 @@ struct ServeCommand: AsyncParsableCommand {
             }
         configuration.host = host
         configuration.port = port
+        configuration.nodeName = nodeName
+        configuration.allowsPlaintext = allowPlaintext
+        if let tlsCert, let tlsKey {
+            configuration.tls = .init(
+                certificate: URL(fileURLWithPath: tlsCert), privateKey: URL(fileURLWithPath: tlsKey))
+        }
         configuration.limits = Limits(
             maxMessageBytes: maxMessageBytes, maxOpsPerWrite: maxOpsPerWrite, maxListenersPerConnection: maxListeners,
             maxDocumentBytes: maxDocumentBytes)

@@ -118,11 +118,14 @@ struct WatchCommand: AsyncParsableCommand {
             // Reconnect, backing off up to 5 s, until the server is back or a refusal is final.
             attempt += 1
             let number = attempt
+            // The next node, when there are several.
+            let url = options.servers[attempt % options.servers.count]
             do {
                 connection = try await ServerConnection.connect(
-                    to: options.server, clientId: clientId, token: options.token, timeout: .seconds(options.timeout),
+                    to: url, clientId: clientId, token: options.token,
+                    trustedCertificates: options.trustedCertificates, timeout: .seconds(options.timeout),
                     onClose: { event in ending.yield(.lost(attempt: number, "\(event)")) })
-                note("# reconnected to \(options.server); resuming from \(progress.token ?? "the start")")
+                note("# reconnected to \(url); resuming from \(progress.token ?? "the start")")
             } catch let error as TandemError where error.serverError?.code.isRejection == true {
                 failure = ClientOptions.explain(error)
                 break loop

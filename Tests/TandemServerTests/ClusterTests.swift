@@ -50,7 +50,8 @@ struct ClusterTests {
                 group.addTask {
                     var ids: [DocumentID] = []
                     for n in 0..<60 {
-                        let created = try await writer.create("shared", ["n": .int(Int64(n)), "by": .int(Int64(index))])
+                        let created = try await writer.create(
+                            "shared", ["n": .int(Int64(n)), "by": .int(Int64(index))])
                         ids.append(created.id)
                         if n % 3 == 0 {
                             _ = try await writer.update(
@@ -230,7 +231,9 @@ struct ClusterTests {
         #expect(try devices.allSatisfy { try $0.entries().count == 30 })
     }
 
-    @Test("sequences follow commit order: a write on another node waits for the transaction that took the sequence before")
+    @Test(
+        "sequences follow commit order: a write on another node waits for the transaction that took the sequence before"
+    )
     func sequencesFollowCommitOrder() async throws {
         let held = Checkpoint()
         let holding = Mutex(false)

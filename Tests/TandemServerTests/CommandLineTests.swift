@@ -111,7 +111,7 @@ struct CommandLineTests {
             (["serve", "--host", "0.0.0.0", "--port", "0"], "only listens on loopback"),
             (["get", "notes/x", "--server", "ws://127.0.0.1:1"], "Is `tandem serve` running?"),
             (["watch", "notes", "--server", "ws://127.0.0.1:1"], "Is `tandem serve` running?"),
-            (["watch", "notes", "--server", "http://example.com"], "must be a ws:// URL"),
+            (["watch", "notes", "--server", "http://example.com"], "must be a ws:// or wss:// URL"),
         ])
     func badArguments(arguments: [String], message: String) async throws {
         let result = try await runTandem(arguments)

@@ -28,7 +28,8 @@ struct DurabilityTests {
         process.kill(SIGTERM)
     }
 
-    @Test("the connection that writes commits durably: SQLite's synchronous = FULL, PostgreSQL's synchronous_commit = on")
+    @Test(
+        "the connection that writes commits durably: SQLite's synchronous = FULL, PostgreSQL's synchronous_commit = on")
     func synchronousFullInForce() async throws {
         let server = try await TestServer()
         // What must be in force, by store: SQLite in WAL mode syncs a commit only with FULL

@@ -73,12 +73,15 @@ public final class ServerConnection: Sendable {
     ///   - clientId: Stable for this device: idempotency keys are remembered per client id.
     ///   - token: A bearer token, for servers with access control.
     ///   - client: The event loop to use; by default one shared by the whole process.
+    ///   - trustedCertificates: For `wss://`: a PEM file of the certificate authorities the
+    ///     server's certificate must chain to (nil: the system's). Ignored with `client`.
     ///   - timeout: How long to wait for `welcome`.
     /// - Throws: ``TandemError``: `.invalidArgument` for a bad URL or client id, `.unreachable`
     ///   when the server cannot be reached, `.server` when it refuses the `hello`,
     ///   `.timedOut`.
     public static func connect(
         to url: String, clientId: String, token: String? = nil, client: WebSocketClient? = nil,
+        trustedCertificates: String? = nil,
         timeout: Duration = .seconds(10), logger: Logger = Logger(label: "tandem.connection"),
         onClose: (@Sendable (WebSocketCloseEvent) -> Void)? = nil
     ) async throws -> ServerConnection {
@@ -86,7 +89,7 @@ public final class ServerConnection: Sendable {
         do { name = try ClientName(clientId, field: "clientId") } catch {
             throw TandemError(.invalidArgument, error.message)
         }
-        let loop = try client ?? SharedClientLoop.get()
+        let loop = try client ?? SharedClientLoop.get(trusting: trustedCertificates)
         let relay = Relay()
         let socket: WebSocketConnection
         do {
@@ -352,6 +355,13 @@ public final class ServerConnection: Sendable {
 
     private func handshakeError(_ event: WebSocketCloseEvent) -> TandemError {
         let code: TandemError.Code = event.failedToConnect ? .unreachable : .disconnected
+        if event.failedToConnect && url.lowercased().hasPrefix("wss://") && event.reason.contains("SSL") {
+            return TandemError(
+                code,
+                "the TLS handshake with \(url) failed: its certificate is not trusted here (signed by an authority "
+                    + "this client does not trust, or issued for another name), or it does not speak TLS: \(event.reason)"
+            )
+        }
         return TandemError(code, "cannot reach the server at \(url): \(event.reason)")
     }
 
@@ -434,16 +444,21 @@ public final class ServerConnection: Sendable {
     }
 }
 
-/// The process-wide client event loop, made on first use.
+/// The process-wide client event loops, made on first use: one per set of trusted
+/// certificate authorities (usually just the system's).
 enum SharedClientLoop {
-    private static let loop = Mutex<WebSocketClient?>(nil)
+    private static let loops = Mutex<[String: WebSocketClient]>([:])
 
-    static func get() throws -> WebSocketClient {
-        try loop.withLock { loop in
-            if let loop { return loop }
+    /// - Parameter trusting: A PEM file of certificate authorities for `wss://`; nil for the
+    ///   system's.
+    static func get(trusting authorities: String? = nil) throws -> WebSocketClient {
+        try loops.withLock { loops in
+            if let loop = loops[authorities ?? ""] { return loop }
             do {
-                let client = try WebSocketClient()
-                loop = client
+                var configuration = WebSocketConfiguration()
+                configuration.trustedCertificates = authorities
+                let client = try WebSocketClient(configuration: configuration)
+                loops[authorities ?? ""] = client
                 return client
             } catch {
                 throw TandemError(.unreachable, "cannot start the WebSocket event loop: \(error)")

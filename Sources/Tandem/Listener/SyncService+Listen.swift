@@ -7,18 +7,20 @@ extension SyncService {
 
     /// Opens a connection; on failure, tries again after a backoff.
     func connect() {
-        let generation = state.withLock { state -> Int in
+        let (generation, url) = state.withLock { state -> (Int, String) in
             state.generation += 1
             state.connecting = true
-            return state.generation
+            return (state.generation, serverURLs[state.urlIndex % serverURLs.count])
         }
         Task { [weak self] in
             guard let self else { return }
             configuration.hooks.beforeConnect?()
             do {
+                let client =
+                    try configuration.webSocketClient
+                    ?? SharedClientLoop.get(trusting: configuration.trustedCertificates)
                 let connection = try await ServerConnection.connect(
-                    to: serverURL, clientId: clientId, token: configuration.token,
-                    client: configuration.webSocketClient,
+                    to: url, clientId: clientId, token: configuration.token, client: client,
                     timeout: Self.connectTimeout, logger: logger,
                     onClose: { [weak self] event in self?.connectionClosed(generation: generation, reason: "\(event)") }
                 )
@@ -39,7 +41,7 @@ extension SyncService {
                     connectionClosed(generation: generation, reason: "closed during the handshake")
                     return
                 }
-                logger.debug("connected", metadata: ["tandem.client": "\(clientId)", "tandem.server": "\(serverURL)"])
+                logger.debug("connected", metadata: ["tandem.client": "\(clientId)", "tandem.server": "\(url)"])
                 publishStatus()
                 // Push before pull: changes made offline (and creates whose answer was lost)
                 // go out before the listeners bring the server's state.
@@ -49,6 +51,7 @@ extension SyncService {
                 let retry = state.withLock { state -> Bool in
                     guard state.generation == generation else { return false }
                     state.connecting = false
+                    state.urlIndex += 1  // the next node, if there are several
                     return state.running
                 }
                 if retry {
@@ -69,6 +72,7 @@ extension SyncService {
             state.connection = nil
             state.listening = [:]
             state.generation += 1
+            state.urlIndex += 1
             state.status.isConnected = false
             return state.running
         }
@@ -83,6 +87,7 @@ extension SyncService {
             guard state.generation == generation, state.connection != nil else { return false }
             state.connection = nil
             state.listening = [:]
+            state.urlIndex += 1
             state.status.isConnected = false
             return state.running
         }

@@ -44,6 +44,13 @@ public struct SyncConfiguration: Sendable {
     public var webSocketClient: WebSocketClient?
     /// A bearer token for servers with access control.
     public var token: String?
+    /// More nodes of the same server (the same PostgreSQL database, see docs/SCALE-OUT.md):
+    /// the service connects to its `serverURL` first and, when a connection is lost or
+    /// refused, to the next of these, round robin, resuming its listeners there.
+    public var serverURLs: [String] = []
+    /// For `wss://` servers: the certificate authorities (a PEM file) their certificates must
+    /// chain to. Nil: the system's. The server's name is checked against its certificate.
+    public var trustedCertificates: String?
     public var logger = Logger(label: "tandem.sync")
 
     public init() {}

@@ -34,7 +34,10 @@ import TandemWire
 /// ```
 public final class SyncService: Sendable {
     public let clientId: String
+    /// The first server node the service connects to.
     public let serverURL: String
+    /// Every node it may connect to: ``serverURL``, then ``SyncConfiguration/serverURLs``.
+    public let serverURLs: [String]
     public let configuration: SyncConfiguration
     let database: any DatabaseWriter
     let store: LocalStore
@@ -59,6 +62,8 @@ public final class SyncService: Sendable {
         /// Grows with every connection attempt; callbacks of older connections are ignored.
         var generation = 0
         var reconnectAttempt = 0
+        /// Which of ``serverURLs`` the next connection goes to.
+        var urlIndex = 0
         /// True from the start of a connection attempt until it succeeds or fails.
         var connecting = false
         var listening: [CollectionPath: ListenerTarget] = [:]
@@ -86,6 +91,9 @@ public final class SyncService: Sendable {
         }
         self.database = database
         self.serverURL = serverURL
+        var urls = [serverURL]
+        for url in configuration.serverURLs where !urls.contains(url) { urls.append(url) }
+        self.serverURLs = urls
         self.clientId = clientId
         self.configuration = configuration
         self.logger = configuration.logger

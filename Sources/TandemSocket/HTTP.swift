@@ -1,0 +1,117 @@
+import CLibWebSockets
+import Synchronization
+
+/// A plain HTTP request to a ``WebSocketServer``'s port (not an upgrade to WebSocket).
+public struct HTTPRequest: Sendable {
+    public var method: String
+    /// The path, without the query.
+    public var path: String
+    /// The query string, without the `?`.
+    public var query: String
+    /// The `Authorization` header, if any.
+    public var authorization: String?
+    /// The body of a POST (at most ``WebSocketConfiguration/maxHTTPBodyBytes``).
+    public var body: [UInt8]
+    /// The peer's address.
+    public var peer: String
+
+    /// The value of a query parameter (`?collection=notes`), percent-decoding it.
+    public func parameter(_ name: String) -> String? {
+        for pair in query.split(separator: "&") {
+            let parts = pair.split(separator: "=", maxSplits: 1)
+            if parts.first.map(String.init) == name {
+                return parts.count > 1 ? String(parts[1]).removingPercentEncoding ?? String(parts[1]) : ""
+            }
+        }
+        return nil
+    }
+}
+
+/// The answer to an ``HTTPRequest``.
+public struct HTTPResponse: Sendable {
+    public var status: Int
+    public var contentType: String
+    public var body: [UInt8]
+
+    public init(status: Int, contentType: String = "application/json", body: [UInt8]) {
+        self.status = status
+        self.contentType = contentType
+        self.body = body
+    }
+
+    public init(status: Int, contentType: String = "application/json", text: String) {
+        self.init(status: status, contentType: contentType, body: Array(text.utf8))
+    }
+
+    public static func notFound(_ path: String) -> HTTPResponse {
+        HTTPResponse(status: 404, contentType: "text/plain; charset=utf-8", text: "no such page: \(path)\n")
+    }
+}
+
+/// Answers HTTP requests. Called on the server's service thread: answer quickly, or hand the
+/// work elsewhere and call `respond` from any thread when done.
+public typealias HTTPHandler = @Sendable (HTTPRequest, _ respond: @escaping @Sendable (HTTPResponse) -> Void) -> Void
+
+/// One HTTP request and its answer, from the request's headers to the last byte of the body.
+///
+/// Created on the service thread; `respond` may come from any thread (it is handed to the
+/// loop through its attention list, like a connection's sends); everything else happens on
+/// the service thread.
+final class HTTPExchange: @unchecked Sendable {
+    let id: UInt64
+    // Service thread only.
+    nonisolated(unsafe) var wsi: OpaquePointer?
+    nonisolated(unsafe) var request: HTTPRequest
+    nonisolated(unsafe) var headersSent = false
+    nonisolated(unsafe) var sent = 0
+    private let response = Mutex<HTTPResponse?>(nil)
+
+    private static let nextID = Atomic<UInt64>(1)
+
+    init(wsi: OpaquePointer, request: HTTPRequest) {
+        id = Self.nextID.wrappingAdd(1, ordering: .relaxed).oldValue
+        self.wsi = wsi
+        self.request = request
+    }
+
+    func setResponse(_ value: HTTPResponse) { response.withLock { $0 = value } }
+    var readyResponse: HTTPResponse? { response.withLock { $0 } }
+
+    /// Writes the headers and as much of the body as the socket takes (service thread).
+    ///
+    /// - Returns: -1 to close, 0 to go on.
+    func write() -> Int32 {
+        guard let wsi, let response = readyResponse else { return 0 }
+        if !headersSent {
+            var buffer = [UInt8](repeating: 0, count: OutboundMessage.headroom + 1024)
+            let failed = buffer.withUnsafeMutableBufferPointer { pointer -> Bool in
+                let start = pointer.baseAddress! + OutboundMessage.headroom
+                var position: UnsafeMutablePointer<UInt8>? = start
+                let end = pointer.baseAddress! + pointer.count - 1
+                let type = response.contentType
+                return type.withCString { type in
+                    lws_add_http_common_headers(
+                        wsi, UInt32(response.status), type, lws_filepos_t(response.body.count), &position, end) != 0
+                        || lws_finalize_write_http_header(wsi, start, &position, end) != 0
+                }
+            }
+            if failed { return -1 }
+            headersSent = true
+            if response.body.isEmpty { return lws_http_transaction_completed(wsi) != 0 ? -1 : 0 }
+        }
+        let chunk = min(16 << 10, response.body.count - sent)
+        let final = sent + chunk == response.body.count
+        var buffer = [UInt8](repeating: 0, count: OutboundMessage.headroom)
+        buffer.append(contentsOf: response.body[sent..<(sent + chunk)])
+        let written = buffer.withUnsafeMutableBufferPointer { pointer in
+            lws_write(
+                wsi, pointer.baseAddress! + OutboundMessage.headroom, chunk,
+                final ? LWS_WRITE_HTTP_FINAL : LWS_WRITE_HTTP)
+        }
+        if written < chunk { return -1 }
+        sent += chunk
+        if final { return lws_http_transaction_completed(wsi) != 0 ? -1 : 0 }
+        lws_callback_on_writable(wsi)
+        return 0
+    }
+}
