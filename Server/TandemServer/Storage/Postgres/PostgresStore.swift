@@ -69,7 +69,7 @@ final class PostgresStore: DocumentStore {
 
     func setting(_ name: String) throws -> String? {
         guard name.allSatisfy({ $0.isLetter || $0 == "_" }) else { return nil }
-        return try run { try $0.query("SHOW \(name)").rows.first?.first ?? nil }
+        return try read { try $0.query("SHOW \(name)").rows.first?.first ?? nil }
     }
 
     /// A connection for writing: `synchronous_commit` is put on for it whatever the database's
@@ -161,6 +161,18 @@ final class PostgresStore: DocumentStore {
 
     // MARK: - Connection
 
+    /// Runs a read with the core's connection. A read whose connection turns out to be gone
+    /// (PostgreSQL restarted since the last call) is tried once more on a new connection: it
+    /// changes nothing, so trying it again is safe.
+    private func read<T>(_ body: (PostgresConnection) throws -> T) throws -> T {
+        do {
+            return try run(body)
+        } catch let error as PostgresError where error.isConnectionFailure {
+            retryAfter = ContinuousClock.now
+            return try run(body)
+        }
+    }
+
     /// Runs `body` with the core's connection, connecting first when it is down.
     private func run<T>(_ body: (PostgresConnection) throws -> T) throws -> T {
         if connection == nil || !connection!.isOpen {
@@ -189,7 +201,7 @@ final class PostgresStore: DocumentStore {
     // MARK: - Reading
 
     func document(in collection: CollectionPath, id: DocumentID) throws -> StoredDocument? {
-        try run { connection in
+        try read { connection in
             try connection.query(
                 "SELECT \(Self.columns) FROM tandem_document WHERE collection = $1 AND id = $2",
                 [collection.rawValue, id.rawValue], prepare: true
@@ -198,7 +210,7 @@ final class PostgresStore: DocumentStore {
     }
 
     func documents(in collection: CollectionPath) throws -> [Document] {
-        try run { connection in
+        try read { connection in
             try connection.query(
                 "SELECT \(Self.columns) FROM tandem_document WHERE collection = $1 AND NOT deleted ORDER BY sequence",
                 [collection.rawValue]
@@ -207,7 +219,7 @@ final class PostgresStore: DocumentStore {
     }
 
     func collections() throws -> [CollectionPath] {
-        try run { connection in
+        try read { connection in
             try connection.query(
                 "SELECT DISTINCT collection FROM tandem_document WHERE NOT deleted ORDER BY collection"
             ).rows.compactMap { $0[0].flatMap { try? CollectionPath($0) } }
@@ -215,7 +227,7 @@ final class PostgresStore: DocumentStore {
     }
 
     func feedBounds(of collection: CollectionPath) throws -> FeedBounds {
-        try run { connection in
+        try read { connection in
             let row = try connection.query(
                 "SELECT last_sequence, horizon_sequence FROM tandem_collection WHERE path = $1",
                 [collection.rawValue], prepare: true
@@ -238,7 +250,7 @@ final class PostgresStore: DocumentStore {
         """
 
     func page(of collection: CollectionPath, after position: Int64, limit: Int, maxBytes: Int) throws -> FeedPage {
-        try run { connection in
+        try read { connection in
             let rows = try connection.query(
                 Self.pageSQL, [collection.rawValue, String(position), String(limit), String(maxBytes)], prepare: true
             ).rows
@@ -263,7 +275,7 @@ final class PostgresStore: DocumentStore {
     {
         guard !positions.isEmpty else { return [:] }
         let paths = Array(positions.keys)
-        let rows = try run { connection in
+        let rows = try read { connection in
             try connection.query(
                 Self.feedsSQL,
                 [
