@@ -171,6 +171,15 @@ public final class TandemServer: Sendable {
         try core.queue.sync { try core.store.collections() }
     }
 
+    /// Every document, tombstones included, with its collection: for checks and exports.
+    public func everyDocument() throws -> [(collection: CollectionPath, document: Document)] {
+        try core.queue.sync {
+            var all: [(CollectionPath, Document)] = []
+            try core.store.forEachDocument { stored in all.append((stored.collection, try stored.document)) }
+            return all
+        }
+    }
+
     /// Every live document of the collection, in the order of their last write.
     public func documents(in collection: CollectionPath) throws -> [Document] {
         try core.queue.sync { try core.store.documents(in: collection) }

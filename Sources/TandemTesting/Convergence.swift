@@ -64,6 +64,8 @@ public protocol ServerContents {
     func collections() throws -> [CollectionPath]
     /// The live documents of a collection.
     func documents(in collection: CollectionPath) throws -> [Document]
+    /// Every document, tombstones included.
+    func everyDocument() throws -> [(collection: CollectionPath, document: Document)]
 }
 
 extension TandemServer: ServerContents {}
@@ -101,13 +103,18 @@ public struct ServerDatabase: ServerContents {
         }
     }
 
-    /// Every document, tombstones included: collection, id, version, deleted, fields.
-    public func everyDocument() throws -> [(
-        collection: String, id: String, version: Int64, deleted: Bool, fields: JSONObject
-    )] {
+    public func everyDocument() throws -> [(collection: CollectionPath, document: Document)] {
         try database.read { db in
-            try Row.fetchAll(db, sql: "SELECT collection, id, version, deleted, fields FROM document").map { row in
-                (row[0], row[1], row[2], row[3], try Wire.decodeFields(Array((row[4] as String).utf8)))
+            try Row.fetchAll(
+                db, sql: "SELECT collection, id, version, deleted, fields, createTime, updateTime FROM document"
+            ).map { row in
+                (
+                    try CollectionPath(row[0] as String),
+                    Document(
+                        id: try DocumentID(row[1] as String), version: row[2],
+                        fields: try Wire.decodeFields(Array((row[4] as String).utf8)), createTime: row[5],
+                        updateTime: row[6], deleted: row[3])
+                )
             }
         }
     }

@@ -149,6 +149,22 @@ public final class PostgresCluster: Sendable {
         waitForServerExit()
     }
 
+    /// Restarts at once (`pg_ctl restart -m immediate`) the PostgreSQL server a URL names:
+    /// one on this machine, whose data folder the server tells (`SHOW data_directory`, which
+    /// needs a superuser or pg_read_all_settings), run as that folder's owner when run as root.
+    public static func restartImmediately(serving url: String) async throws {
+        let folder = try await onOwnThread {
+            try run(binary("psql"), [url, "-A", "-t", "-q", "-c", "SHOW data_directory"], asPostgres: false)
+                .trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        guard !folder.isEmpty else {
+            throw ServerProcessError("PostgreSQL at \(url) did not say where its data is (SHOW data_directory)")
+        }
+        _ = try await onOwnThread {
+            try run(binary("pg_ctl"), ["-D", folder, "restart", "-m", "immediate", "-w", "-l", "/dev/null"])
+        }
+    }
+
     /// `pg_ctl restart -m immediate`: crash, then start again on the same port and data.
     public func restartImmediately() async throws {
         crash()

@@ -38,6 +38,14 @@ public final class ServerProcess: @unchecked Sendable {
     public static func onStablePort(
         dataDirectory: URL, options: [String] = [], executable: URL? = nil
     ) async throws -> ServerProcess {
+        try await onStablePort(
+            arguments: ["serve", "--data", dataDirectory.path, "--log-level", "warning"] + options,
+            executable: executable)
+    }
+
+    /// Starts `tandem` with `arguments` (a `serve` command without `--port`) on a port below
+    /// the ephemeral range, as ``onStablePort(dataDirectory:options:executable:)`` does.
+    public static func onStablePort(arguments: [String], executable: URL? = nil) async throws -> ServerProcess {
         let ephemeralStart =
             (try? String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8))
             .flatMap { $0.split(whereSeparator: \.isWhitespace).first.flatMap { Int($0) } } ?? 32768
@@ -46,11 +54,7 @@ public final class ServerProcess: @unchecked Sendable {
         for _ in 0..<20 {
             do {
                 return try await ServerProcess(
-                    arguments: [
-                        "serve", "--port", String(Int.random(in: range)), "--data", dataDirectory.path,
-                        "--log-level", "warning",
-                    ] + options,
-                    executable: executable)
+                    arguments: arguments + ["--port", String(Int.random(in: range))], executable: executable)
             } catch {
                 lastError = error  // most likely the port is taken: try another
             }

@@ -2,6 +2,7 @@ import Foundation
 import GRDB
 import Synchronization
 import Tandem
+import TandemServer
 import TandemWire
 
 /// The soak: `tandem serve` as a child process and several devices writing at random (the
@@ -19,25 +20,24 @@ public enum SoakScenario {
         let started = ContinuousClock.now
         var random = SeededGenerator(seed: options.seed)
         let folder = try TemporaryDirectory(prefix: "tandem-soak")
-        let dataDirectory = folder.url.appendingPathComponent("server")
-        var serverOptions = ["--fault-seed", String(options.seed)]
-        if options.lostAckRate > 0 { serverOptions += ["--fault-lost-ack", String(options.lostAckRate)] }
-        let server = try await ServerProcess.onStablePort(
-            dataDirectory: dataDirectory, options: serverOptions,
-            executable: options.serverExecutable ?? options.executable)
-        defer { server.kill() }
+        let servers = try await SoakServers.start(options, folder: folder, progress: progress)
+        defer { servers.stop() }
 
         let ledger = Ledger()
+        let urls = servers.nodes.map(\.url)
         let devices = try (1...options.devices).map { index in
             let name = "device-\(index)"
             let database = Mutex<DatabaseQueue?>(nil)
-            let device = try TestDevice(name: name, serverURL: server.url) { configuration in
+            // Spread over the nodes; each may fail over to the others.
+            let first = (index - 1) % urls.count
+            let device = try TestDevice(name: name, serverURL: urls[first]) { configuration in
+                configuration.serverURLs = Array(urls[(first + 1)...] + urls[..<first])
                 configuration.pushDelay = .milliseconds(2)
                 configuration.pushInterval = .seconds(1)
                 configuration.reconnectDelay = .milliseconds(50)
                 configuration.maxReconnectDelay = .milliseconds(400)
                 configuration.requestTimeout = .seconds(5)
-                // The server goes away for a while on purpose: rows must not fail for that.
+                // Servers go away for a while on purpose: rows must not fail for that.
                 configuration.maxAttempts = 10_000
                 configuration.hooks.afterWriteBack = { ops, results in
                     ledger.acknowledged(by: name, ops, results)
@@ -57,8 +57,8 @@ public enum SoakScenario {
         for device in devices { device.service.start() }
         do {
             return try await run(
-                options, server: server, dataDirectory: dataDirectory, devices: devices, ledger: ledger,
-                random: &random, started: started, progress: progress)
+                options, servers: servers, devices: devices, ledger: ledger, random: &random, started: started,
+                progress: progress)
         } catch {
             for device in devices { await device.service.stop() }
             throw error
@@ -66,7 +66,7 @@ public enum SoakScenario {
     }
 
     private static func run(
-        _ options: SoakOptions, server: ServerProcess, dataDirectory: URL, devices: [TestDevice], ledger: Ledger,
+        _ options: SoakOptions, servers: SoakServers, devices: [TestDevice], ledger: Ledger,
         random: inout SeededGenerator, started: ContinuousClock.Instant, progress: @escaping @Sendable (String) -> Void
     ) async throws -> SoakResult {
         progress("opening the book")
@@ -76,18 +76,30 @@ public enum SoakScenario {
             try devices.allSatisfy { try DemoScenario.sharedAccounts($0).count >= 2 }
         }
 
+        // The failures, spread evenly over the run: node (or server) kills, PostgreSQL restarts.
+        var failures: [Int: SoakServers.Failure] = [:]
+        let nodeKills = options.isCluster ? options.nodeRestarts : options.serverRestarts
+        for index in 0..<nodeKills {
+            failures[(index + 1) * options.operations / (nodeKills + 1)] = .killNode
+        }
+        for index in 0..<options.postgresRestarts {
+            let step = (2 * index + 1) * options.operations / (2 * options.postgresRestarts + 1)
+            failures[failures[step] == nil ? step : step + 1] = .restartPostgres
+        }
         var counts: [String: Int] = [:]
-        let restartEvery = options.operations / (options.serverRestarts + 1)
-        var restarts = 0
+        var restarts = 0, postgresRestarts = 0
         for step in 0..<options.operations {
-            if options.serverRestarts > 0, step > 0, step % restartEvery == 0, restarts < options.serverRestarts {
-                progress("killing the server (SIGKILL), restart \(restarts + 1) of \(options.serverRestarts)")
-                server.kill()
-                try await Task.sleep(for: .milliseconds(Int.random(in: 50...400, using: &random)))
-                // Another fault seed for each server process, so that they do not all make the
-                // same choices.
-                try await server.restart(changing: ["--fault-seed": String(options.seed &+ UInt64(restarts + 1))])
+            switch failures[step] {
+            case .killNode?:
                 restarts += 1
+                try await servers.killAndRestartNode(
+                    restart: restarts, of: nodeKills, random: &random, seed: options.seed, progress: progress)
+            case .restartPostgres?:
+                postgresRestarts += 1
+                progress("restarting PostgreSQL (immediate), \(postgresRestarts) of \(options.postgresRestarts)")
+                try await servers.restartPostgres()
+            case nil:
+                break
             }
             for device in devices where Double.random(in: 0..<1, using: &random) < options.disconnectRate {
                 device.service.reconnect()
@@ -105,7 +117,7 @@ public enum SoakScenario {
         }
 
         progress("syncing until quiet")
-        let contents = try ServerDatabase(dataDirectory: dataDirectory)
+        let contents = try servers.contents()
         let report = try await Convergence.waitUntilQuiet(
             server: contents, devices: devices, timeout: options.quietTimeout,
             progress: { report in
@@ -114,10 +126,109 @@ public enum SoakScenario {
         for device in devices { await device.service.stop() }
         return try ledger.verdict(
             report: report, server: contents, devices: devices, options: options, operations: counts,
-            restarts: restarts,
-            lostAcksInjected: server.standardErrorLines.count {
-                $0.contains("injected fault: acknowledgement lost")
-            }, elapsed: ContinuousClock.now - started)
+            restarts: restarts, postgresRestarts: postgresRestarts,
+            lostAcksInjected: servers.nodes.map { node in
+                node.standardErrorLines.count { $0.contains("injected fault: acknowledgement lost") }
+            }.reduce(0, +), elapsed: ContinuousClock.now - started)
+    }
+}
+
+/// The soak's servers: one `tandem serve` on SQLite, or several nodes over one PostgreSQL
+/// database (the soak's own throwaway cluster, or one given by URL).
+final class SoakServers: Sendable {
+    enum Failure { case killNode, restartPostgres }
+
+    let nodes: [ServerProcess]
+    let options: SoakOptions
+    private let dataDirectory: URL?
+    private let databaseURL: String?
+    private let cluster: PostgresCluster?
+
+    private init(
+        nodes: [ServerProcess], options: SoakOptions, dataDirectory: URL?, databaseURL: String?,
+        cluster: PostgresCluster?
+    ) {
+        self.nodes = nodes
+        self.options = options
+        self.dataDirectory = dataDirectory
+        self.databaseURL = databaseURL
+        self.cluster = cluster
+    }
+
+    static func start(
+        _ options: SoakOptions, folder: TemporaryDirectory, progress: @escaping @Sendable (String) -> Void
+    ) async throws -> SoakServers {
+        var faults = ["--fault-seed", String(options.seed)]
+        if options.lostAckRate > 0 { faults += ["--fault-lost-ack", String(options.lostAckRate)] }
+        let executable = options.serverExecutable ?? options.executable
+        guard options.isCluster else {
+            let data = folder.url.appendingPathComponent("server")
+            let server = try await ServerProcess.onStablePort(
+                arguments: ["serve", "--data", data.path, "--log-level", "warning"] + faults, executable: executable)
+            return SoakServers(
+                nodes: [server], options: options, dataDirectory: data, databaseURL: nil, cluster: nil)
+        }
+        var cluster: PostgresCluster?
+        let url: String
+        if let given = options.postgresURL {
+            url = given
+        } else {
+            progress("starting a throwaway PostgreSQL cluster")
+            let own = try await PostgresCluster.start(durable: true)
+            url = try await onOwnThread { try own.createDatabase() }
+            cluster = own
+        }
+        var nodes: [ServerProcess] = []
+        for index in 0..<options.nodes {
+            progress("starting node \(index + 1) of \(options.nodes)")
+            nodes.append(
+                try await ServerProcess.onStablePort(
+                    arguments: [
+                        "serve", "--postgres", url, "--node-name", "node-\(index + 1)", "--log-level", "warning",
+                    ] + faults.map { $0 == String(options.seed) ? String(options.seed &+ UInt64(index)) : $0 },
+                    executable: executable))
+        }
+        return SoakServers(nodes: nodes, options: options, dataDirectory: nil, databaseURL: url, cluster: cluster)
+    }
+
+    /// Kills a node (the one server, or a node at random) with SIGKILL and starts it again on
+    /// the same port, with another fault seed.
+    func killAndRestartNode(
+        restart: Int, of total: Int, random: inout SeededGenerator, seed: UInt64,
+        progress: @escaping @Sendable (String) -> Void
+    ) async throws {
+        let index = Int.random(in: 0..<nodes.count, using: &random)
+        progress(
+            nodes.count == 1
+                ? "killing the server (SIGKILL), restart \(restart) of \(total)"
+                : "killing node \(index + 1) (SIGKILL), restart \(restart) of \(total)")
+        nodes[index].kill()
+        try await Task.sleep(for: .milliseconds(Int.random(in: 50...400, using: &random)))
+        try await nodes[index].restart(changing: ["--fault-seed": String(seed &+ UInt64(100 * restart + index))])
+    }
+
+    /// Restarts PostgreSQL at once, as `pg_ctl restart -m immediate` does.
+    func restartPostgres() async throws {
+        if let cluster {
+            try await cluster.restartImmediately()
+            return
+        }
+        guard let databaseURL else { return }
+        try await PostgresCluster.restartImmediately(serving: databaseURL)
+    }
+
+    /// What the servers hold, read straight from the store.
+    func contents() throws -> any ServerContents {
+        if let dataDirectory { return try ServerDatabase(dataDirectory: dataDirectory) }
+        var configuration = ServerConfiguration(storage: .postgres(url: databaseURL!))
+        configuration.port = 0
+        configuration.logger.logLevel = .critical
+        return try TandemServer(configuration: configuration)
+    }
+
+    func stop() {
+        for node in nodes { node.kill() }
+        cluster?.stop()
     }
 }
 
@@ -132,6 +243,19 @@ public struct SoakOptions: Sendable {
     /// The chance that the server commits a write and loses its acknowledgement.
     public var lostAckRate = 0.02
     public var quietTimeout: Duration = .seconds(180)
+    /// How many server nodes; more than one runs them over PostgreSQL.
+    public var nodes = 1
+    /// The PostgreSQL database of the nodes; nil with several nodes: a throwaway cluster of
+    /// the soak's own.
+    public var postgresURL: String?
+    /// With several nodes: how many times a node at random is killed with SIGKILL and started
+    /// again (``serverRestarts`` counts the kills of the one SQLite server).
+    public var nodeRestarts = 0
+    /// How many times PostgreSQL is restarted at once (`-m immediate`).
+    public var postgresRestarts = 0
+
+    /// Whether the servers run over PostgreSQL.
+    public var isCluster: Bool { nodes > 1 || postgresURL != nil || postgresRestarts > 0 }
     /// The `tandem` executable that runs the server; by default found next to this program.
     public var executable: URL?
     /// Another `tandem` executable to run the server with (another build of it), if not
@@ -146,6 +270,7 @@ public struct SoakResult: Sendable {
     public var report: ConvergenceReport
     public var operations: [String: Int]
     public var restarts: Int
+    public var postgresRestarts: Int
     public var lostAcksInjected: Int
     /// Writes the server acknowledged and the devices wrote back.
     public var acknowledgedWrites: Int
@@ -264,14 +389,14 @@ final class Ledger: Sendable {
     }
 
     func verdict(
-        report: ConvergenceReport, server: ServerDatabase, devices: [TestDevice], options: SoakOptions,
-        operations: [String: Int], restarts: Int, lostAcksInjected: Int, elapsed: Duration
+        report: ConvergenceReport, server: any ServerContents, devices: [TestDevice], options: SoakOptions,
+        operations: [String: Int], restarts: Int, postgresRestarts: Int, lostAcksInjected: Int, elapsed: Duration
     ) throws -> SoakResult {
         let state = state.withLock { $0 }
         var byKey: [Key: (version: Int64, deleted: Bool)] = [:]
         var uids: [String: Int] = [:]
-        for document in try server.everyDocument() {
-            let key = Key(collection: document.collection, id: document.id)
+        for (collection, document) in try server.everyDocument() {
+            let key = Key(collection: collection.rawValue, id: document.id.rawValue)
             byKey[key] = (document.version, document.deleted)
             if !document.deleted, key.collection.hasSuffix("/entries"), let uid = document.fields["uid"]?.stringValue {
                 uids[uid, default: 0] += 1
@@ -294,7 +419,8 @@ final class Ledger: Sendable {
         }
         return SoakResult(
             options: options, report: report, operations: operations, restarts: restarts,
-            lostAcksInjected: lostAcksInjected, acknowledgedWrites: state.acknowledged, lostWrites: lost.sorted(),
+            postgresRestarts: postgresRestarts, lostAcksInjected: lostAcksInjected,
+            acknowledgedWrites: state.acknowledged, lostWrites: lost.sorted(),
             duplicates: duplicates.sorted(), resurrected: resurrected.sorted(),
             readYourWritesViolations: state.violations, elapsed: elapsed)
     }

@@ -20,6 +20,8 @@ struct SoakCommand: AsyncParsableCommand {
             Examples:
               tandem soak
               tandem soak --devices 5 --ops 2000 --seed 1 --server-restarts 3
+              tandem soak --nodes 3 --node-restarts 3 --postgres-restarts 1
+              tandem soak --nodes 3 --postgres 'postgresql://tandem@/soak?host=/tmp' --node-restarts 3
             """)
 
     @Option(help: "How many devices.")
@@ -46,6 +48,21 @@ struct SoakCommand: AsyncParsableCommand {
     @Option(help: "Run the server with this tandem executable (another build) instead of this one.")
     var serverExecutable: String?
 
+    @Option(help: "How many server nodes; more than one runs them over PostgreSQL.")
+    var nodes = 1
+
+    @Option(
+        help: ArgumentHelp(
+            "The nodes' PostgreSQL database (default with --nodes: a throwaway cluster of the soak's own).",
+            valueName: "url"))
+    var postgres: String?
+
+    @Option(help: "With several nodes: how many times a node at random is killed with SIGKILL and restarted.")
+    var nodeRestarts = 0
+
+    @Option(help: "How many times PostgreSQL is restarted at once (-m immediate).")
+    var postgresRestarts = 0
+
     func validate() throws {
         guard (1...50).contains(devices) else { throw ValidationError("--devices must be between 1 and 50") }
         guard ops >= 1 else { throw ValidationError("--ops must be at least 1") }
@@ -57,6 +74,14 @@ struct SoakCommand: AsyncParsableCommand {
             throw ValidationError("--server-restarts must be between 0 and the number of operations")
         }
         guard timeout >= 1 else { throw ValidationError("--timeout must be at least 1 second") }
+        guard (1...20).contains(nodes) else { throw ValidationError("--nodes must be between 1 and 20") }
+        guard nodeRestarts >= 0, postgresRestarts >= 0, nodeRestarts + postgresRestarts < ops else {
+            throw ValidationError(
+                "--node-restarts and --postgres-restarts must be between 0 and the number of operations")
+        }
+        if nodeRestarts > 0 && nodes == 1 && postgres == nil {
+            throw ValidationError("--node-restarts is for several nodes (--nodes N); one server uses --server-restarts")
+        }
     }
 
     func run() async throws {
@@ -73,6 +98,11 @@ struct SoakCommand: AsyncParsableCommand {
         options.serverRestarts = serverRestarts
         options.lostAckRate = lostAckRate
         options.quietTimeout = .seconds(timeout)
+        options.nodes = nodes
+        options.postgresURL = postgres
+        options.nodeRestarts = nodeRestarts
+        options.postgresRestarts = postgresRestarts
+        if options.isCluster { options.serverRestarts = 0 }
         options.executable = Executable.current
         if let serverExecutable {
             guard FileManager.default.isExecutableFile(atPath: serverExecutable) else {
@@ -81,9 +111,17 @@ struct SoakCommand: AsyncParsableCommand {
             options.serverExecutable = URL(fileURLWithPath: serverExecutable)
         }
 
-        emit(
-            "Tandem soak: \(devices) devices, \(ops) operations, seed \(seed), disconnect rate \(disconnectRate), "
-                + "\(serverRestarts) server restarts (SIGKILL), lost-ack rate \(lostAckRate)")
+        if options.isCluster {
+            emit(
+                "Tandem soak: \(nodes) nodes over PostgreSQL (\(postgres == nil ? "a throwaway cluster" : "the given database")), "
+                    + "\(devices) devices, \(ops) operations, seed \(seed), disconnect rate \(disconnectRate), "
+                    + "\(nodeRestarts) node restarts (SIGKILL), \(postgresRestarts) PostgreSQL restarts, "
+                    + "lost-ack rate \(lostAckRate)")
+        } else {
+            emit(
+                "Tandem soak: \(devices) devices, \(ops) operations, seed \(seed), disconnect rate \(disconnectRate), "
+                    + "\(serverRestarts) server restarts (SIGKILL), lost-ack rate \(lostAckRate)")
+        }
         let progress = ProgressLine()
         let result = try await SoakScenario.run(options) { progress.show($0) }
         progress.finish()
@@ -95,8 +133,9 @@ struct SoakCommand: AsyncParsableCommand {
                 + "\(counts["edit", default: 0]) edits, \(counts["delete", default: 0]) deletes; "
                 + "\(counts["disconnect", default: 0]) disconnects")
         emit(
-            "server restarts (SIGKILL): \(result.restarts); acknowledgements lost on purpose: \(result.lostAcksInjected)"
-        )
+            "\(options.isCluster ? "node" : "server") restarts (SIGKILL): \(result.restarts)"
+                + (options.isCluster ? "; PostgreSQL restarts: \(result.postgresRestarts)" : "")
+                + "; acknowledgements lost on purpose: \(result.lostAcksInjected)")
         emit("acknowledged writes: \(result.acknowledgedWrites)")
         let converged = result.report.devices.filter(\.matchesServer).count
         emit(

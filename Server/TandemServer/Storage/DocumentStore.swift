@@ -57,6 +57,10 @@ protocol DocumentStore: AnyObject {
     /// Every live document of the collection, in feed order. For tests and tools.
     func documents(in collection: CollectionPath) throws -> [Document]
 
+    /// Every document, tombstones included, by collection and then sequence, handed to `body`
+    /// a page at a time (the store is never read whole into memory). For exports and checks.
+    func forEachDocument(_ body: (StoredDocument) throws -> Void) throws
+
     /// A setting of the store's connection as it is in force now (for example SQLite's
     /// `synchronous`), for tests that check what the documents promise.
     func setting(_ name: String) throws -> String?

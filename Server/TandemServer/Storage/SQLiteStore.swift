@@ -159,6 +159,14 @@ final class SQLiteStore: DocumentStore {
         }
     }
 
+    func forEachDocument(_ body: (StoredDocument) throws -> Void) throws {
+        try read { db in
+            let rows = try Row.fetchCursor(
+                db, sql: "SELECT \(Self.columns) FROM document ORDER BY collection, sequence")
+            while let row = try rows.next() { try body(try Self.storedDocument(row)) }
+        }
+    }
+
     func collections() throws -> [CollectionPath] {
         try read { db in
             try String.fetchAll(

@@ -53,6 +53,9 @@ final class PostgresConnection {
             state = PQconnectPoll(connection)
         }
         PQsetnonblocking(connection, 1)
+        // libpq prints the server's notices (NOTICE, and the FATAL of a connection the server
+        // ends) to standard error by default; the store reports what matters itself.
+        PQsetNoticeProcessor(connection, { _, _ in }, nil)
     }
 
     deinit { close() }

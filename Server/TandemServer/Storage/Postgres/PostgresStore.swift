@@ -218,6 +218,28 @@ final class PostgresStore: DocumentStore {
         }
     }
 
+    func forEachDocument(_ body: (StoredDocument) throws -> Void) throws {
+        // Pages of 1,000 by (collection, sequence), so that a large store is never in memory
+        // whole.
+        var after: (collection: String, sequence: Int64) = ("", -1)
+        while true {
+            let rows = try read { connection in
+                try connection.query(
+                    """
+                    SELECT \(Self.columns) FROM tandem_document WHERE (collection, sequence) > ($1, $2)
+                    ORDER BY collection, sequence LIMIT 1000
+                    """, [after.collection, String(after.sequence)], prepare: true
+                ).rows
+            }
+            for row in rows {
+                let document = try Self.storedDocument(row)
+                try body(document)
+                after = (document.collection.rawValue, document.sequence)
+            }
+            if rows.count < 1000 { return }
+        }
+    }
+
     func collections() throws -> [CollectionPath] {
         try read { connection in
             try connection.query(
