@@ -22,4 +22,28 @@ static inline void tandem_set_thread_name(const char *name) {
 #endif
 }
 
+#ifdef __linux__
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <string.h>
+#include <sys/socket.h>
+#endif
+
+/// How many bytes the peer's TCP stack acknowledged on this socket so far (Linux'
+/// `tcpi_bytes_acked`), or 0 where that is unknown. glibc's `struct tcp_info` stops before this
+/// field; it sits at byte 120 of the kernel's (a stable UAPI layout, present since Linux 4.1).
+static inline unsigned long long tandem_tcp_bytes_acked(int fd) {
+#ifdef __linux__
+    unsigned char info[232];
+    socklen_t length = sizeof info;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, info, &length) != 0 || length < 128) return 0;
+    unsigned long long acked;
+    memcpy(&acked, info + 120, sizeof acked);
+    return acked;
+#else
+    (void)fd;
+    return 0;
+#endif
+}
+
 #endif

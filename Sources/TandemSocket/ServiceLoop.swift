@@ -73,10 +73,13 @@ final class ServiceLoop: @unchecked Sendable {
         // protocols that have some.
         protocols[0].per_session_data_size = 8
 
+        // No keepalive from libwebsockets: each connection keeps its own (see
+        // WebSocketConnection.keepAlive), which counts anything received as a sign of life and
+        // does not hang up on a peer whose data is waiting unread.
         idlePolicy = .allocate(capacity: 1)
         idlePolicy.initialize(to: lws_retry_bo_t())
-        idlePolicy.pointee.secs_since_valid_ping = configuration.pingInterval
-        idlePolicy.pointee.secs_since_valid_hangup = max(configuration.idleTimeout, configuration.pingInterval + 1)
+        idlePolicy.pointee.secs_since_valid_ping = 0
+        idlePolicy.pointee.secs_since_valid_hangup = 0
 
         var info = lws_context_creation_info()
         info.protocols = UnsafePointer(protocols)
@@ -309,6 +312,13 @@ final class ServiceLoop: @unchecked Sendable {
 
         case LWS_CALLBACK_SERVER_WRITEABLE, LWS_CALLBACK_CLIENT_WRITEABLE:
             return connection(of: wsi)?.writable() ?? -1
+
+        case LWS_CALLBACK_TIMER:
+            return connection(of: wsi)?.keepAlive(wsi) ?? 0
+
+        case LWS_CALLBACK_RECEIVE_PONG, LWS_CALLBACK_CLIENT_RECEIVE_PONG:
+            connection(of: wsi)?.heardFrom()
+            return 0
 
         case LWS_CALLBACK_WS_PEER_INITIATED_CLOSE:
             return connection(of: wsi)?.peerInitiatedClose(wsi, input, length) ?? 0

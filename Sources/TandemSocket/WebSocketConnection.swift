@@ -1,4 +1,5 @@
 import CLibWebSockets
+import Dispatch
 #if canImport(Glibc)
     import Glibc
 #endif
@@ -30,6 +31,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     private let maxQueuedBytes: Int
     private let maxMessageBytes: Int
     private let idleTimeout: Duration
+    private let pingInterval: Duration
 
     /// State shared between the caller's threads and the service thread.
     private let state = Mutex(SharedState())
@@ -50,6 +52,11 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     nonisolated(unsafe) private var discardingInput = false
     /// The close frame was handed to libwebsockets: nothing more may be written.
     nonisolated(unsafe) private var closeHanded = false
+    /// A keepalive ping is to be written at the next writable callback.
+    nonisolated(unsafe) private var pingWanted = false
+    nonisolated(unsafe) private var lastPing = ContinuousClock.now
+    /// The peer's TCP acknowledgements at the last keepalive tick (see ``keepAlive(_:)``).
+    nonisolated(unsafe) private var bytesAcknowledged: UInt64 = 0
 
     private struct SharedState {
         var phase: Phase = .connecting
@@ -92,7 +99,8 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         self.delegate = delegate
         self.maxQueuedBytes = configuration.maxQueuedBytes
         self.maxMessageBytes = configuration.maxMessageBytes
-        self.idleTimeout = .seconds(Int(configuration.idleTimeout))
+        self.idleTimeout = .seconds(Int(max(configuration.idleTimeout, configuration.pingInterval + 1)))
+        self.pingInterval = .seconds(Int(configuration.pingInterval))
     }
 
     public static func == (lhs: WebSocketConnection, rhs: WebSocketConnection) -> Bool { lhs === rhs }
@@ -286,6 +294,9 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
 
     func didOpen(_ wsi: OpaquePointer) {
         self.wsi = wsi
+        lastReceive = ContinuousClock.now
+        bytesAcknowledged = UInt64(tandem_tcp_bytes_acked(lws_get_socket_fd(wsi)))
+        lws_set_timer_usecs(wsi, Self.microseconds(pingInterval))
         let (flow, wantsWrite) = state.withLock { s -> (Bool?, Bool) in
             if s.phase == .connecting { s.phase = .open }
             return (Self.takeFlowChange(&s), !s.outbound.isEmpty || s.closeRequest != nil)
@@ -308,6 +319,22 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         guard let wsi else { return -1 }
         // Waiting for the peer's answer to our close: libwebsockets still calls, nothing may go.
         if closeHanded { return 0 }
+        if pingWanted {
+            // A payload, so that the pong reaches LWS_CALLBACK_RECEIVE_PONG (libwebsockets does
+            // not report empty pongs); ASCII, because a libwebsockets peer that validates UTF-8
+            // checks control frames too, and closes with 1007 on binary bytes.
+            pingWanted = false
+            var frame = [UInt8](repeating: 0, count: OutboundMessage.headroom)
+            frame += Array("keepaliv".utf8)
+            let written = frame.withUnsafeMutableBufferPointer { buffer in
+                lws_write(wsi, buffer.baseAddress! + OutboundMessage.headroom, 8, LWS_WRITE_PING)
+            }
+            if written < 8 { return -1 }
+            if lws_send_pipe_choked(wsi) != 0 {
+                lws_callback_on_writable(wsi)
+                return 0
+            }
+        }
         var written = 0
         var drained = false
         while true {
@@ -360,8 +387,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
 
     /// Adds a received fragment; delivers the message once it is complete.
     ///
-    /// Anything received counts as a sign of life for the idle timeout
-    /// (`lws_validity_confirmed`: by itself libwebsockets counts only pongs).
+    /// Anything received counts as a sign of life for the idle timeout (see ``keepAlive(_:)``).
     ///
     /// A message over the limit is closed with 1009 as soon as a frame *announces* more than
     /// the limit, not once that much arrived. The close is never decided by returning -1 here:
@@ -370,7 +396,6 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     /// follows and closes from its next writable callback.
     func received(_ wsi: OpaquePointer, _ input: UnsafeMutableRawPointer?, _ length: Int) -> Int32 {
         lastReceive = ContinuousClock.now
-        lws_validity_confirmed(wsi)
         if discardingInput { return 0 }
         if lws_is_first_fragment(wsi) != 0 {
             receiveBuffer.removeAll(keepingCapacity: receiveBuffer.capacity <= 64 << 10)
@@ -425,19 +450,70 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         return 0
     }
 
-    /// libwebsockets is closing the connection on its own, before it decides whether to send
-    /// a close frame: it sends one only when a status was set. It closes on its own for two
-    /// reasons that deserve one: the idle timeout (1001), and a frame that broke RFC 6455 (a
-    /// control frame over 125 bytes, a length with its top bit set: 1002). A peer that closed
-    /// the TCP connection, or a close this side or the peer started, is left as it is.
-    func dropping(_ wsi: OpaquePointer) {
-        guard closeCause == nil, lws_get_close_length(wsi) == 0 else { return }
-        if ContinuousClock.now - lastReceive >= idleTimeout - .seconds(1) {
+    /// A sign of life from the peer that reaches no other callback (a pong).
+    func heardFrom() {
+        lastReceive = ContinuousClock.now
+    }
+
+    /// The connection's timer (service thread): the keepalive.
+    ///
+    /// After ``WebSocketConfiguration/pingInterval`` without hearing from the peer, a ping;
+    /// after ``WebSocketConfiguration/idleTimeout``, a close with 1001. Anything received
+    /// counts (libwebsockets' own keepalive counts only pongs, so a client that sends data
+    /// and never answers a ping was dropped). A peer whose data is waiting unread in the
+    /// socket is alive, whatever the clock says: on a starved machine this thread may come
+    /// back to the socket late, and must not hang up on a peer it has not read yet. So is a
+    /// peer that keeps taking what this side sends (its TCP stack acknowledges more than a
+    /// few pings' worth): a phone reading a large snapshot on a slow link may see our ping
+    /// only behind megabytes of it, and answer it late. A peer that stopped reading takes
+    /// nothing once its window is full; that one is a slow consumer, closed with 1008.
+    ///
+    /// - Returns: -1 to close.
+    func keepAlive(_ wsi: OpaquePointer) -> Int32 {
+        guard !closeHanded else { return 0 }
+        let now = ContinuousClock.now
+        let acknowledged = UInt64(tandem_tcp_bytes_acked(lws_get_socket_fd(wsi)))
+        if acknowledged > bytesAcknowledged + 256 { lastReceive = now }
+        bytesAcknowledged = acknowledged
+        let silence = now - lastReceive
+        if silence >= idleTimeout && !Self.hasUnreadData(wsi) {
             let reason = "idle timeout: nothing received for \(idleTimeout.components.seconds) s"
             closeCause = WebSocketCloseEvent(code: .goingAway, reason: reason)
             setCloseReason(wsi, .goingAway, reason)
-            return
+            closeHanded = true
+            return -1
         }
+        var next = pingInterval
+        if silence >= pingInterval {
+            if now - lastPing >= pingInterval {
+                lastPing = now
+                pingWanted = true
+                lws_callback_on_writable(wsi)
+            }
+            next = min(pingInterval, max(.milliseconds(100), idleTimeout - silence))
+        } else {
+            next = pingInterval - silence
+        }
+        lws_set_timer_usecs(wsi, Self.microseconds(next))
+        return 0
+    }
+
+    private static func hasUnreadData(_ wsi: OpaquePointer) -> Bool {
+        var byte: UInt8 = 0
+        return recv(lws_get_socket_fd(wsi), &byte, 1, Int32(MSG_PEEK | MSG_DONTWAIT)) > 0
+    }
+
+    private static func microseconds(_ duration: Duration) -> lws_usec_t {
+        lws_usec_t(duration.components.seconds * 1_000_000 + duration.components.attoseconds / 1_000_000_000_000)
+    }
+
+    /// libwebsockets is closing the connection on its own, before it decides whether to send
+    /// a close frame: it sends one only when a status was set. It closes on its own for a
+    /// frame that broke RFC 6455 (a control frame over 125 bytes, a length with its top bit
+    /// set), which deserves 1002. A peer that closed the TCP connection, or a close this side
+    /// or the peer started, is left as it is.
+    func dropping(_ wsi: OpaquePointer) {
+        guard closeCause == nil, lws_get_close_length(wsi) == 0 else { return }
         var byte: UInt8 = 0
         let peeked = recv(lws_get_socket_fd(wsi), &byte, 1, Int32(MSG_PEEK | MSG_DONTWAIT))
         guard peeked > 0 || (peeked < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) else { return }

@@ -26,7 +26,7 @@ public final class DeviceProcess: Sendable {
         let standardError = Pipe()
         process.standardOutput = standardOutput
         process.standardError = standardError
-        try process.run()
+        try process.runSerialized()
         readLines(of: standardOutput.fileHandleForReading) { [weak self] line in
             self?.output.withLock { $0.lines.append(line) }
         }

@@ -120,7 +120,7 @@ public final class PostgresCluster: Sendable {
         }
         process.standardOutput = FileHandle.nullDevice
         process.standardError = FileHandle.nullDevice
-        try process.run()
+        try process.runSerialized()
         state.withLock { $0.server = process }
         try await waitUntil("PostgreSQL accepts connections", timeout: .seconds(60)) {
             (try? Self.run(
@@ -261,7 +261,7 @@ public final class PostgresCluster: Sendable {
         let output = Pipe()
         process.standardOutput = output
         process.standardError = output
-        try process.run()
+        try process.runSerialized()
         let data = output.fileHandleForReading.readDataToEndOfFile()
         process.waitUntilExit()
         let text = String(decoding: data, as: UTF8.self)

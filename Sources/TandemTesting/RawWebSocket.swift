@@ -67,12 +67,29 @@ public final class RawWebSocket: @unchecked Sendable {
         try writeAll(Array(request.utf8))
         let head = try readHTTPHead(timeout: 5)
         guard head.hasPrefix("HTTP/1.1 101") else {
-            close(fd)
+            // No close here: once every property is set, a throwing initializer still runs
+            // deinit, which closes the socket; a second close would close whatever socket of
+            // the process got the number meanwhile (another test's connection).
             throw Failure(description: "upgrade refused: \(head.prefix(80))")
         }
     }
 
     deinit { close(fd) }
+
+    /// The socket's two ends now, as `local -> peer` ports (diagnostics: a socket number
+    /// closed and reused elsewhere in the process shows other ports than at connect).
+    public var endpoints: String {
+        var local = sockaddr_in(), peer = sockaddr_in()
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        withUnsafeMutablePointer(to: &local) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { _ = getsockname(fd, $0, &length) }
+        }
+        length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        withUnsafeMutablePointer(to: &peer) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { _ = getpeername(fd, $0, &length) }
+        }
+        return "fd \(fd): \(UInt16(bigEndian: local.sin_port)) -> \(UInt16(bigEndian: peer.sin_port))"
+    }
 
     /// Sends one frame, masked as RFC 6455 requires of clients.
     public func sendFrame(opcode: Opcode, payload: [UInt8], fin: Bool = true) throws {
@@ -167,6 +184,23 @@ public final class RawWebSocket: @unchecked Sendable {
             }
             return false
         }) ?? false
+    }
+
+    /// Reads like a slow link: at most `chunk` bytes every `interval`, for `duration`, keeping
+    /// what arrives for the frame reads that follow; answers nothing meanwhile.
+    public func trickle(for duration: Duration, chunk: Int, every interval: Duration) async throws {
+        try await onOwnThread {
+            let end = ContinuousClock.now + duration
+            var bytes = [UInt8](repeating: 0, count: chunk)
+            while ContinuousClock.now < end {
+                if PlainSocket.wait(self.fd, for: Int16(POLLIN), until: ContinuousClock.now + interval) {
+                    let count = try PlainSocket.receive(self.fd, into: &bytes)
+                    guard count > 0 else { throw Failure(description: "end of file") }
+                    self.buffer.append(contentsOf: bytes[0..<count])
+                }
+                Thread.sleep(forTimeInterval: Double(interval.components.attoseconds) / 1e18)
+            }
+        }
     }
 
     /// Reads the next frame on the calling thread, blocking it: for harnesses that run on a

@@ -130,7 +130,7 @@ public final class ServerProcess: @unchecked Sendable {
         let errors = Pipe()
         process.standardOutput = output
         process.standardError = errors
-        try process.run()
+        try process.runSerialized()
         readLines(of: errors.fileHandleForReading) { [weak self] line in self?.keep(line) }
         let line: String
         do {

@@ -45,7 +45,7 @@ public struct TestCertificates: Sendable {
             process.currentDirectoryURL = folder
             process.standardOutput = FileHandle.nullDevice
             process.standardError = FileHandle.nullDevice
-            try process.run()
+            try process.runSerialized()
             process.waitUntilExit()
             guard process.terminationStatus == 0 else {
                 throw ServerProcessError(

@@ -72,7 +72,12 @@ struct CloseCodeTests {
 
     @Test("a client whose send queue overflows finds a 1008 close frame when it reads, however late")
     func overflowCloseFrame() async throws {
-        let server = try await TestServer { $0.maxQueuedBytesPerConnection = 256 << 10 }
+        // The stalled client never speaks: without a long idle timeout, a starved machine
+        // can reach the timeout (1001) before the writer has filled the kernel's buffers.
+        let server = try await TestServer { configuration in
+            configuration.maxQueuedBytesPerConnection = 256 << 10
+            configuration.idleTimeout = 600
+        }
         let stalled = try await Self.session(server, receiveBufferSize: 4096)
         try stalled.send(text: #"{"type":"listen","target":"t","collection":"big"}"#)
         let writer = try await connect(server)
@@ -104,21 +109,22 @@ struct CloseCodeTests {
             configuration.idleTimeout = 5
         }
         let silent = try await Self.session(server)
-        let talker = try await Self.session(server)
-        // The talker sends a get every 100 ms from a thread of its own (not the test's task,
-        // which a loaded machine may hold up for seconds) and never answers a ping.
+        // The talker says hello and then sends a get every 100 ms from a thread of its own,
+        // started at once (a task, or the test's own task after an await, waits for the
+        // cooperative pool, which a loaded machine may hold up for longer than the timeout).
+        // It never answers a ping.
+        let talker = try RawWebSocket(port: server.port)
         let gaps = Mutex<Duration>(.zero)
-        let talking = Task {
-            try await onOwnThread {
-                let started = ContinuousClock.now
-                var last = started
-                while ContinuousClock.now - started < .seconds(8) {
-                    try talker.send(text: #"{"type":"get","request":"r","collection":"c","id":"x"}"#)
-                    let now = ContinuousClock.now
-                    gaps.withLock { $0 = max($0, now - last) }
-                    last = now
-                    Thread.sleep(forTimeInterval: 0.1)
-                }
+        let talking = OwnThread {
+            try talker.send(text: #"{"type":"hello","protocol":1,"clientId":"talker"}"#)
+            let started = ContinuousClock.now
+            var last = started
+            while ContinuousClock.now - started < .seconds(8) {
+                try talker.send(text: #"{"type":"get","request":"r","collection":"c","id":"x"}"#)
+                let now = ContinuousClock.now
+                gaps.withLock { $0 = max($0, now - last) }
+                last = now
+                Thread.sleep(forTimeInterval: 0.1)
             }
         }
         let close = try await silent.readClose(timeout: .seconds(30))
@@ -137,5 +143,35 @@ struct CloseCodeTests {
         try talker.send(text: #"{"type":"get","request":"last","collection":"c","id":"x"}"#)
         var answer = ""
         while !answer.contains(#""request":"last""#) { answer = try await talker.readText() }
+    }
+
+    @Test("a client still reading a backlog past the idle timeout stays, though its pong waits behind the backlog")
+    func slowReaderStays() async throws {
+        let server = try await TestServer { configuration in
+            configuration.pingInterval = 1
+            configuration.idleTimeout = 3
+        }
+        let writer = try await connect(server)
+        let blob = String(repeating: "x", count: 50_000)
+        for _ in 0..<40 { _ = try await writer.create("big", ["blob": .string(blob)]) }
+
+        // A 2 MB snapshot through a 4 kB receive buffer at 8 kB every 20 ms: five seconds of
+        // reading, longer than the idle timeout, with the server's pings answered by nobody.
+        let reader = try RawWebSocket(port: server.port, receiveBufferSize: 4096)
+        try reader.send(text: #"{"type":"hello","protocol":1,"clientId":"reader"}"#)
+        try reader.send(text: #"{"type":"listen","target":"t","collection":"big"}"#)
+        try await reader.trickle(for: .seconds(5), chunk: 8192, every: .milliseconds(20))
+        var documents = 0
+        while documents < 40 {
+            let frame = try await reader.readFrame(timeout: .seconds(30))
+            #expect(
+                frame.opcode != .close,
+                "closed after \(documents) documents: \(frame.closeCode ?? 0) \(frame.closeReason)")
+            if frame.opcode == .close { return }
+            documents += frame.text.components(separatedBy: "\"blob\"").count - 1
+        }
+        try reader.send(text: #"{"type":"get","request":"after","collection":"big","id":"x"}"#)
+        var answer = ""
+        while !answer.contains(#""request":"after""#) { answer = try await reader.readText(timeout: .seconds(30)) }
     }
 }

@@ -24,7 +24,7 @@ func runTandem(
     let output = Pipe(), error = Pipe()
     process.standardOutput = output
     process.standardError = error
-    try process.run()
+    try process.runSerialized()
     return try await onOwnThread {
         // Standard error is read on another thread, so that neither pipe can fill up and
         // block the process while this one waits on the other.
@@ -57,7 +57,7 @@ struct CommandLineTests {
         let watched = Pipe()
         watch.standardOutput = watched
         watch.standardError = Pipe()
-        try watch.run()
+        try watch.runSerialized()
 
         let put = try await runTandem(["put", "notes", #"{"title":"Rent"}"#, "--server", server.url])
         #expect(put.status == 0, "\(put.error)")
@@ -203,7 +203,7 @@ final class RunningTandem: Sendable {
         let output = Pipe(), error = Pipe()
         process.standardOutput = output
         process.standardError = error
-        try process.run()
+        try process.runSerialized()
         self.process = process
         Self.collect(output.fileHandleForReading) { [weak self] line in self?.lines.withLock { $0.output.append(line) }
         }

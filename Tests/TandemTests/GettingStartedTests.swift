@@ -123,7 +123,7 @@ struct GettingStartedExampleTests {
         let output = Pipe()
         process.standardOutput = output
         process.standardError = FileHandle.nullDevice
-        try process.run()
+        try process.runSerialized()
         return try await onOwnThread {
             let data = output.fileHandleForReading.readDataToEndOfFile()
             process.waitUntilExit()

@@ -248,15 +248,17 @@ public final class ServerConnection: Sendable {
         timeout: Duration, _ make: (String) -> ClientMessage,
         completion: @escaping @Sendable (Result<ServerMessage, any Error>) -> Void
     ) {
-        let id: String? = state.withLock { state in
-            if state.closeEvent != nil { return nil }
+        let (id, closed): (String?, WebSocketCloseEvent?) = state.withLock { state in
+            if let event = state.closeEvent { return (nil, event) }
             let id = "r\(state.nextRequest)"
             state.nextRequest += 1
             state.pending[id] = completion
-            return id
+            return (id, nil)
         }
         guard let id else {
-            completion(.failure(TandemError(.disconnected, "the connection to \(url) is closed")))
+            completion(
+                .failure(
+                    TandemError(.disconnected, "the connection to \(url) is closed (\(closed.map { "\($0)" } ?? "")")))
             return
         }
         sendRaw(make(id))

@@ -187,7 +187,8 @@ final class PostgresConnection {
         while true {
             let remaining = deadline - ContinuousClock.now
             guard remaining > .zero else { return false }
-            let milliseconds = Int32(min(remaining.components.seconds * 1000 + 1, 60_000))
+            // Rounded up: a wait shorter than a millisecond must not become a busy loop.
+            let milliseconds = Int32(min((remaining.milliseconds + 1), 60_000))
             let ready = poll(&descriptor, 1, milliseconds)
             if ready > 0 { return true }
             if ready < 0 && errno != EINTR { return false }
