@@ -69,6 +69,7 @@ let package = Package(
         .executableTarget(
             name: "tandem",
             dependencies: [
+                "CLibPQ",
                 "Tandem",
                 "TandemServer",
                 "TandemTesting",

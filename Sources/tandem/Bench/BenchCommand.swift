@@ -12,7 +12,8 @@ struct BenchCommand: AsyncParsableCommand {
             raw SQLite inserts, or JSON coding. Build in release mode first \
             (swift build -c release).
 
-            Scenarios: propagation, throughput, snapshot, fanout, apply, connections, or all.
+            Scenarios: propagation, throughput, snapshot, fanout, apply, connections, cluster \
+            (three nodes over PostgreSQL: a throwaway cluster, or --postgres URL), or all.
 
             Examples:
               tandem bench all
@@ -29,8 +30,14 @@ struct BenchCommand: AsyncParsableCommand {
     @Flag(help: "Shrink every scenario so that the whole run takes under a minute.")
     var quick = false
 
+    @Option(
+        help: ArgumentHelp(
+            "The cluster scenario's database (its tables are created there); default: a throwaway PostgreSQL cluster.",
+            valueName: "url"))
+    var postgres: String?
+
     enum Scenario: String, CaseIterable {
-        case propagation, throughput, snapshot, fanout, apply, connections
+        case propagation, throughput, snapshot, fanout, apply, connections, cluster
     }
 
     func validate() throws {
@@ -63,6 +70,7 @@ struct BenchCommand: AsyncParsableCommand {
             case .fanout: result = try await Scenarios.fanout(quick: quick, progress: progress)
             case .apply: result = try await Scenarios.apply(quick: quick, progress: progress)
             case .connections: result = try await Scenarios.connections(quick: quick, progress: progress)
+            case .cluster: result = try await Scenarios.cluster(quick: quick, postgres: postgres, progress: progress)
             }
             progress.finish()
             results.append(result)

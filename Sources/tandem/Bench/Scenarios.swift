@@ -18,9 +18,25 @@ enum Scenarios {
         let count = quick ? 200 : 1000
         let server = try await benchServer()
         defer { server.stop() }
+        let latencies = try await propagationLatencies(from: server, to: server, count: count, progress: progress)
+        let echo = try Floors.echo(messages: quick ? 20_000 : 100_000)
+        let p50 = latencies.milliseconds(at: 50)
+        let p99 = latencies.milliseconds(at: 99)
+        let echoP50 = echo.roundTrip.milliseconds(at: 50)
+        return BenchResult(
+            scenario: "propagation", metric: "p50", value: p50, unit: "ms", goal: "p50 ≤ 2 ms, p99 ≤ 10 ms",
+            met: p50 <= 2 && p99 <= 10, details: ["p50 ms": p50, "p99 ms": p99, "documents": Double(count)],
+            floor: "raw libwebsockets echo round trip, p50 ms", floorValue: echoP50, floorRatio: echoP50 / p50)
+    }
+
+    /// Device A on `serverA` writes documents one at a time; for each, the time from A's local
+    /// commit to B's (on `serverB`) local commit of it.
+    static func propagationLatencies(
+        from serverA: TestServer, to serverB: TestServer, count: Int, progress: ProgressLine
+    ) async throws -> Latencies {
         let arrivals = Mutex<[String: ContinuousClock.Instant]>([:])
-        let a = try benchDevice("a", server: server)
-        let b = try benchDevice("b", server: server) { configuration in
+        let a = try benchDevice("a", server: serverA)
+        let b = try benchDevice("b", server: serverB) { configuration in
             configuration.hooks.afterApply = { snapshot in
                 let now = ContinuousClock.now
                 arrivals.withLock { arrivals in
@@ -50,14 +66,7 @@ enum Scenarios {
         }
         await a.service.stop()
         await b.service.stop()
-        let echo = try Floors.echo(messages: quick ? 20_000 : 100_000)
-        let p50 = latencies.milliseconds(at: 50)
-        let p99 = latencies.milliseconds(at: 99)
-        let echoP50 = echo.roundTrip.milliseconds(at: 50)
-        return BenchResult(
-            scenario: "propagation", metric: "p50", value: p50, unit: "ms", goal: "p50 ≤ 2 ms, p99 ≤ 10 ms",
-            met: p50 <= 2 && p99 <= 10, details: ["p50 ms": p50, "p99 ms": p99, "documents": Double(count)],
-            floor: "raw libwebsockets echo round trip, p50 ms", floorValue: echoP50, floorRatio: echoP50 / p50)
+        return latencies
     }
 
     // MARK: throughput
