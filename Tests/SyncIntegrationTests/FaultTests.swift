@@ -11,9 +11,13 @@ import Testing
 /// converged with every write on the server exactly once.
 @Suite("Injected server faults")
 struct FaultTests {
-    /// A phone writes `count` entries while the server injects `plan`; then the faults stop
-    /// and everything must converge, with no write lost or doubled.
-    func writeThrough(_ plan: FaultPlan, count: Int = 40) async throws -> FaultCounts {
+    /// A phone writes at least `minimum` entries while the server injects `plan`, and goes on
+    /// writing until the fault under test has happened (`happened`): the faults are drawn at
+    /// random, and a fixed number of writes may draw none. Then the faults stop and everything
+    /// must converge, with no write lost or doubled.
+    func writeThrough(
+        _ plan: FaultPlan, minimum: Int = 40, until happened: @escaping @Sendable (FaultCounts) -> Bool
+    ) async throws -> FaultCounts {
         let server = try await TestServer { $0.faults = plan }
         let device = { (name: String) in
             try TestDevice(name: name, serverURL: server.url) { configuration in
@@ -27,9 +31,13 @@ struct FaultTests {
         phone.service.start()
         laptop.service.start()
         let account = try phone.addAccount("Household")
-        for index in 0..<count {
-            try phone.addEntry("Entry \(index)", amount: Int64(index), account: account.id!)
-            if index % 10 == 9 { try await Task.sleep(for: .milliseconds(20)) }
+        var count = 0
+        while count < minimum || !happened(server.server.faultCounts) {
+            guard count < 400 else { throw TestFailure("the fault did not happen in 400 writes: \(plan)") }
+            try phone.addEntry("Entry \(count)", amount: Int64(count), account: account.id!)
+            count += 1
+            // Past the minimum, one write at a time, each with time to be pushed (and drawn).
+            if count % 10 == 0 || count > minimum { try await Task.sleep(for: .milliseconds(20)) }
         }
         try await waitUntil("most entries reached the server", timeout: .seconds(60)) {
             (try? server.server.collections().first { $0.rawValue.hasSuffix("/entries") }
@@ -49,19 +57,21 @@ struct FaultTests {
 
     @Test("acknowledgements lost after the commit: resends get the first answer, nothing doubles")
     func lostAcks() async throws {
-        let counts = try await writeThrough(FaultPlan(seed: 3, lostAckRate: 0.3))
+        let counts = try await writeThrough(FaultPlan(seed: 3, lostAckRate: 0.3)) { $0.lostAcks > 0 }
         #expect(counts.lostAcks > 0)
     }
 
     @Test("writes refused without being applied are sent again")
     func rejectedWrites() async throws {
-        let counts = try await writeThrough(FaultPlan(seed: 4, rejectedWriteRate: 0.3))
+        let counts = try await writeThrough(FaultPlan(seed: 4, rejectedWriteRate: 0.3)) { $0.rejectedWrites > 0 }
         #expect(counts.rejectedWrites > 0)
     }
 
     @Test("connections dropped at random and at their fifth message: devices reconnect and resume")
     func droppedConnections() async throws {
-        let counts = try await writeThrough(FaultPlan(seed: 5, dropConnectionRate: 0.05, dropConnectionAfter: 5))
+        let counts = try await writeThrough(FaultPlan(seed: 5, dropConnectionRate: 0.05, dropConnectionAfter: 5)) {
+            $0.droppedConnections > 0
+        }
         #expect(counts.droppedConnections > 0)
     }
 
