@@ -60,7 +60,7 @@ public final class Checkpoint: Sendable {
     public var arrivals: Int { state.withLock { $0.reached } }
 
     /// Waits until a thread is held here.
-    public func reached(timeout: Duration = .seconds(20)) async throws {
+    public func reached(timeout: Duration = .seconds(60)) async throws {
         try await waitUntil("the engine reaches the checkpoint", timeout: timeout) {
             state.withLock { $0.waiting > 0 }
         }

@@ -14,13 +14,17 @@ public struct WaitTimedOut: Error, CustomStringConvertible {
 /// The checks start 1 ms apart and space out to 50 ms: a condition that holds soon is seen
 /// soon, and dozens of tests waiting at once on a busy machine do not spend its CPU polling.
 ///
+/// The default deadline is generous, a bound on progress and never a measure of speed: on a
+/// loaded machine running the suite in parallel, one connection attempt alone may take its
+/// whole 10 s timeout before the next succeeds.
+///
 /// For example:
 ///
 /// ```swift
 /// try await waitUntil("device B has 3 rows") { try deviceB.rowCount() == 3 }
 /// ```
 public func waitUntil(
-    _ condition: String, timeout: Duration = .seconds(20), _ check: () async throws -> Bool
+    _ condition: String, timeout: Duration = .seconds(60), _ check: () async throws -> Bool
 ) async throws {
     let deadline = ContinuousClock.now + timeout
     var pause = Duration.milliseconds(1)

@@ -79,8 +79,12 @@ struct ServiceBehaviorTests {
         }
         phone.service.start()
         try phone.addAccount("Household")
-        try await waitUntil("the row failed after two attempts") {
-            try phone.service.failedRecords().first?.attempts == 2
+        do {
+            try await waitUntil("the row failed after two attempts") {
+                try phone.service.failedRecords().first?.attempts == 2
+            }
+        } catch {
+            throw TestFailure("\(error); status: \(phone.service.status); drops left: \(drops.withLock { $0 })")
         }
         try phone.service.retryFailed()
         let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone])
