@@ -74,11 +74,13 @@ public final class TestDevice: Sendable {
 
     /// Stops the service and starts a new one on the same database, as an app relaunch does.
     /// With `discardingQueuedWork`, queued listener changes are dropped, as a crash would.
-    public func restart(discardingQueuedWork: Bool = false) async throws {
+    /// Without `starting`, the new service is left for the caller to start: a test can then
+    /// look at what the relaunch found before the service syncs anything.
+    public func restart(discardingQueuedWork: Bool = false, starting: Bool = true) async throws {
         await service.stop(discardingQueuedWork: discardingQueuedWork)
         let fresh = try Self.makeService(name, database, serverURL, model.tables, configure)
         current.withLock { $0 = fresh }
-        fresh.start()
+        if starting { fresh.start() }
     }
 
     /// Every synced document on this device (see ``SyncService/localDocuments()``).
