@@ -173,13 +173,14 @@ public enum Convergence {
     }
 
     /// Pushes on every device and waits until they all match the server, up to `timeout`, or
-    /// until nothing has changed for `stall` (a state that will not converge by itself).
+    /// until nothing has changed for `stall` (a state that will not converge by itself; long
+    /// enough for a connection attempt that takes its whole timeout on a busy machine).
     ///
     /// - Returns: The last comparison, converged or not (check ``ConvergenceReport/isConverged``).
     @discardableResult
     public static func waitUntilQuiet(
         server: some ServerContents, devices: [(name: String, service: SyncService)], timeout: Duration = .seconds(60),
-        stall: Duration = .seconds(10), progress: ((ConvergenceReport) -> Void)? = nil
+        stall: Duration = .seconds(30), progress: ((ConvergenceReport) -> Void)? = nil
     ) async throws -> ConvergenceReport {
         let deadline = ContinuousClock.now + timeout
         var report = try compare(server: server, devices: devices)

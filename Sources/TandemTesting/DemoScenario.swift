@@ -125,7 +125,13 @@ public enum DemoScenario {
                         phase: "syncing until quiet", done: options.operations, total: options.operations,
                         online: devices.count, pending: report.devices.map(\.pending).reduce(0, +)))
             }
-        } while try devices.contains(where: { try !$0.service.conflicts().isEmpty }) && ContinuousClock.now < deadline
+            // A stall is a moment to resolve the conflicts that hold convergence up. A device
+            // still connecting (an attempt can take its whole timeout on a busy machine) is waited
+            // for; a stall with every device connected and no conflict is the end.
+        } while try
+            (devices.contains(where: { try !$0.service.conflicts().isEmpty })
+            || (!report.isConverged && devices.contains(where: { !$0.service.status.isConnected })))
+            && ContinuousClock.now < deadline
         let resolvedConflicts = devices.map { $0.service.status.resolvedConflicts }.reduce(0, +)
         let openConflicts = try devices.map { try $0.service.conflicts().count }.reduce(0, +)
         for device in devices { await device.service.stop() }

@@ -65,7 +65,7 @@ public final class RawWebSocket: @unchecked Sendable {
             "GET / HTTP/1.1\r\nHost: \(host):\(port)\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
         try writeAll(Array(request.utf8))
-        let head = try readHTTPHead(timeout: 5)
+        let head = try readHTTPHead(timeout: 30)
         guard head.hasPrefix("HTTP/1.1 101") else {
             // No close here: once every property is set, a throwing initializer still runs
             // deinit, which closes the socket; a second close would close whatever socket of
@@ -133,12 +133,12 @@ public final class RawWebSocket: @unchecked Sendable {
     ///
     /// - Throws: ``Failure`` when nothing arrives within `timeout` or the peer closed the TCP
     ///   connection.
-    public func readFrame(timeout: Duration = .seconds(5)) async throws -> Frame {
+    public func readFrame(timeout: Duration = .seconds(30)) async throws -> Frame {
         try await onOwnThread { try self.readFrameBlocking(until: ContinuousClock.now + timeout) }
     }
 
     /// Reads frames until a text frame arrives, answering pings as any WebSocket client does.
-    public func readText(timeout: Duration = .seconds(5)) async throws -> String {
+    public func readText(timeout: Duration = .seconds(30)) async throws -> String {
         try await onOwnThread {
             let deadline = ContinuousClock.now + timeout
             while true {
@@ -154,7 +154,7 @@ public final class RawWebSocket: @unchecked Sendable {
     }
 
     /// Reads until the peer's close frame arrives, answers it as RFC 6455 asks, and returns it.
-    public func readClose(timeout: Duration = .seconds(5)) async throws -> Frame {
+    public func readClose(timeout: Duration = .seconds(30)) async throws -> Frame {
         try await onOwnThread {
             let deadline = ContinuousClock.now + timeout
             while true {

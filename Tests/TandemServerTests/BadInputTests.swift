@@ -203,7 +203,7 @@ struct BadInputTests {
 
     @Test("a connection that opens and never says hello is closed with 1008")
     func silentConnection() async throws {
-        let server = try await TestServer { $0.helloTimeout = .milliseconds(300) }
+        let server = try await TestServer { $0.helloTimeout = .seconds(3) }  // the client below must make it
         let silent = try RawWebSocket(port: server.port)
         let close = try await silent.readClose(timeout: .seconds(10))
         #expect(close.closeCode == 1008)

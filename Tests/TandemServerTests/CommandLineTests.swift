@@ -55,9 +55,20 @@ struct CommandLineTests {
         watch.executableURL = server.executable
         watch.arguments = ["watch", "notes", "--server", server.url]
         let watched = Pipe()
+        let watchNotes = Pipe()
         watch.standardOutput = watched
-        watch.standardError = Pipe()
+        watch.standardError = watchNotes
         try watch.runSerialized()
+        // The watcher is listening before the first put: otherwise, on a busy machine, its
+        // initial snapshot could already hold a later version than the first change.
+        let notes = Mutex("")
+        let notesReader = watchNotes.fileHandleForReading
+        Thread.detachNewThread {
+            while case let chunk = notesReader.availableData, !chunk.isEmpty {
+                notes.withLock { $0 += String(decoding: chunk, as: UTF8.self) }
+            }
+        }
+        try await waitUntil("the watcher is up to date") { notes.withLock { $0.contains("# up to date") } }
 
         let put = try await runTandem(["put", "notes", #"{"title":"Rent"}"#, "--server", server.url])
         #expect(put.status == 0, "\(put.error)")

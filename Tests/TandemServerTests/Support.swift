@@ -81,5 +81,6 @@ struct TestFailure: Error, CustomStringConvertible {
 func connect(_ server: TestServer, as clientId: String = "client-\(UUID().uuidString.prefix(6))") async throws
     -> ServerConnection
 {
-    try await ServerConnection.connect(to: server.url, clientId: clientId)
+    // A generous bound on progress: on a busy machine a handshake can take seconds.
+    try await ServerConnection.connect(to: server.url, clientId: clientId, timeout: .seconds(60))
 }

@@ -17,7 +17,7 @@ struct ConnectionTests {
         for attempt in 0..<2000 {
             do {
                 let connection = try await ServerConnection.connect(
-                    to: refusing.url, clientId: "c\(attempt)", timeout: .seconds(2))
+                    to: refusing.url, clientId: "c\(attempt)", timeout: .seconds(15))
                 connection.close()
                 Issue.record("attempt \(attempt) connected to a closed port")
             } catch let error as TandemError {
