@@ -14,19 +14,19 @@ import Synchronization
 /// phone.kill()
 /// ```
 public final class DeviceProcess: Sendable {
-    private let process: Process
+    private let process: ChildProcess
     private let output = Mutex<(lines: [String], errors: [String])>(([], []))
 
     /// Starts `tandem device` with these options.
     public init(_ options: [String], executable: URL? = nil) throws {
-        process = Process()
+        process = ChildProcess()
         process.executableURL = try executable ?? ServerProcess.findExecutable()
         process.arguments = ["device"] + options
         let standardOutput = Pipe()
         let standardError = Pipe()
         process.standardOutput = standardOutput
         process.standardError = standardError
-        try process.runSerialized()
+        try process.run()
         readLines(of: standardOutput.fileHandleForReading) { [weak self] line in
             self?.output.withLock { $0.lines.append(line) }
         }

@@ -28,7 +28,7 @@ public final class PostgresCluster: Sendable {
     private let state = Mutex<State>(State())
 
     private struct State {
-        var server: Process?
+        var server: ChildProcess?
         var databases = 0
     }
 
@@ -111,7 +111,7 @@ public final class PostgresCluster: Sendable {
             while [ -d /proc/\(ProcessInfo.processInfo.processIdentifier) ] && kill -0 $pg 2>/dev/null; do sleep 1; done
             kill -INT $pg 2>/dev/null; wait $pg
             """
-        let process = Process()
+        let process = ChildProcess()
         process.executableURL = URL(fileURLWithPath: "/bin/sh")
         process.arguments = ["-c", script]
         if Self.isRoot {
@@ -120,7 +120,7 @@ public final class PostgresCluster: Sendable {
         }
         process.standardOutput = FileHandle.nullDevice
         process.standardError = FileHandle.nullDevice
-        try process.runSerialized()
+        try process.run()
         state.withLock { $0.server = process }
         try await waitUntil("PostgreSQL accepts connections", timeout: .seconds(60)) {
             (try? Self.run(
@@ -250,7 +250,7 @@ public final class PostgresCluster: Sendable {
     /// and throws with its output when it fails.
     @discardableResult
     static func run(_ program: String, _ arguments: [String], asPostgres: Bool = true) throws -> String {
-        let process = Process()
+        let process = ChildProcess()
         if isRoot && asPostgres {
             process.executableURL = URL(fileURLWithPath: "/usr/sbin/runuser")
             process.arguments = ["-u", "postgres", "--", program] + arguments
@@ -261,7 +261,7 @@ public final class PostgresCluster: Sendable {
         let output = Pipe()
         process.standardOutput = output
         process.standardError = output
-        try process.runSerialized()
+        try process.run()
         let data = output.fileHandleForReading.readDataToEndOfFile()
         process.waitUntilExit()
         let text = String(decoding: data, as: UTF8.self)

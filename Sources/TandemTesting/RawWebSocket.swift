@@ -13,10 +13,15 @@ import Foundation
 /// For example:
 ///
 /// ```swift
-/// let raw = try RawWebSocket(port: server.port)
+/// let raw = try await RawWebSocket.open(port: server.port)
 /// try raw.sendFrame(opcode: .binary, payload: [1, 2, 3])
-/// let reply = try raw.readFrame(timeout: .seconds(5))
+/// let reply = try await raw.readFrame()
 /// ```
+///
+/// What can block for long (connecting, large writes, reads) runs on a thread of its own when
+/// called from a task: the tests run side by side on the few threads of the cooperative pool,
+/// and one test blocking one of them holds up every other test's tasks (a device's reconnect
+/// waited seconds behind a 7 MB write).
 public final class RawWebSocket: @unchecked Sendable {
     public enum Opcode: UInt8, Sendable {
         case continuation = 0, text = 1, binary = 2, close = 8, ping = 9, pong = 10
@@ -46,7 +51,17 @@ public final class RawWebSocket: @unchecked Sendable {
     private let fd: Int32
     private var buffer: [UInt8] = []
 
-    /// Connects to `host:port` and completes the HTTP upgrade.
+    /// Connects to `host:port` and completes the HTTP upgrade, on a thread of its own.
+    public static func open(
+        host: String = "127.0.0.1", port: Int, receiveBufferSize: Int? = nil, resetOnClose: Bool = false
+    ) async throws -> RawWebSocket {
+        try await onOwnThread {
+            try RawWebSocket(host: host, port: port, receiveBufferSize: receiveBufferSize, resetOnClose: resetOnClose)
+        }
+    }
+
+    /// Connects to `host:port` and completes the HTTP upgrade, blocking the calling thread: for
+    /// harnesses that run on a thread of their own; from a task, use ``open(host:port:receiveBufferSize:resetOnClose:)``.
     ///
     /// - Parameters:
     ///   - receiveBufferSize: A small value makes a consumer that never reads fill up quickly
@@ -101,9 +116,16 @@ public final class RawWebSocket: @unchecked Sendable {
         try sendFrame(opcode: .text, payload: Array(text.utf8))
     }
 
-    /// Sends raw bytes as they are (for hand-made frames).
+    /// Sends raw bytes as they are (for hand-made frames), blocking the calling thread until the
+    /// peer's receive buffer took them all: for a few bytes; for many, ``write(_:)``.
     public func sendRaw(_ bytes: [UInt8]) throws {
         try writeAll(bytes)
+    }
+
+    /// Sends raw bytes as they are, on a thread of its own: a peer that reads slowly can keep a
+    /// large write waiting for a long time.
+    public func write(_ bytes: [UInt8]) async throws {
+        try await onOwnThread { try self.writeAll(bytes) }
     }
 
     /// Encodes one masked client frame.
@@ -139,16 +161,24 @@ public final class RawWebSocket: @unchecked Sendable {
 
     /// Reads frames until a text frame arrives, answering pings as any WebSocket client does.
     public func readText(timeout: Duration = .seconds(30)) async throws -> String {
+        try await onOwnThread { try self.readTextBlocking(until: ContinuousClock.now + timeout) }
+    }
+
+    /// Reads `count` text messages on one thread, each within `timeout` of the one before.
+    public func readTexts(_ count: Int, timeout: Duration = .seconds(30)) async throws -> [String] {
         try await onOwnThread {
-            let deadline = ContinuousClock.now + timeout
-            while true {
-                let frame = try self.readFrameBlocking(until: deadline)
-                switch frame.opcode {
-                case .text: return frame.text
-                case .close: throw Failure(description: "closed (\(frame.closeCode ?? 0)): \(frame.closeReason)")
-                case .ping: try? self.sendFrame(opcode: .pong, payload: frame.payload)
-                default: continue
-                }
+            try (0..<count).map { _ in try self.readTextBlocking(until: ContinuousClock.now + timeout) }
+        }
+    }
+
+    private func readTextBlocking(until deadline: ContinuousClock.Instant) throws -> String {
+        while true {
+            let frame = try readFrameBlocking(until: deadline)
+            switch frame.opcode {
+            case .text: return frame.text
+            case .close: throw Failure(description: "closed (\(frame.closeCode ?? 0)): \(frame.closeReason)")
+            case .ping: try? sendFrame(opcode: .pong, payload: frame.payload)
+            default: continue
             }
         }
     }

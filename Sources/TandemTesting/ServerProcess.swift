@@ -18,7 +18,7 @@ public final class ServerProcess: @unchecked Sendable {
     /// `ws://127.0.0.1:PORT` of the running process.
     public var url: String { lock.withLock { currentURL } }
     private var currentURL = ""
-    private var process: Process?
+    private var process: ChildProcess?
     private var errorLines: [String] = []
     private let lock = NSLock()
     /// The most lines of standard error kept.
@@ -123,14 +123,14 @@ public final class ServerProcess: @unchecked Sendable {
     }
 
     private func launch(_ arguments: [String]) async throws {
-        let process = Process()
+        let process = ChildProcess()
         process.executableURL = executable
         process.arguments = arguments
         let output = Pipe()
         let errors = Pipe()
         process.standardOutput = output
         process.standardError = errors
-        try process.runSerialized()
+        try process.run()
         readLines(of: errors.fileHandleForReading) { [weak self] line in self?.keep(line) }
         let line: String
         do {

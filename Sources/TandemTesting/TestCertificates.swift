@@ -39,13 +39,13 @@ public struct TestCertificates: Sendable {
             ],
         ]
         for arguments in steps {
-            let process = Process()
+            let process = ChildProcess()
             process.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
             process.arguments = arguments
             process.currentDirectoryURL = folder
             process.standardOutput = FileHandle.nullDevice
             process.standardError = FileHandle.nullDevice
-            try process.runSerialized()
+            try process.run()
             process.waitUntilExit()
             guard process.terminationStatus == 0 else {
                 throw ServerProcessError(

@@ -10,7 +10,7 @@ import Testing
 @Suite("Close codes on the wire")
 struct CloseCodeTests {
     static func session(_ server: TestServer, receiveBufferSize: Int? = nil) async throws -> RawWebSocket {
-        let raw = try RawWebSocket(port: server.port, receiveBufferSize: receiveBufferSize)
+        let raw = try await RawWebSocket.open(port: server.port, receiveBufferSize: receiveBufferSize)
         try raw.send(text: #"{"type":"hello","protocol":1,"clientId":"closer"}"#)
         _ = try await raw.readText()
         return raw
@@ -42,7 +42,7 @@ struct CloseCodeTests {
         var header: [UInt8] = [0x81, 0x80 | 127]
         header += [0x40, 0, 0, 0, 0, 0, 0, 0]
         header += [1, 2, 3, 4]
-        try raw.sendRaw(header + Array(repeating: 0x20, count: 70_000))
+        try await raw.write(header + Array(repeating: 0x20, count: 70_000))
         let close = try await raw.readClose(timeout: .seconds(10))
         #expect(close.closeCode == 1009, "\(close.closeReason)")
     }
@@ -64,7 +64,7 @@ struct CloseCodeTests {
                     fin: sent + size == total)
                 sent += size
             }
-            try? raw.sendRaw(wire)
+            try? await raw.write(wire)
             let close = try await raw.readClose(timeout: .seconds(10))
             #expect(close.closeCode == 1009, "attempt \(attempt): \(close.closeReason)")
         }
@@ -113,7 +113,7 @@ struct CloseCodeTests {
         // started at once (a task, or the test's own task after an await, waits for the
         // cooperative pool, which a loaded machine may hold up for longer than the timeout).
         // It never answers a ping.
-        let talker = try RawWebSocket(port: server.port)
+        let talker = try await RawWebSocket.open(port: server.port)
         let gaps = Mutex<Duration>(.zero)
         let talking = OwnThread {
             try talker.send(text: #"{"type":"hello","protocol":1,"clientId":"talker"}"#)
@@ -157,7 +157,7 @@ struct CloseCodeTests {
 
         // A 2 MB snapshot through a 4 kB receive buffer at 8 kB every 20 ms: five seconds of
         // reading, longer than the idle timeout, with the server's pings answered by nobody.
-        let reader = try RawWebSocket(port: server.port, receiveBufferSize: 4096)
+        let reader = try await RawWebSocket.open(port: server.port, receiveBufferSize: 4096)
         try reader.send(text: #"{"type":"hello","protocol":1,"clientId":"reader"}"#)
         try reader.send(text: #"{"type":"listen","target":"t","collection":"big"}"#)
         try await reader.trickle(for: .seconds(5), chunk: 8192, every: .milliseconds(20))

@@ -10,7 +10,7 @@ import Testing
 func runTandem(
     _ arguments: [String], by name: String? = nil, in folder: URL? = nil, environment: [String: String]? = nil
 ) async throws -> (status: Int32, output: String, error: String) {
-    let process = Process()
+    let process = ChildProcess()
     if let name {
         // Started by name, as a shell would: through /usr/bin/env and PATH.
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
@@ -24,7 +24,7 @@ func runTandem(
     let output = Pipe(), error = Pipe()
     process.standardOutput = output
     process.standardError = error
-    try process.runSerialized()
+    try process.run()
     return try await onOwnThread {
         // Standard error is read on another thread, so that neither pipe can fill up and
         // block the process while this one waits on the other.
@@ -51,14 +51,14 @@ struct CommandLineTests {
         let server = try await ServerProcess(dataDirectory: folder.url)
         defer { server.kill(SIGTERM) }
 
-        let watch = Process()
+        let watch = ChildProcess()
         watch.executableURL = server.executable
         watch.arguments = ["watch", "notes", "--server", server.url]
         let watched = Pipe()
         let watchNotes = Pipe()
         watch.standardOutput = watched
         watch.standardError = watchNotes
-        try watch.runSerialized()
+        try watch.run()
         // The watcher is listening before the first put: otherwise, on a busy machine, its
         // initial snapshot could already hold a later version than the first change.
         let notes = Mutex("")
@@ -204,17 +204,17 @@ struct CommandLineTests {
 
 /// A `tandem` command left running (a watcher), its output collected line by line.
 final class RunningTandem: Sendable {
-    private let process: Process
+    private let process: ChildProcess
     private let lines = Mutex<(output: [String], error: [String])>(([], []))
 
     init(_ arguments: [String]) throws {
-        let process = Process()
+        let process = ChildProcess()
         process.executableURL = try ServerProcess.findExecutable()
         process.arguments = arguments
         let output = Pipe(), error = Pipe()
         process.standardOutput = output
         process.standardError = error
-        try process.runSerialized()
+        try process.run()
         self.process = process
         Self.collect(output.fileHandleForReading) { [weak self] line in self?.lines.withLock { $0.output.append(line) }
         }

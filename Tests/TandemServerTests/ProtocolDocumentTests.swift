@@ -44,7 +44,7 @@ struct ProtocolDocumentTests {
             let expectedCode = Self.code(String(row[1].prefix { $0 != ":" }))
             let expectedText = String(row[1].drop { $0 != ":" }.dropFirst().drop { $0 == " " })
 
-            let socket = try RawWebSocket(port: server.port)
+            let socket = try await RawWebSocket.open(port: server.port)
             if !beforeHello {
                 try socket.send(text: #"{"type":"hello","protocol":1,"clientId":"doc"}"#)
                 _ = try await socket.readText()

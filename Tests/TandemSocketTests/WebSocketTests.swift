@@ -70,7 +70,7 @@ struct WebSocketTests {
         let serverEvents = Recorder(echo: true)
         let server = try WebSocketServer(port: 0, delegate: serverEvents)
         defer { server.shutdown() }
-        let raw = try RawWebSocket(port: server.port)
+        let raw = try await RawWebSocket.open(port: server.port)
         try raw.sendFrame(opcode: .text, payload: Array("frag".utf8), fin: false)
         try raw.sendFrame(opcode: .continuation, payload: Array("ment".utf8), fin: false)
         try raw.sendFrame(opcode: .continuation, payload: Array("ed".utf8), fin: true)
@@ -99,7 +99,7 @@ struct WebSocketTests {
         let serverEvents = Recorder()
         let server = try WebSocketServer(port: 0, configuration: configuration, delegate: serverEvents)
         defer { server.shutdown() }
-        let raw = try RawWebSocket(port: server.port)
+        let raw = try await RawWebSocket.open(port: server.port)
         try raw.sendFrame(opcode: .text, payload: [UInt8](repeating: 65, count: 600), fin: false)
         try raw.sendFrame(opcode: .continuation, payload: [UInt8](repeating: 65, count: 600), fin: true)
         let close = try await raw.readClose()
@@ -114,7 +114,7 @@ struct WebSocketTests {
         let serverEvents = Recorder()
         let server = try WebSocketServer(port: 0, delegate: serverEvents)
         defer { server.shutdown() }
-        let raw = try RawWebSocket(port: server.port)
+        let raw = try await RawWebSocket.open(port: server.port)
         try raw.sendFrame(opcode: .text, payload: [0x7B, 0xC3, 0x28, 0x7D])
         let close = try await raw.readClose()
         #expect(close.closeCode == 1007)
@@ -129,7 +129,7 @@ struct WebSocketTests {
         let server = try WebSocketServer(port: 0, configuration: configuration, delegate: serverEvents)
         defer { server.shutdown() }
 
-        let stalled = try RawWebSocket(port: server.port, receiveBufferSize: 4096)
+        let stalled = try await RawWebSocket.open(port: server.port, receiveBufferSize: 4096)
         let client = try WebSocketClient()
         defer { client.shutdown() }
         let healthyEvents = Recorder()
@@ -172,7 +172,7 @@ struct WebSocketTests {
         let serverEvents = Recorder()
         let server = try WebSocketServer(port: 0, configuration: configuration, delegate: serverEvents)
         defer { server.shutdown() }
-        let silent = try RawWebSocket(port: server.port)
+        let silent = try await RawWebSocket.open(port: server.port)
         #expect(await silent.waitForDisconnect(timeout: .seconds(60)))
         try await waitUntil("the server reports the close") { serverEvents.closes.count == 1 }
     }

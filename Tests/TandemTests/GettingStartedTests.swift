@@ -116,14 +116,14 @@ struct GettingStartedExampleTests {
 
     /// Runs the example's executable, built beside `tandem`.
     static func runExample(_ arguments: [String]) async throws -> (status: Int32, output: String) {
-        let process = Process()
+        let process = ChildProcess()
         process.executableURL = try ServerProcess.findExecutable().deletingLastPathComponent()
             .appendingPathComponent("tandem-getting-started")
         process.arguments = arguments
         let output = Pipe()
         process.standardOutput = output
         process.standardError = FileHandle.nullDevice
-        try process.runSerialized()
+        try process.run()
         return try await onOwnThread {
             let data = output.fileHandleForReading.readDataToEndOfFile()
             process.waitUntilExit()
