@@ -6,6 +6,7 @@ let package = Package(
     platforms: [.macOS(.v14)],
     products: [
         .library(name: "Tandem", targets: ["Tandem"]),
+        .library(name: "TandemClient", targets: ["TandemClient"]),
         .library(name: "TandemServer", targets: ["TandemServer"]),
         .library(name: "TandemTesting", targets: ["TandemTesting"]),
         .library(name: "TandemWire", targets: ["TandemWire"]),
@@ -30,11 +31,37 @@ let package = Package(
             pkgConfig: "libpq",
             providers: [.apt(["libpq-dev"]), .brew(["libpq"])]
         ),
+        // The layers, from the bottom (README, "Layout", draws them):
+        //   TandemWire       the wire protocol: messages, JSON, resume tokens; no I/O
+        //   TandemSocket     the libwebsockets transport (client and server)
+        //   TandemClient     the protocol client: connection, requests, listens; no GRDB
+        //   Tandem           the client sync library (GRDB), on TandemClient
+        //   TandemServer     the companion server (SQLite or PostgreSQL)
+        //   TandemScenarios  what the command runs besides serving: demo, soak, bench
+        //   TandemTesting    the test product: scenarios plus checkpoints, raw sockets, certificates
+        //   tandem           the command; it depends on no testing product
         .target(name: "TandemWire"),
         .target(
             name: "TandemSocket",
             dependencies: [
                 "CLibWebSockets",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .target(
+            name: "TandemClient",
+            dependencies: [
+                "TandemWire",
+                "TandemSocket",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .target(
+            name: "Tandem",
+            dependencies: [
+                "TandemClient",
+                "TandemWire",
+                .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -50,18 +77,18 @@ let package = Package(
             path: "Server/TandemServer"
         ),
         .target(
-            name: "Tandem",
+            name: "TandemScenarios",
             dependencies: [
-                "TandemWire",
-                "TandemSocket",
+                "Tandem", "TandemClient", "TandemServer", "TandemSocket", "TandemWire", "CLibPQ",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "Histogram", package: "hdrhistogram-swift"),
             ]
         ),
         .target(
             name: "TandemTesting",
             dependencies: [
-                "Tandem", "TandemServer", "TandemWire",
+                "TandemScenarios", "Tandem", "TandemClient", "TandemServer", "TandemWire",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -69,16 +96,13 @@ let package = Package(
         .executableTarget(
             name: "tandem",
             dependencies: [
-                "CLibPQ",
-                "Tandem",
+                "TandemClient",
+                "TandemScenarios",
                 "TandemServer",
-                "TandemTesting",
-                "TandemWire",
                 "TandemSocket",
+                "TandemWire",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
-                .product(name: "GRDB", package: "GRDB.swift"),
-                .product(name: "Histogram", package: "hdrhistogram-swift"),
             ]
         ),
         // The fuzz harness (a library, so the corpus replay test can use it) and its driver:
@@ -99,7 +123,7 @@ let package = Package(
         .testTarget(name: "TandemSocketTests", dependencies: ["TandemSocket", "TandemTesting"]),
         .testTarget(
             name: "TandemServerTests",
-            dependencies: ["TandemServer", "TandemWire", "TandemSocket", "Tandem", "TandemTesting", "TandemFuzzing"]
+            dependencies: ["TandemServer", "TandemWire", "TandemSocket", "TandemClient", "TandemTesting", "TandemFuzzing"]
         ),
         .testTarget(
             name: "TandemTests",

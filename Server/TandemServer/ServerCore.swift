@@ -70,7 +70,7 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
         queue.async { [self] in
             runMaintenance()
             let timer = DispatchSource.makeTimerSource(queue: queue)
-            let interval = DispatchTimeInterval.milliseconds(Int(configuration.maintenanceInterval.milliseconds))
+            let interval = configuration.maintenanceInterval.dispatchInterval
             timer.schedule(deadline: .now() + interval, repeating: interval)
             timer.setEventHandler { [weak self] in self?.runMaintenance() }
             timer.resume()
@@ -132,7 +132,7 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
             sessions[connection.id] = session
             health.update { $0.connections = sessions.count }
         }
-        let timeout = DispatchTimeInterval.milliseconds(Int(configuration.helloTimeout.milliseconds))
+        let timeout = configuration.helloTimeout.dispatchInterval
         queue.asyncAfter(deadline: .now() + timeout) { [weak session] in
             guard let session, !session.isClosed, session.clientId == nil else { return }
             session.connection.close(
@@ -364,15 +364,5 @@ extension ClientMessage {
         case .unlisten(let unlisten): unlisten.target
         default: nil
         }
-    }
-}
-
-extension Duration {
-    var milliseconds: Int64 {
-        components.seconds * 1000 + components.attoseconds / 1_000_000_000_000_000
-    }
-
-    var seconds: Double {
-        Double(components.seconds) + Double(components.attoseconds) / 1e18
     }
 }

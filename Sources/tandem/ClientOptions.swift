@@ -1,6 +1,6 @@
 import ArgumentParser
 import Foundation
-import Tandem
+import TandemClient
 import TandemSocket
 import TandemWire
 

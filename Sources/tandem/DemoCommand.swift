@@ -2,7 +2,7 @@ import ArgumentParser
 import Foundation
 import Logging
 import Tandem
-import TandemTesting
+import TandemScenarios
 
 struct DemoCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -107,7 +107,7 @@ struct DemoCommand: AsyncParsableCommand {
                 + "devices went offline \(counts["offline", default: 0]) times")
         let seconds = String(
             format: "%.1f",
-            Double(result.elapsed.components.seconds) + Double(result.elapsed.components.attoseconds) / 1e18)
+            result.elapsed.seconds)
         let conflicts =
             "conflicts: \(result.resolvedConflicts) resolved"
             + (policy == .manual ? " (\(result.resolvedByHand) by hand)" : "")

@@ -2,7 +2,7 @@ import ArgumentParser
 import Foundation
 import Logging
 import Tandem
-import TandemTesting
+import TandemScenarios
 
 /// One device of the cash-flow model in a process of its own, so that a test can kill it with
 /// SIGKILL at a chosen point and reopen its database.

@@ -1,5 +1,5 @@
 import ArgumentParser
-import Tandem
+import TandemClient
 
 struct GetCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(

@@ -1,7 +1,7 @@
 import ArgumentParser
 import Foundation
 import Logging
-import TandemTesting
+import TandemScenarios
 
 struct SoakCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(

@@ -1,7 +1,7 @@
 import ArgumentParser
 import Foundation
 import Synchronization
-import Tandem
+import TandemClient
 import TandemWire
 
 struct WatchCommand: AsyncParsableCommand {

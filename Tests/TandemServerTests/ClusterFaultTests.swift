@@ -1,6 +1,6 @@
 import Foundation
 import Synchronization
-import Tandem
+import TandemClient
 import TandemServer
 import TandemTesting
 import TandemWire

@@ -216,9 +216,9 @@ final class RunningTandem: Sendable {
         process.standardError = error
         try process.run()
         self.process = process
-        Self.collect(output.fileHandleForReading) { [weak self] line in self?.lines.withLock { $0.output.append(line) }
+        readLines(of: output.fileHandleForReading) { [weak self] line in self?.lines.withLock { $0.output.append(line) }
         }
-        Self.collect(error.fileHandleForReading) { [weak self] line in self?.lines.withLock { $0.error.append(line) } }
+        readLines(of: error.fileHandleForReading) { [weak self] line in self?.lines.withLock { $0.error.append(line) } }
     }
 
     var outputLines: [String] { lines.withLock { $0.output } }
@@ -230,19 +230,5 @@ final class RunningTandem: Sendable {
         guard process.isRunning else { return }
         kill(process.processIdentifier, SIGINT)
         process.waitUntilExit()
-    }
-
-    /// Reads a pipe line by line on a thread of its own, until end of file.
-    private static func collect(_ handle: FileHandle, _ each: @escaping @Sendable (String) -> Void) {
-        Thread.detachNewThread {
-            var pending = Data()
-            while case let chunk = handle.availableData, !chunk.isEmpty {
-                pending.append(chunk)
-                while let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
-                    each(String(decoding: pending[pending.startIndex..<newline], as: UTF8.self))
-                    pending.removeSubrange(pending.startIndex...newline)
-                }
-            }
-        }
     }
 }

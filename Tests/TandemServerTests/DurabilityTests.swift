@@ -1,5 +1,5 @@
 import Foundation
-import Tandem
+import TandemClient
 import TandemServer
 import TandemTesting
 import TandemWire

@@ -249,7 +249,7 @@ extension ServerCore {
         }
         guard let faults, !session.isHolding, faults.delaysDelivery() else { return }
         session.hold()
-        let delay = DispatchTimeInterval.milliseconds(Int(faults.plan.deliveryDelay.milliseconds))
+        let delay = faults.plan.deliveryDelay.dispatchInterval
         queue.asyncAfter(deadline: .now() + delay) { [self, weak session] in
             if !holdsDeliveries { session?.release() }
         }

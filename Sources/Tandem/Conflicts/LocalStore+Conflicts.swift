@@ -202,16 +202,7 @@ extension LocalStore {
         else { return nil }
         let updatedAt: Int64 = row[0]
         var fields: JSONObject = ["updatedAt": .int(updatedAt)]
-        for (index, column) in model.fieldColumns.enumerated() {
-            let value = row[1 + index] as DatabaseValue
-            if let target = model.references[column] {
-                fields[column] = try outgoingReferenceValue(
-                    model, rowId: rowId, column: column, target: target, value: value, db
-                ).value
-            } else {
-                fields[column] = FieldCoding.json(value)
-            }
-        }
+        try addOutgoingFields(model, of: row, from: 1, rowId: rowId, to: &fields, db)
         return (fields, try localFieldTimes(model, rowId: rowId, updatedAt: updatedAt, db), updatedAt)
     }
 

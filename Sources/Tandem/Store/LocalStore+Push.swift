@@ -98,24 +98,15 @@ extension LocalStore {
                 var document: JSONObject = ["updatedAt": .int(updatedAt)]
                 var incomplete = false
                 var waitsForTarget = false
-                for (index, column) in model.fieldColumns.enumerated() {
-                    let value = row[fieldOffset + index] as DatabaseValue
-                    if let target = model.references[column] {
-                        let (reference, targetId) = try outgoingReferenceValue(
-                            model, rowId: rowId, column: column, target: target, value: value, db)
-                        document[column] = reference
-                        if reference == .null, let targetId {
-                            // The target has no server id yet. An optional reference goes out as
-                            // null and again once it has one; a required one makes the row wait.
-                            let pending = try targetWillSync(target, targetId, db)
-                            if pending && !model.optionalReferences.contains(column) { waitsForTarget = true }
-                            incomplete = incomplete || pending
-                        }
-                    } else {
-                        document[column] = FieldCoding.json(value)
-                    }
-                    bytes += Self.estimatedSize(document[column]!)
+                try addOutgoingFields(model, of: row, from: fieldOffset, rowId: rowId, to: &document, db) {
+                    column, targetId in
+                    // The target has no server id yet. An optional reference goes out as null
+                    // and again once it has one; a required one makes the row wait.
+                    let pending = try targetWillSync(model.references[column]!, targetId, db)
+                    if pending && !model.optionalReferences.contains(column) { waitsForTarget = true }
+                    incomplete = incomplete || pending
                 }
+                for column in model.fieldColumns { bytes += Self.estimatedSize(document[column]!) }
                 if waitsForTarget {
                     cursor.passedOver = true
                     continue

@@ -233,17 +233,7 @@ extension LocalStore {
                     let collection = try collection(of: model, parentRowId: row[2], db, memo: &memo)
                 else { continue }
                 var fields: JSONObject = ["updatedAt": .int(row[1])]
-                let rowId: Int64 = row[3]
-                for (index, column) in model.fieldColumns.enumerated() {
-                    let value = row[4 + index] as DatabaseValue
-                    if let target = model.references[column] {
-                        fields[column] = try outgoingReferenceValue(
-                            model, rowId: rowId, column: column, target: target, value: value, db
-                        ).value
-                    } else {
-                        fields[column] = FieldCoding.json(value)
-                    }
-                }
+                try addOutgoingFields(model, of: row, from: 4, rowId: row[3], to: &fields, db)
                 result[collection, default: [:]][id] = fields
             }
         }
@@ -266,6 +256,29 @@ extension LocalStore {
 }
 
 extension LocalStore {
+    /// Adds the row's field columns to `fields` as they go to the server: values as JSON,
+    /// references as what ``outgoingReferenceValue(_:rowId:column:target:value:_:)`` says.
+    /// The columns are read from `row` at `offset` on, in `model.fieldColumns`' order.
+    ///
+    /// - Parameter unsyncedTarget: Called for each reference whose target row has no server
+    ///   id yet, with the column and the target's local id.
+    func addOutgoingFields(
+        _ model: TableModel, of row: Row, from offset: Int, rowId: Int64, to fields: inout JSONObject, _ db: Database,
+        unsyncedTarget: (_ column: String, _ targetLocalId: Int64) throws -> Void = { _, _ in }
+    ) throws {
+        for (index, column) in model.fieldColumns.enumerated() {
+            let value = row[offset + index] as DatabaseValue
+            guard let target = model.references[column] else {
+                fields[column] = FieldCoding.json(value)
+                continue
+            }
+            let (reference, targetLocalId) = try outgoingReferenceValue(
+                model, rowId: rowId, column: column, target: target, value: value, db)
+            fields[column] = reference
+            if reference == .null, let targetLocalId { try unsyncedTarget(column, targetLocalId) }
+        }
+    }
+
     /// What a reference column says on the wire: the target's server id; or, when the column
     /// is null because the target has not arrived here, the server id it waits for (the
     /// reference is kept, not lost); or null. `targetLocalId` is set when the column holds a

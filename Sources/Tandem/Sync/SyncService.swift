@@ -429,12 +429,6 @@ public final class SyncService: Sendable {
     }
 }
 
-extension Duration {
-    var dispatchInterval: DispatchTimeInterval {
-        .nanoseconds(Int(components.seconds) * 1_000_000_000 + Int(components.attoseconds / 1_000_000_000))
-    }
-}
-
 extension SyncService {
     /// What this device holds of the server's data, as documents: for every synced row with a
     /// server id, its collection, id and fields as a push would send them.

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import Logging
+import TandemScenarios
 
 struct BenchCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -64,13 +65,13 @@ struct BenchCommand: AsyncParsableCommand {
             progress.show("\(scenario.rawValue): starting")
             let result: BenchResult
             switch scenario {
-            case .propagation: result = try await Scenarios.propagation(quick: quick, progress: progress)
-            case .throughput: result = try await Scenarios.throughput(quick: quick, progress: progress)
-            case .snapshot: result = try await Scenarios.snapshot(quick: quick, progress: progress)
-            case .fanout: result = try await Scenarios.fanout(quick: quick, progress: progress)
-            case .apply: result = try await Scenarios.apply(quick: quick, progress: progress)
-            case .connections: result = try await Scenarios.connections(quick: quick, progress: progress)
-            case .cluster: result = try await Scenarios.cluster(quick: quick, postgres: postgres, progress: progress)
+            case .propagation: result = try await Bench.propagation(quick: quick, progress: progress.show)
+            case .throughput: result = try await Bench.throughput(quick: quick, progress: progress.show)
+            case .snapshot: result = try await Bench.snapshot(quick: quick, progress: progress.show)
+            case .fanout: result = try await Bench.fanout(quick: quick, progress: progress.show)
+            case .apply: result = try await Bench.apply(quick: quick, progress: progress.show)
+            case .connections: result = try await Bench.connections(quick: quick, progress: progress.show)
+            case .cluster: result = try await Bench.cluster(quick: quick, postgres: postgres, progress: progress.show)
             }
             progress.finish()
             results.append(result)

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import TandemScenarios
 import TandemSocket
 
 /// A raw libwebsockets echo server, for the benchmarks' floors: what a server of this

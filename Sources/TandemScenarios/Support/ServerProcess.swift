@@ -198,13 +198,13 @@ public final class ServerProcess: @unchecked Sendable {
 
 public struct ServerProcessError: Error, CustomStringConvertible {
     public var description: String
-    init(_ description: String) { self.description = description }
+    package init(_ description: String) { self.description = description }
 }
 
 /// Reads a pipe line by line on a thread of its own until end of file: a blocked read on
 /// `DispatchQueue.global()` would hold one of the few threads Swift concurrency runs on (on
 /// Linux they are the same), and enough of them stall every test in the process.
-func readLines(of handle: FileHandle, _ each: @escaping @Sendable (String) -> Void) {
+package func readLines(of handle: FileHandle, _ each: @escaping @Sendable (String) -> Void) {
     Thread.detachNewThread {
         var pending = Data()
         while case let chunk = handle.availableData, !chunk.isEmpty {

@@ -1,7 +1,6 @@
 import CLibPQ
 import Foundation
 import Synchronization
-import TandemTesting
 
 /// What PostgreSQL can do through libpq without Tandem, to measure the cluster scenario
 /// against: the same client library, the same database, the same machine, no Tandem.
@@ -13,7 +12,7 @@ enum PostgresFloors {
 
         init(url: String) throws {
             guard let handle = PQconnectdb(url), PQstatus(handle) == CONNECTION_OK else {
-                throw CLIError("the floor could not connect to PostgreSQL at \(url)")
+                throw ScenarioError("the floor could not connect to PostgreSQL at \(url)")
             }
             self.handle = handle
         }
@@ -25,14 +24,16 @@ enum PostgresFloors {
             defer { PQclear(result) }
             let status = PQresultStatus(result)
             guard status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK else {
-                throw CLIError("the floor's statement failed: \(String(cString: PQerrorMessage(handle)))")
+                throw ScenarioError("the floor's statement failed: \(String(cString: PQerrorMessage(handle)))")
             }
         }
 
         /// Waits until a notification arrives.
         func awaitNotification() throws {
             while true {
-                guard PQconsumeInput(handle) == 1 else { throw CLIError("the floor's listening connection failed") }
+                guard PQconsumeInput(handle) == 1 else {
+                    throw ScenarioError("the floor's listening connection failed")
+                }
                 if let notification = PQnotifies(handle) {
                     PQfreemem(notification)
                     return

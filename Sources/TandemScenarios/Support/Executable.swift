@@ -5,8 +5,8 @@ import Foundation
 ///
 /// Not `CommandLine.arguments[0]`: started by name from `PATH`, that is just `tandem`, which
 /// resolves against the current folder. The kernel knows the real file.
-enum Executable {
-    static var current: URL {
+public enum Executable {
+    public static var current: URL {
         #if os(Linux)
             if let path = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") {
                 return URL(fileURLWithPath: path)

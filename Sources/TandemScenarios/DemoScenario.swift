@@ -262,7 +262,3 @@ public struct DemoResult: Sendable {
     /// Converged, nothing stored twice, no conflict left open.
     public var isConverged: Bool { report.isConverged && duplicates == 0 && openConflicts == 0 }
 }
-
-extension Duration {
-    var seconds: Double { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
-}

@@ -286,10 +286,7 @@ public final class ServerConnection: Sendable {
     private func scheduleTimeout(
         _ timeout: Duration, _ expire: @escaping @Sendable (inout State) -> (@Sendable () -> Void)?
     ) {
-        let nanoseconds =
-            Int(min(timeout.components.seconds, 86_400)) * 1_000_000_000
-            + Int(timeout.components.attoseconds / 1_000_000_000)
-        DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(nanoseconds)) { [self] in
+        DispatchQueue.global().asyncAfter(deadline: .now() + timeout.dispatchInterval) { [self] in
             let action = state.withLock { state in expire(&state) }
             action?()
         }
@@ -448,12 +445,12 @@ public final class ServerConnection: Sendable {
 
 /// The process-wide client event loops, made on first use: one per set of trusted
 /// certificate authorities (usually just the system's).
-enum SharedClientLoop {
+package enum SharedClientLoop {
     private static let loops = Mutex<[String: WebSocketClient]>([:])
 
     /// - Parameter trusting: A PEM file of certificate authorities for `wss://`; nil for the
     ///   system's.
-    static func get(trusting authorities: String? = nil) throws -> WebSocketClient {
+    package static func get(trusting authorities: String? = nil) throws -> WebSocketClient {
         try loops.withLock { loops in
             if let loop = loops[authorities ?? ""] { return loop }
             do {

@@ -1,4 +1,5 @@
 import Foundation
+import TandemWire
 
 #if canImport(Glibc)
     import Glibc
@@ -66,8 +67,7 @@ public enum PlainSocket {
         while true {
             let remaining = deadline - ContinuousClock.now
             guard remaining > .zero else { return false }
-            let milliseconds = Int32(
-                remaining.components.seconds * 1000 + remaining.components.attoseconds / 1_000_000_000_000_000)
+            let milliseconds = Int32(clamping: remaining.milliseconds)
             var poller = pollfd(fd: fd, events: events, revents: 0)
             let ready = poll(&poller, 1, max(1, milliseconds))
             if ready > 0 { return true }

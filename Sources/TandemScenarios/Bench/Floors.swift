@@ -2,18 +2,18 @@ import Foundation
 import GRDB
 import Synchronization
 import TandemSocket
-import TandemTesting
 import TandemWire
 
 /// What the machine can do without Tandem, to measure Tandem against.
-enum Floors {
+package enum Floors {
     /// Sends every message back.
-    final class Echo: WebSocketDelegate {
-        func webSocketDidOpen(_ connection: WebSocketConnection) {}
-        func webSocket(_ connection: WebSocketConnection, didReceive message: WebSocketMessage) {
+    package final class Echo: WebSocketDelegate {
+        package init() {}
+        package func webSocketDidOpen(_ connection: WebSocketConnection) {}
+        package func webSocket(_ connection: WebSocketConnection, didReceive message: WebSocketMessage) {
             try? connection.send(OutboundMessage(text: message.bytes))
         }
-        func webSocket(_ connection: WebSocketConnection, didCloseWith event: WebSocketCloseEvent) {}
+        package func webSocket(_ connection: WebSocketConnection, didCloseWith event: WebSocketCloseEvent) {}
     }
 
     /// A raw libwebsockets echo of 400-byte messages: sequential round trips, then pipelined

@@ -1,14 +1,13 @@
 import Foundation
 import Tandem
 import TandemServer
-import TandemTesting
 
-extension Scenarios {
+extension Bench {
     /// Three nodes over one PostgreSQL database (a throwaway cluster with `fsync` on, or the
     /// database `postgres` names): propagation from a device on node A to a device on node B,
     /// and throughput from three writing devices, one per node, to a device on node A.
-    static func cluster(quick: Bool, postgres: String?, progress: ProgressLine) async throws -> BenchResult {
-        progress.show("cluster: starting PostgreSQL")
+    public static func cluster(quick: Bool, postgres: String?, progress: Progress) async throws -> BenchResult {
+        progress("cluster: starting PostgreSQL")
         let ownCluster = postgres == nil ? try await PostgresCluster.start(durable: true) : nil
         defer { ownCluster?.stop() }
         let url = try postgres ?? ownCluster!.createDatabase()
@@ -40,7 +39,7 @@ extension Scenarios {
         let expected = count + total
         try await poll("the receiver has every row", interval: .milliseconds(10)) {
             let have = try BenchModel.arrived(receiver.database)
-            progress.show("cluster: \(have)/\(expected) documents on the receiver")
+            progress("cluster: \(have)/\(expected) documents on the receiver")
             return have >= expected
         }
         let elapsed = ContinuousClock.now - start
@@ -48,7 +47,7 @@ extension Scenarios {
         for device in writers + [receiver] { await device.service.stop() }
         let rate = Double(total) / elapsed.seconds
 
-        progress.show("cluster: floors")
+        progress("cluster: floors")
         let floor = try PostgresFloors.insertNotify(url: url, count: quick ? 200 : 1000)
         let floorP50 = floor.milliseconds(at: 50)
         let floorRate = try PostgresFloors.batchedInserts(url: url, rows: total, connections: 3)

@@ -3,27 +3,26 @@ import GRDB
 import Histogram
 import Synchronization
 import Tandem
-import TandemTesting
 import TandemWire
 
 /// One scenario's outcome, printed in the summary table or as one JSON object.
-struct BenchResult: Encodable {
-    var scenario: String
+public struct BenchResult: Encodable {
+    public var scenario: String
     /// What the headline figure is ("p50", "docs/s", …).
-    var metric: String
-    var value: Double
-    var unit: String
-    var goal: String
+    public var metric: String
+    public var value: Double
+    public var unit: String
+    public var goal: String
     /// Whether the goal is met; nil when the run was too small to say (`--quick`).
-    var met: Bool?
+    public var met: Bool?
     /// More figures of the scenario (p99, each table size, …).
-    var details: [String: Double] = [:]
+    public var details: [String: Double] = [:]
     /// What the scenario is measured against, and its figure.
-    var floor: String?
-    var floorValue: Double?
+    public var floor: String?
+    public var floorValue: Double?
     /// How close Tandem comes to the floor: Tandem's figure over the floor's (a rate) or the
     /// floor's over Tandem's (a time), so that 1.0 means as fast as the floor.
-    var floorRatio: Double?
+    public var floorRatio: Double?
 }
 
 /// Latencies in microseconds, with percentiles from HdrHistogram.
@@ -41,11 +40,6 @@ struct Latencies {
     }
 
     var count: UInt64 { histogram.totalCount }
-}
-
-extension Duration {
-    var microseconds: Int64 { components.seconds * 1_000_000 + components.attoseconds / 1_000_000_000_000 }
-    var seconds: Double { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
 }
 
 /// A table of items for the benchmarks: one root collection, rows of about 400 bytes.
@@ -103,7 +97,7 @@ enum BenchModel {
     static func verify(_ database: DatabaseQueue, has expected: Int) throws {
         let count = try count(database)
         guard count == expected else {
-            throw CLIError("the benchmark's device has \(count) rows, not \(expected): a sync bug, not a slow run")
+            throw ScenarioError("the benchmark's device has \(count) rows, not \(expected): a sync bug, not a slow run")
         }
     }
 
@@ -119,7 +113,7 @@ enum BenchModel {
                 WriteOp.create(in: items, fields: fields(index), idempotencyKey: try ClientName("seed-\(index)"))
             }
             guard case .ack = try await connection.write(ops, timeout: .seconds(120)) else {
-                throw CLIError("seeding the benchmark's server failed")
+                throw ScenarioError("seeding the benchmark's server failed")
             }
             done += size
             progress(done)
@@ -135,7 +129,7 @@ func poll(
 {
     let deadline = ContinuousClock.now + timeout
     while try !check() {
-        if ContinuousClock.now > deadline { throw CLIError("benchmark timed out waiting until \(what)") }
+        if ContinuousClock.now > deadline { throw ScenarioError("benchmark timed out waiting until \(what)") }
         try await Task.sleep(for: interval)
     }
 }

@@ -4,17 +4,19 @@ import Synchronization
 import Tandem
 import TandemServer
 import TandemSocket
-import TandemTesting
 import TandemWire
 
 /// The benchmark scenarios. Each runs on loopback with a real server and real clients, each
 /// client with its own SQLite file, and measures its floor in the same run.
-enum Scenarios {
+public enum Bench {
+    /// Called with a line saying how far a scenario has come.
+    public typealias Progress = @Sendable (String) -> Void
+
     // MARK: propagation
 
     /// Device A writes documents one at a time (push delay 0); the time from A's local commit
     /// to B's local commit of the same document.
-    static func propagation(quick: Bool, progress: ProgressLine) async throws -> BenchResult {
+    public static func propagation(quick: Bool, progress: Progress) async throws -> BenchResult {
         let count = quick ? 200 : 1000
         let server = try await benchServer()
         defer { server.stop() }
@@ -32,7 +34,7 @@ enum Scenarios {
     /// Device A on `serverA` writes documents one at a time; for each, the time from A's local
     /// commit to B's (on `serverB`) local commit of it.
     static func propagationLatencies(
-        from serverA: TestServer, to serverB: TestServer, count: Int, progress: ProgressLine
+        from serverA: TestServer, to serverB: TestServer, count: Int, progress: Progress
     ) async throws -> Latencies {
         let arrivals = Mutex<[String: ContinuousClock.Instant]>([:])
         let a = try benchDevice("a", server: serverA)
@@ -62,7 +64,7 @@ enum Scenarios {
             let committed = ContinuousClock.now
             try await poll("b has \(title)", interval: .microseconds(50)) { arrivals.withLock { $0[title] } != nil }
             latencies.record(arrivals.withLock { $0[title]! } - committed)
-            if index % 50 == 0 { progress.show("propagation: \(index)/\(count) documents") }
+            if index % 50 == 0 { progress("propagation: \(index)/\(count) documents") }
         }
         await a.service.stop()
         await b.service.stop()
@@ -72,7 +74,7 @@ enum Scenarios {
     // MARK: throughput
 
     /// Device A holds dirty rows of about 400 bytes; the time until B has them all in SQLite.
-    static func throughput(quick: Bool, progress: ProgressLine) async throws -> BenchResult {
+    public static func throughput(quick: Bool, progress: Progress) async throws -> BenchResult {
         let count = quick ? 10_000 : 100_000
         let server = try await benchServer()
         defer { server.stop() }
@@ -88,7 +90,7 @@ enum Scenarios {
         try await poll("b has every row", interval: .milliseconds(10)) {
             if pushed == nil, try !BenchModel.anyDirty(a.database) { pushed = ContinuousClock.now - start }
             let have = try BenchModel.arrived(b.database)
-            progress.show("throughput: \(have)/\(count) documents on B")
+            progress("throughput: \(have)/\(count) documents on B")
             return have == count
         }
         let elapsed = ContinuousClock.now - start
@@ -111,18 +113,18 @@ enum Scenarios {
     // MARK: snapshot
 
     /// The server holds documents; a fresh client listens and stores them all.
-    static func snapshot(quick: Bool, progress: ProgressLine) async throws -> BenchResult {
+    public static func snapshot(quick: Bool, progress: Progress) async throws -> BenchResult {
         let count = quick ? 10_000 : 100_000
         let server = try await benchServer()
         defer { server.stop() }
-        try await BenchModel.seed(count, url: server.url) { done in progress.show("snapshot: seeding \(done)/\(count)")
+        try await BenchModel.seed(count, url: server.url) { done in progress("snapshot: seeding \(done)/\(count)")
         }
         let fresh = try benchDevice("fresh", server: server)
         let start = ContinuousClock.now
         fresh.service.start()
         try await poll("the fresh client stored every document", interval: .milliseconds(5)) {
             let have = try BenchModel.arrived(fresh.database)
-            progress.show("snapshot: \(have)/\(count) documents stored")
+            progress("snapshot: \(have)/\(count) documents stored")
             return have == count
         }
         let elapsed = ContinuousClock.now - start
@@ -142,7 +144,7 @@ enum Scenarios {
 
     /// Listener connections on one collection; writes one at a time; for each write, the time
     /// until the last listener has it.
-    static func fanout(quick: Bool, progress: ProgressLine) async throws -> BenchResult {
+    public static func fanout(quick: Bool, progress: Progress) async throws -> BenchResult {
         let listeners = quick ? 100 : 1000
         let writes = quick ? 20 : 100
         raiseOpenFilesLimit()
@@ -173,7 +175,7 @@ enum Scenarios {
                 }
             }
             connections.append(connection)
-            if index % 100 == 0 { progress.show("fanout: \(index)/\(listeners) listeners connected") }
+            if index % 100 == 0 { progress("fanout: \(index)/\(listeners) listeners connected") }
         }
         try await poll("every listener is current") { tally.current.load(ordering: .relaxed) >= listeners }
         let writer = try await ServerConnection.connect(to: server.url, clientId: "writer")
@@ -184,13 +186,13 @@ enum Scenarios {
                 case .ack(let results) = try await writer.write([
                     .create(in: items, fields: BenchModel.fields(index), idempotencyKey: try ClientName("w\(index)"))
                 ])
-            else { throw CLIError("the fan-out write was refused") }
+            else { throw ScenarioError("the fan-out write was refused") }
             let id = results[0].id.rawValue
             try await poll("every listener has write \(index)", interval: .microseconds(100)) {
                 (tally.received.withLock { $0[id]?.count } ?? 0) >= listeners
             }
             latencies.record(tally.received.withLock { $0[id]!.last } - start)
-            progress.show("fanout: \(index + 1)/\(writes) writes delivered to \(listeners) listeners")
+            progress("fanout: \(index + 1)/\(writes) writes delivered to \(listeners) listeners")
         }
         for connection in connections { connection.close() }
         writer.close()
@@ -212,12 +214,12 @@ enum Scenarios {
 
     /// A client with many local rows applies a one-document change: the time of that apply
     /// (finding the row by server id, writing it, storing the resume token), at three sizes.
-    static func apply(quick: Bool, progress: ProgressLine) async throws -> BenchResult {
+    public static func apply(quick: Bool, progress: Progress) async throws -> BenchResult {
         let sizes = quick ? [1000, 10_000] : [1000, 10_000, 100_000]
         var medians: [String: Double] = [:]
         for size in sizes {
             let server = try await benchServer()
-            try await BenchModel.seed(size, url: server.url) { done in progress.show("apply: seeding \(done)/\(size)") }
+            try await BenchModel.seed(size, url: server.url) { done in progress("apply: seeding \(done)/\(size)") }
             let durations = Mutex<[Duration]>([])
             let began = Mutex<ContinuousClock.Instant?>(nil)
             let device = try benchDevice("applier", server: server) { configuration in
@@ -252,7 +254,7 @@ enum Scenarios {
             }
             let sorted = durations.withLock { $0 }.sorted()
             medians["\(size) rows, median ms"] = Double(sorted[sorted.count / 2].microseconds) / 1000
-            progress.show("apply: \(size) rows done")
+            progress("apply: \(size) rows done")
             writer.close()
             await device.service.stop()
             server.stop()
@@ -260,7 +262,7 @@ enum Scenarios {
         let largest = medians["\(sizes.last!) rows, median ms"]!
         let smallest = medians["\(sizes.first!) rows, median ms"]!
         medians["growth, largest over smallest"] = largest / smallest
-        progress.show("apply: measuring the floor")
+        progress("apply: measuring the floor")
         let floor = try Floors.indexedUpdate(rows: sizes.last!, changes: 200)
         return BenchResult(
             scenario: "apply", metric: "median at \(sizes.last!) rows", value: largest, unit: "ms",
@@ -273,7 +275,7 @@ enum Scenarios {
 
     /// Idle listener connections to a server in its own process: the server's memory per
     /// connection, beside a raw libwebsockets echo server holding as many idle connections.
-    static func connections(quick: Bool, progress: ProgressLine) async throws -> BenchResult {
+    public static func connections(quick: Bool, progress: Progress) async throws -> BenchResult {
         let count = quick ? 200 : 1000
         raiseOpenFilesLimit()
         let executable = Executable.current
@@ -315,7 +317,7 @@ enum Scenarios {
     /// Opens `count` connections with `open` (which returns how to close one), then reads the
     /// server process's resident memory.
     private static func memoryPerConnection(
-        of process: ServerProcess, count: Int, progress: ProgressLine,
+        of process: ServerProcess, count: Int, progress: Progress,
         open: (Int) async throws -> () -> Void
     ) async throws -> (perConnection: Double, before: Int, after: Int) {
         try await Task.sleep(for: .milliseconds(300))
@@ -323,7 +325,7 @@ enum Scenarios {
         var closers: [() -> Void] = []
         for index in 0..<count {
             closers.append(try await open(index))
-            if index % 100 == 0 { progress.show("connections: \(index)/\(count) open to \(process.arguments[0])") }
+            if index % 100 == 0 { progress("connections: \(index)/\(count) open to \(process.arguments[0])") }
         }
         try await Task.sleep(for: .milliseconds(500))
         let after = try residentKilobytes(of: process.processIdentifier)
@@ -335,7 +337,7 @@ enum Scenarios {
         let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
         guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
             let kilobytes = Int(line.split(separator: " ").dropFirst().first ?? "")
-        else { throw CLIError("cannot read the server's memory from /proc/\(pid)/status") }
+        else { throw ScenarioError("cannot read the server's memory from /proc/\(pid)/status") }
         return kilobytes
     }
 }

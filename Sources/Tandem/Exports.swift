@@ -1,0 +1,3 @@
+// An app that imports Tandem also gets the protocol client it is built on: `TandemError`,
+// `ServerConnection`.
+@_exported import TandemClient
