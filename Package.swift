@@ -3,7 +3,9 @@ import PackageDescription
 
 let package = Package(
     name: "Tandem",
-    platforms: [.macOS(.v14)],
+    // Mutex, Atomic and String(validating:) need macOS 15. No iOS yet: the transport is a
+    // pkg-config system library (README, "Platforms").
+    platforms: [.macOS(.v15)],
     products: [
         .library(name: "Tandem", targets: ["Tandem"]),
         .library(name: "TandemClient", targets: ["TandemClient"]),

@@ -156,23 +156,24 @@ public final class ServerConnection: Sendable {
     /// Applies ops and waits for the answer, blocking the calling thread.
     ///
     /// For code that runs on its own serial queue and must not let anything else run until
-    /// the answer is handled, like the sync service's push barrier. Never call it from the
-    /// connection's own queue or from Swift concurrency's cooperative pool.
-    public func writeAndWait(_ ops: [WriteOp], timeout: Duration = .seconds(30)) -> Result<WriteReply, any Error> {
+    /// the answer is handled, like the sync service's push barrier; apps use the `async`
+    /// ``write(_:timeout:)``. Never call it from the connection's own queue or from Swift
+    /// concurrency's cooperative pool. Package-internal: only the sync library blocks.
+    package func writeAndWait(_ ops: [WriteOp], timeout: Duration = .seconds(30)) -> Result<WriteReply, any Error> {
         startWrite(ops, timeout: timeout).wait()
     }
 
     /// Sends a write now and returns its answer to wait for later, so that the next write can
     /// go out before this one is answered. The same rules as ``writeAndWait(_:timeout:)``
     /// hold for ``PendingWrite/wait()``.
-    public func startWrite(_ ops: [WriteOp], timeout: Duration = .seconds(30)) -> PendingWrite {
+    package func startWrite(_ ops: [WriteOp], timeout: Duration = .seconds(30)) -> PendingWrite {
         let pending = PendingWrite()
         write(ops, timeout: timeout) { result in pending.fulfil(result) }
         return pending
     }
 
     /// The answer to a write sent with ``startWrite(_:timeout:)``.
-    public final class PendingWrite: Sendable {
+    package final class PendingWrite: Sendable {
         private let answered = DispatchSemaphore(value: 0)
         private let result = Mutex<Result<WriteReply, any Error>?>(nil)
 
@@ -184,7 +185,7 @@ public final class ServerConnection: Sendable {
         }
 
         /// Blocks until the answer (or the write's timeout, or the connection's end).
-        public func wait() -> Result<WriteReply, any Error> {
+        package func wait() -> Result<WriteReply, any Error> {
             if let result = result.withLock({ $0 }) { return result }
             answered.wait()
             return result.withLock { $0! }

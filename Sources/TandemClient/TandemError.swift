@@ -15,7 +15,7 @@ import TandemWire
 ///     showOfflineBadge()
 /// }
 /// ```
-public struct TandemError: Error, Sendable, CustomStringConvertible {
+public struct TandemError: Error, Sendable, Hashable, CustomStringConvertible {
     public struct Code: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
         public var rawValue: String
         public init(rawValue: String) { self.rawValue = rawValue }
@@ -49,8 +49,18 @@ public struct TandemError: Error, Sendable, CustomStringConvertible {
         self.serverError = serverError
     }
 
-    init(server error: WireError) {
+    package init(server error: WireError) {
         self.init(.server, "\(error.code): \(error.message)", serverError: error)
+    }
+
+    /// `error` as a `TandemError`, its message after `context` ("cannot connect: …"): a
+    /// `TandemError` keeps its code and server error, any other error is `fallback`.
+    package init(_ context: String, _ error: any Error, otherwise fallback: Code) {
+        if let error = error as? TandemError {
+            self.init(error.code, "\(context): \(error.message)", serverError: error.serverError)
+        } else {
+            self.init(fallback, "\(context): \(error)")
+        }
     }
 
     public var description: String { message }

@@ -1,6 +1,6 @@
 import Foundation
 import GRDB
-import Tandem
+@_spi(Testing) import Tandem
 import TandemServer
 import TandemWire
 
@@ -213,9 +213,9 @@ public struct DemoOptions: Sendable {
     public var seed: UInt64 = 1
     /// The share of devices offline at any time (re-drawn ten times per run).
     public var offlineFraction = 0.3
-    public var serialization = Serialization.barrier
+    @_spi(Testing) public var serialization = Serialization.barrier
     /// A pause between a push's acknowledgement and its write-back, to widen the window of
-    /// the race that `Serialization.none` leaves open.
+    /// the race that `Serialization.unserialized` leaves open.
     public var ackDelay: Duration = .zero
     public var quietTimeout: Duration = .seconds(120)
     /// How conflicts are settled on every device.

@@ -52,11 +52,19 @@ public final class RawWebSocket: @unchecked Sendable {
     private var buffer: [UInt8] = []
 
     /// Connects to `host:port` and completes the HTTP upgrade, on a thread of its own.
+    ///
+    /// - Parameter hello: A text message sent right after the upgrade, on the same thread:
+    ///   between the server's accept and the hello there is then no wait for a thread of the
+    ///   cooperative pool, which on a loaded machine can outlast the server's hello timeout.
     public static func open(
-        host: String = "127.0.0.1", port: Int, receiveBufferSize: Int? = nil, resetOnClose: Bool = false
+        host: String = "127.0.0.1", port: Int, receiveBufferSize: Int? = nil, resetOnClose: Bool = false,
+        hello: String? = nil
     ) async throws -> RawWebSocket {
         try await onOwnThread {
-            try RawWebSocket(host: host, port: port, receiveBufferSize: receiveBufferSize, resetOnClose: resetOnClose)
+            let raw = try RawWebSocket(
+                host: host, port: port, receiveBufferSize: receiveBufferSize, resetOnClose: resetOnClose)
+            if let hello { try raw.send(text: hello) }
+            return raw
         }
     }
 

@@ -1,8 +1,8 @@
 import ArgumentParser
 import Foundation
 import Logging
-import Tandem
-import TandemScenarios
+@_spi(Testing) import Tandem
+@_spi(Testing) import TandemScenarios
 
 struct DemoCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -121,7 +121,7 @@ struct DemoCommand: AsyncParsableCommand {
             "NOT converged: \(devices) devices, \(result.entries) entries, \(result.duplicates) duplicates, "
                 + "\(result.lost) lost (\(seconds) s)")
         for line in result.report.firstDifferences.prefix(10) { emit("  \(line)") }
-        if serialization == .none && result.duplicates > 0 {
+        if serialization == .unserialized && result.duplicates > 0 {
             emit(
                 "With --serialization none the listener applied the server's echo of a create before the pusher had "
                     + "stored its server id, and inserted it again: the duplicates above are the race Tandem's barrier prevents."

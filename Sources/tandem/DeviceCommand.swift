@@ -1,7 +1,7 @@
 import ArgumentParser
 import Foundation
 import Logging
-import Tandem
+@_spi(Testing) import Tandem
 import TandemScenarios
 
 /// One device of the cash-flow model in a process of its own, so that a test can kill it with

@@ -1,7 +1,7 @@
 import Foundation
 import GRDB
 import Synchronization
-import Tandem
+@_spi(Testing) import Tandem
 import TandemServer
 import TandemTesting
 import TandemWire

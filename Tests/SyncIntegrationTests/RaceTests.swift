@@ -1,7 +1,7 @@
 import Foundation
 import GRDB
 import Synchronization
-import Tandem
+@_spi(Testing) import Tandem
 import TandemTesting
 import TandemWire
 import Testing
@@ -36,7 +36,7 @@ struct RaceTests {
         try await afterAck.reached()
         let serverId = try #require(acknowledged.all.first)
         try await waitUntil("the echo of the create has arrived") { received.all.contains { $0.contains(serverId) } }
-        if serialization == .none {
+        if serialization == .unserialized {
             try await waitUntil("the echo was applied, concurrently with the held push") {
                 applied.all.contains { $0.contains(serverId) }
             }
@@ -61,7 +61,7 @@ struct RaceTests {
 
     @Test("duplicate-creation race: without the barrier the echo is inserted a second time (the test catches it)")
     func echoWithoutBarrier() async throws {
-        let (device, serverId, server) = try await createWithEchoBeforeWriteBack(.none)
+        let (device, serverId, server) = try await createWithEchoBeforeWriteBack(.unserialized)
         #expect(try device.accountCount() == 2, "the race produces a duplicate row")
         #expect(try device.service.unsyncedRowCount() == 1)
         let failures = try device.service.failedRecords()
@@ -235,7 +235,8 @@ struct RaceTests {
         phone.service.start()
         let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone])
         #expect(
-            report.isConverged, "\(report.firstDifferences); last error: \(phone.service.status.lastError ?? "none")")
+            report.isConverged,
+            "\(report.firstDifferences); last error: \(phone.service.status.lastError.map { "\($0)" } ?? "none")")
         let document = try #require(try serverDocuments(server, collection).first { $0.id.rawValue == entryId })
         #expect(document.fields["amount"] == 2)
     }

@@ -1,7 +1,7 @@
 import Foundation
 import GRDB
 import Synchronization
-import Tandem
+@_spi(Testing) import Tandem
 import TandemTesting
 import TandemWire
 import Testing
@@ -53,6 +53,10 @@ struct ServiceBehaviorTests {
         #expect(failure.rowId == big.id)
         #expect(failure.error.contains("the limit is 512"))
         try await waitUntil("the status counts it") { phone.service.status.failedCount == 1 }
+        // The status says what went wrong with a code to switch on, not only a sentence.
+        let lastError = try #require(phone.service.status.lastError)
+        #expect(lastError.code == .server)
+        #expect(lastError.serverError?.code == .tooLarge)
         try await waitUntil("the small row reached the server") {
             try server.server.collections().contains { $0.rawValue.hasSuffix("/entries") }
         }
@@ -86,6 +90,7 @@ struct ServiceBehaviorTests {
         } catch {
             throw TestFailure("\(error); status: \(phone.service.status); drops left: \(drops.withLock { $0 })")
         }
+        #expect(phone.service.status.lastError?.code == .disconnected, "\(phone.service.status)")
         try phone.service.retryFailed()
         let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone])
         #expect(report.isConverged, "\(report.firstDifferences)")

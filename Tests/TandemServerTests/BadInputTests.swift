@@ -94,9 +94,9 @@ struct BadInputTests {
         bystander.listen(to: try path("notes"), handler: bystanderFeed.handler)
         try await waitUntil("the bystander is current") { bystanderFeed.isCurrent }
 
-        let raw = try await RawWebSocket.open(port: server.port)
+        let raw = try await RawWebSocket.open(
+            port: server.port, hello: input.helloFirst ? #"{"type":"hello","protocol":1,"clientId":"raw"}"# : nil)
         if input.helloFirst {
-            try raw.send(text: #"{"type":"hello","protocol":1,"clientId":"raw"}"#)
             #expect(try await raw.readText().contains(#""type":"welcome""#))
         }
         for (opcode, payload) in input.frames {
@@ -141,8 +141,8 @@ struct BadInputTests {
         let healthyFeed = Feed()
         healthy.listen(to: try path("firehose"), handler: healthyFeed.handler)
 
-        let stalled = try await RawWebSocket.open(port: server.port, receiveBufferSize: 4096)
-        try stalled.send(text: #"{"type":"hello","protocol":1,"clientId":"stalled"}"#)
+        let stalled = try await RawWebSocket.open(
+            port: server.port, receiveBufferSize: 4096, hello: #"{"type":"hello","protocol":1,"clientId":"stalled"}"#)
         try stalled.send(text: #"{"type":"listen","target":"t","collection":"firehose"}"#)
         try await waitUntil("both listen") { server.server.stats.liveListeners == 2 && healthyFeed.isCurrent }
 
@@ -166,8 +166,8 @@ struct BadInputTests {
     @Test("a flood of tiny frames is answered in order without unbounded queueing")
     func flood() async throws {
         let server = try await TestServer()
-        let raw = try await RawWebSocket.open(port: server.port)
-        try raw.send(text: #"{"type":"hello","protocol":1,"clientId":"flood"}"#)
+        let raw = try await RawWebSocket.open(
+            port: server.port, hello: #"{"type":"hello","protocol":1,"clientId":"flood"}"#)
         _ = try await raw.readText()
         // Made on a thread of its own, as the million fragments below: seconds of work in a debug
         // build that would otherwise hold a thread of the pool every test shares.
@@ -190,8 +190,8 @@ struct BadInputTests {
     @Test("a message sent as a million one-byte fragments is put together and answered")
     func millionFragments() async throws {
         let server = try await TestServer()
-        let raw = try await RawWebSocket.open(port: server.port)
-        try raw.send(text: #"{"type":"hello","protocol":1,"clientId":"fragments"}"#)
+        let raw = try await RawWebSocket.open(
+            port: server.port, hello: #"{"type":"hello","protocol":1,"clientId":"fragments"}"#)
         _ = try await raw.readText()
         let wire = try await onOwnThread {
             let message = Array(#"{"type":"get","request":"whole","collection":"c","id":"x"}"#.utf8)

@@ -10,8 +10,9 @@ import Testing
 @Suite("Close codes on the wire")
 struct CloseCodeTests {
     static func session(_ server: TestServer, receiveBufferSize: Int? = nil) async throws -> RawWebSocket {
-        let raw = try await RawWebSocket.open(port: server.port, receiveBufferSize: receiveBufferSize)
-        try raw.send(text: #"{"type":"hello","protocol":1,"clientId":"closer"}"#)
+        let raw = try await RawWebSocket.open(
+            port: server.port, receiveBufferSize: receiveBufferSize,
+            hello: #"{"type":"hello","protocol":1,"clientId":"closer"}"#)
         _ = try await raw.readText()
         return raw
     }
@@ -157,8 +158,8 @@ struct CloseCodeTests {
 
         // A 2 MB snapshot through a 4 kB receive buffer at 8 kB every 20 ms: five seconds of
         // reading, longer than the idle timeout, with the server's pings answered by nobody.
-        let reader = try await RawWebSocket.open(port: server.port, receiveBufferSize: 4096)
-        try reader.send(text: #"{"type":"hello","protocol":1,"clientId":"reader"}"#)
+        let reader = try await RawWebSocket.open(
+            port: server.port, receiveBufferSize: 4096, hello: #"{"type":"hello","protocol":1,"clientId":"reader"}"#)
         try reader.send(text: #"{"type":"listen","target":"t","collection":"big"}"#)
         try await reader.trickle(for: .seconds(5), chunk: 8192, every: .milliseconds(20))
         var documents = 0

@@ -44,9 +44,9 @@ struct ProtocolDocumentTests {
             let expectedCode = Self.code(String(row[1].prefix { $0 != ":" }))
             let expectedText = String(row[1].drop { $0 != ":" }.dropFirst().drop { $0 == " " })
 
-            let socket = try await RawWebSocket.open(port: server.port)
+            let socket = try await RawWebSocket.open(
+                port: server.port, hello: beforeHello ? nil : #"{"type":"hello","protocol":1,"clientId":"doc"}"#)
             if !beforeHello {
-                try socket.send(text: #"{"type":"hello","protocol":1,"clientId":"doc"}"#)
                 _ = try await socket.readText()
             }
             try socket.send(text: message)

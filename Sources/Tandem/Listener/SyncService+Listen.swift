@@ -55,7 +55,7 @@ extension SyncService {
                     return state.running
                 }
                 if retry {
-                    noteError("cannot connect: \(error)")
+                    noteError(TandemError("cannot connect", error, otherwise: .unreachable))
                     scheduleReconnect()
                 }
             }
@@ -92,7 +92,7 @@ extension SyncService {
             return state.running
         }
         guard reconnect else { return }
-        noteError("disconnected: \(reason)")
+        noteError(TandemError(.disconnected, "disconnected: \(reason)"))
         publishStatus()
         scheduleReconnect()
     }
@@ -143,7 +143,7 @@ extension SyncService {
                 }
             }
         } catch {
-            noteError("cannot read the listeners: \(error)")
+            noteError(TandemError("cannot read the listeners", error, otherwise: .database))
         }
     }
 
@@ -163,7 +163,7 @@ extension SyncService {
             state.withLock { state in
                 if state.generation == generation { state.listening[path] = nil }
             }
-            noteError("listening to \(path) was refused: \(error.message)")
+            noteError(TandemError(.server, "listening to \(path) was refused: \(error.message)", serverError: error))
         }
     }
 
@@ -180,7 +180,7 @@ extension SyncService {
     /// Puts an arrival in the inbox and queues an operation to apply what the inbox holds.
     ///
     /// Listener work goes on the sync queue, behind any push barrier, except with
-    /// `Serialization.none`, where it runs on its own queue, concurrently with pushes. When
+    /// `Serialization.unserialized`, where it runs on its own queue, concurrently with pushes. When
     /// snapshots of a collection arrive faster than they are applied, one operation takes
     /// several of them and applies them in one transaction (a commit per snapshot would cost
     /// more than the snapshot); the operations queued for the ones it took find nothing left.
@@ -193,7 +193,7 @@ extension SyncService {
         let work: @Sendable () -> Void = { [weak self] in self?.applyArrivals() }
         switch configuration.serialization {
         case .barrier: queue.addOperation(work)
-        case .none: applyQueue.addOperation(work)
+        case .unserialized: applyQueue.addOperation(work)
         }
     }
 
@@ -226,7 +226,7 @@ extension SyncService {
         guard let (first, generation) = current.first else { return }
         if case .reset(let path) = first {
             do { try ownWrite { db in try store.beginReset(path, db) } } catch {
-                noteError("cannot reset \(path): \(error)")
+                noteError(TandemError("cannot reset \(path)", error, otherwise: .database))
             }
             return
         }
@@ -252,7 +252,7 @@ extension SyncService {
             for (snapshot, _, _) in snapshots { configuration.hooks.afterApply?(snapshot) }
             var parentsChanged = false
             for (outcome, (_, _, target)) in zip(outcomes, snapshots) {
-                for failure in outcome.failures { noteError("cannot apply \(failure)") }
+                for failure in outcome.failures { noteError(TandemError(.database, "cannot apply \(failure)")) }
                 if outcome.conflicts > 0 { updateStatus { $0.resolvedConflicts += outcome.conflicts } }
                 if parentTables.contains(target.table) && outcome.inserted + outcome.deleted > 0 {
                     parentsChanged = true
@@ -261,7 +261,7 @@ extension SyncService {
             if parentsChanged { refreshListeners() }
         } catch {
             let paths = Set(snapshots.map { $0.1.rawValue }).sorted().joined(separator: ", ")
-            noteError("cannot apply a snapshot of \(paths): \(error)")
+            noteError(TandemError("cannot apply a snapshot of \(paths)", error, otherwise: .database))
         }
         refreshStatus()
     }

@@ -15,7 +15,7 @@ struct LocalStore: Sendable {
     let clock: HybridLogicalClock
     /// Whether a listener's document carrying the key of one of this device's unanswered
     /// creates is taken as that row's document (see `adoptOwnCreate`). Off only with
-    /// `Serialization.none`, which shows what happens without Tandem's guards.
+    /// `Serialization.unserialized`, which shows what happens without Tandem's guards.
     let recognizesOwnCreates: Bool
 
     init(tables: [TableModel], clock: HybridLogicalClock, recognizesOwnCreates: Bool = true) {

@@ -34,12 +34,15 @@ public struct SyncConfiguration: Sendable {
     public var maxReconnectDelay: Duration = .seconds(30)
     /// How conflicts are settled. Default: ``ConflictPolicy/lastWriteWins``.
     public var conflictPolicy = ConflictPolicy.lastWriteWins
-    /// Whether listener changes wait for pushes (see ``Serialization``). Default: `.barrier`.
-    public var serialization = Serialization.barrier
+    /// Whether listener changes wait for pushes (see ``Serialization``). Default: `.barrier`;
+    /// the other mode exists only to show the race Tandem prevents (`tandem demo`, race
+    /// tests), so it is behind the `Testing` SPI.
+    @_spi(Testing) public var serialization = Serialization.barrier
     /// The clock for `updatedAt`.
     public var clock: any SyncClock = SystemClock()
-    /// Test seams; empty in production.
-    public var hooks = SyncHooks()
+    /// Points where a test holds or watches the engine; empty in production, and behind the
+    /// `Testing` SPI (`@_spi(Testing) import Tandem`, as TandemTesting does).
+    @_spi(Testing) public var hooks = SyncHooks()
     /// The WebSocket event loop; by default one shared by the process.
     public var webSocketClient: WebSocketClient?
     /// A bearer token for servers with access control.
@@ -57,13 +60,14 @@ public struct SyncConfiguration: Sendable {
 }
 
 /// How the listener's changes are ordered against pushes.
-public enum Serialization: String, Sendable, CaseIterable {
+@_spi(Testing) public enum Serialization: String, Sendable, CaseIterable {
     /// One queue: a push (send, answer, write-back) is a barrier that listener changes wait
     /// for. The server's echo of a create is applied after the create's server id is stored,
     /// so it is recognized. This is Tandem's design.
     case barrier
     /// Listener changes run on their own queue, concurrently with pushes, and documents are
     /// not matched to this device's unanswered creates by their key. Only for showing the
-    /// race Tandem prevents: the echo of a create can be inserted as a second row.
-    case none
+    /// race Tandem prevents: the echo of a create can be inserted as a second row. Spelled
+    /// `none` on the command line (`tandem demo --serialization none`).
+    case unserialized = "none"
 }

@@ -1,7 +1,8 @@
 import TandemWire
 
 /// Points inside the sync engine where a test can watch or hold the engine, to force an
-/// interleaving that would otherwise depend on timing.
+/// interleaving that would otherwise depend on timing. Behind the `Testing` SPI:
+/// `@_spi(Testing) import Tandem`.
 ///
 /// Hooks run synchronously on the engine's threads: a hook that blocks (see
 /// `TandemTesting.Checkpoint`) holds the engine exactly there. For example, holding the
@@ -12,7 +13,7 @@ import TandemWire
 /// let afterAck = Checkpoint()
 /// configuration.hooks.afterAck = afterAck.hook
 /// ```
-public struct SyncHooks: Sendable {
+@_spi(Testing) public struct SyncHooks: Sendable {
     /// When a connection attempt begins, before the socket is opened (on the task making it).
     public var beforeConnect: (@Sendable () -> Void)?
     /// Before a `write` is sent, with its ops.

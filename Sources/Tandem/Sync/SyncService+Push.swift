@@ -72,12 +72,14 @@ extension SyncService {
                         try store.countFailedAttempt(
                             batch, "the acknowledgement was lost", maxAttempts: configuration.maxAttempts, db)
                     }
-                    throw TandemError(.disconnected, "the connection dropped before the acknowledgement arrived")
+                    let error = TandemError(.disconnected, "the connection dropped before the acknowledgement arrived")
+                    noteError(error)
+                    throw error
                 }
                 configuration.hooks.afterAck?(results)
                 let (duplicates, merged) = try ownWrite { db in try store.recordAcknowledgement(batch, results, db) }
                 configuration.hooks.afterWriteBack?(batch.map(\.op), results)
-                for duplicate in duplicates { noteError(duplicate) }
+                for duplicate in duplicates { noteError(TandemError(.database, duplicate)) }
                 report.conflicts += merged
                 report.pushed += results.count
                 createsAcknowledged += batch.count { $0.op.kind == .create }
@@ -105,7 +107,10 @@ extension SyncService {
                                 [push], serverError.message, maxAttempts: configuration.maxAttempts, db)
                         }
                     }
-                    noteError("\(push.table) row \(push.rowId): \(serverError.message)")
+                    noteError(
+                        TandemError(
+                            .server, "\(push.table) row \(push.rowId): \(serverError.message)", serverError: serverError
+                        ))
                     leftBehind = true
                     continue
                 }
@@ -113,13 +118,13 @@ extension SyncService {
                     try ownWrite { db in
                         for push in batch { try store.fail(push.table, push.rowId, serverError.message, db) }
                     }
-                    noteError(serverError.message)
+                    noteError(TandemError(server: serverError))
                     continue
                 }
                 try ownWrite { db in
                     try store.countFailedAttempt(batch, "\(error)", maxAttempts: configuration.maxAttempts, db)
                 }
-                noteError("push failed: \(error)")
+                noteError(TandemError("push failed", error, otherwise: .database))
                 // The batches still on their way keep their keys; the next push sends them again.
                 throw error
             }

@@ -42,7 +42,7 @@ public final class SyncService: Sendable {
     let database: any DatabaseWriter
     let store: LocalStore
     let queue: OperationQueue
-    /// Where listener snapshots are applied with `Serialization.none`; unused otherwise.
+    /// Where listener snapshots are applied with `Serialization.unserialized`; unused otherwise.
     let applyQueue: OperationQueue
     private let applyDispatchQueue: DispatchQueue
     let observer: LocalChangeObserver
@@ -131,7 +131,7 @@ public final class SyncService: Sendable {
         applyQueue = OperationQueue()
         applyQueue.name = "tandem.apply.\(clientId)"
         applyQueue.maxConcurrentOperationCount = 1
-        // Listener work of `Serialization.none` gets a private serial queue, which libdispatch
+        // Listener work of `Serialization.unserialized` gets a private serial queue, which libdispatch
         // serves with a thread of its own: it must run while a push holds its thread waiting.
         // (`underlyingQueue` is unowned: the service keeps the dispatch queue alive.)
         applyDispatchQueue = DispatchQueue(label: "tandem.apply.\(clientId)")
@@ -358,9 +358,9 @@ public final class SyncService: Sendable {
         watchers.forEach { $0.yield(status) }
     }
 
-    func noteError(_ message: String) {
-        logger.warning("\(message)", metadata: ["tandem.client": "\(clientId)"])
-        updateStatus { $0.lastError = message }
+    func noteError(_ error: TandemError) {
+        logger.warning("\(error.message)", metadata: ["tandem.client": "\(clientId)", "tandem.code": "\(error.code)"])
+        updateStatus { $0.lastError = error }
     }
 
     // MARK: - Connection

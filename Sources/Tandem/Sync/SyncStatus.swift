@@ -10,8 +10,9 @@ public struct SyncStatus: Sendable, Equatable, CustomStringConvertible {
     public var openConflicts = 0
     /// Conflicts settled since the service was created: by a policy, or by the app.
     public var resolvedConflicts = 0
-    /// The last problem met, if any.
-    public var lastError: String?
+    /// The last problem met, if any, with a ``TandemError/Code`` to switch on
+    /// (`.unreachable`, `.disconnected`, `.server` with the server's error, `.database`, …).
+    public var lastError: TandemError?
 
     public init() {}
 
