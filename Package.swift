@@ -90,7 +90,7 @@ let package = Package(
         .target(
             name: "TandemTesting",
             dependencies: [
-                "TandemScenarios", "Tandem", "TandemClient", "TandemServer", "TandemWire",
+                "TandemScenarios", "Tandem", "TandemClient", "TandemServer", "TandemSocket", "TandemWire",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -130,7 +130,7 @@ let package = Package(
         .testTarget(
             name: "TandemTests",
             dependencies: [
-                "Tandem", "TandemWire", "TandemTesting",
+                "Tandem", "TandemClient", "TandemWire", "TandemTesting",
                 .product(name: "GRDB", package: "GRDB.swift"),
             ]
         ),

@@ -2,7 +2,6 @@ import Dispatch
 import Foundation
 import Logging
 import Synchronization
-import TandemSocket
 import TandemWire
 
 /// One WebSocket connection to a Tandem server, speaking the protocol: `hello`, requests
@@ -24,7 +23,7 @@ public final class ServerConnection: Sendable {
     public let clientId: ClientName
     public let url: String
 
-    private let socket: WebSocketConnection
+    private let socket: any TransportConnection
     private let inbox: DispatchQueue
     private let state = Mutex(State())
     private let logger: Logger
@@ -35,8 +34,8 @@ public final class ServerConnection: Sendable {
         var pending: [String: @Sendable (Result<ServerMessage, any Error>) -> Void] = [:]
         var listeners: [String: @Sendable (ListenEvent) -> Void] = [:]
         var nextRequest = 1
-        var closeEvent: WebSocketCloseEvent?
-        var onClose: (@Sendable (WebSocketCloseEvent) -> Void)?
+        var closeEvent: TransportClose?
+        var onClose: (@Sendable (TransportClose) -> Void)?
     }
 
     /// What a listener hears.
@@ -58,7 +57,9 @@ public final class ServerConnection: Sendable {
         case conflict(op: Int, server: Document)
     }
 
-    private init(url: String, clientId: ClientName, socket: WebSocketConnection, inbox: DispatchQueue, logger: Logger) {
+    private init(
+        url: String, clientId: ClientName, socket: any TransportConnection, inbox: DispatchQueue, logger: Logger
+    ) {
         self.url = url
         self.clientId = clientId
         self.socket = socket
@@ -72,40 +73,44 @@ public final class ServerConnection: Sendable {
     ///   - url: `ws://HOST:PORT`.
     ///   - clientId: Stable for this device: idempotency keys are remembered per client id.
     ///   - token: A bearer token, for servers with access control.
-    ///   - client: The event loop to use; by default one shared by the whole process.
-    ///   - trustedCertificates: For `wss://`: a PEM file of the certificate authorities the
-    ///     server's certificate must chain to (nil: the system's). Ignored with `client`.
+    ///   - transport: The WebSocket client to connect with; by default
+    ///     ``LibWebSocketsTransport``, on an event loop shared by the whole process.
+    ///   - trustedCertificates: For `wss://` over the default transport: a PEM file of the
+    ///     certificate authorities the server's certificate must chain to (nil: the system's).
     ///   - timeout: How long to wait for `welcome`.
     /// - Throws: ``TandemError``: `.invalidArgument` for a bad URL or client id, `.unreachable`
     ///   when the server cannot be reached, `.server` when it refuses the `hello`,
     ///   `.timedOut`.
     public static func connect(
-        to url: String, clientId: String, token: String? = nil, client: WebSocketClient? = nil,
+        to url: String, clientId: String, token: String? = nil, transport: (any WebSocketTransport)? = nil,
         trustedCertificates: String? = nil,
         timeout: Duration = .seconds(10), logger: Logger = Logger(label: "tandem.connection"),
-        onClose: (@Sendable (WebSocketCloseEvent) -> Void)? = nil
+        onClose: (@Sendable (TransportClose) -> Void)? = nil
     ) async throws -> ServerConnection {
         let name: ClientName
         do { name = try ClientName(clientId, field: "clientId") } catch {
             throw TandemError(.invalidArgument, error.message)
         }
-        let loop = try client ?? SharedClientLoop.get(trusting: trustedCertificates)
         let relay = Relay()
-        let socket: WebSocketConnection
-        do {
-            socket = try loop.connect(to: url, delegate: relay)
+        let socket: any TransportConnection
+        do throws(TransportError) {
+            let chosen: any WebSocketTransport =
+                switch transport {
+                case let transport?: transport
+                case nil: try LibWebSocketsTransport(trustedCertificates: trustedCertificates)
+                }
+            socket = try chosen.connect(to: url) { event in relay.forward(event) }
         } catch {
-            throw TandemError(.invalidArgument, error.message)
+            throw TandemError(error.code == .invalidURL ? .invalidArgument : .unreachable, error.message)
         }
         let connection = ServerConnection(
-            url: url, clientId: name, socket: socket,
-            inbox: DispatchQueue(label: "tandem.connection.\(socket.id)"), logger: logger)
+            url: url, clientId: name, socket: socket, inbox: DispatchQueue(label: "tandem.connection"), logger: logger)
         connection.state.withLock { $0.onClose = onClose }
         relay.attach(connection)
 
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
             // The socket may have closed already (a refused connection fails at once).
-            let closed = connection.state.withLock { state -> WebSocketCloseEvent? in
+            let closed = connection.state.withLock { state -> TransportClose? in
                 if state.closeEvent == nil { state.handshake = continuation }
                 return state.closeEvent
             }
@@ -231,16 +236,16 @@ public final class ServerConnection: Sendable {
     }
 
     /// True until the connection closes.
-    public var isOpen: Bool { state.withLock { $0.closeEvent == nil } && socket.isOpen }
+    public var isOpen: Bool { state.withLock { $0.welcome != nil && $0.closeEvent == nil } }
 
     /// Closes the connection (1000). Pending requests fail with `.disconnected`.
     public func close() {
-        socket.close(code: .normal, reason: "client closing")
+        socket.close(code: 1000, reason: "client closing")
     }
 
     /// Drops the connection at once, as a network failure would (for tests).
     public func abort() {
-        socket.abort(code: .goingAway, reason: "client dropped the connection")
+        socket.abort()
     }
 
     // MARK: - Plumbing
@@ -249,7 +254,7 @@ public final class ServerConnection: Sendable {
         timeout: Duration, _ make: (String) -> ClientMessage,
         completion: @escaping @Sendable (Result<ServerMessage, any Error>) -> Void
     ) {
-        let (id, closed): (String?, WebSocketCloseEvent?) = state.withLock { state in
+        let (id, closed): (String?, TransportClose?) = state.withLock { state in
             if let event = state.closeEvent { return (nil, event) }
             let id = "r\(state.nextRequest)"
             state.nextRequest += 1
@@ -277,7 +282,7 @@ public final class ServerConnection: Sendable {
 
     private func sendRaw(_ message: ClientMessage) {
         do {
-            try socket.send(OutboundMessage(text: Wire.encode(message)))
+            try socket.send(text: Wire.encode(message))
         } catch {
             logger.debug("send failed", metadata: ["tandem.error": "\(error)"])
         }
@@ -293,10 +298,10 @@ public final class ServerConnection: Sendable {
         }
     }
 
-    fileprivate func received(_ frame: WebSocketMessage) {
+    fileprivate func received(_ bytes: [UInt8]) {
         let message: ServerMessage
         do {
-            message = try Wire.decode(ServerMessage.self, from: frame.bytes)
+            message = try Wire.decode(ServerMessage.self, from: bytes)
         } catch {
             logger.warning("undecodable message from the server", metadata: ["tandem.error": "\(error)"])
             return
@@ -353,7 +358,7 @@ public final class ServerConnection: Sendable {
         }
     }
 
-    private func handshakeError(_ event: WebSocketCloseEvent) -> TandemError {
+    private func handshakeError(_ event: TransportClose) -> TandemError {
         let code: TandemError.Code = event.failedToConnect ? .unreachable : .disconnected
         if event.failedToConnect && url.lowercased().hasPrefix("wss://") && event.reason.contains("SSL") {
             return TandemError(
@@ -365,7 +370,7 @@ public final class ServerConnection: Sendable {
         return TandemError(code, "cannot reach the server at \(url): \(event.reason)")
     }
 
-    fileprivate func closed(_ event: WebSocketCloseEvent) {
+    fileprivate func closed(_ event: TransportClose) {
         let (handshake, pending, onClose) = state.withLock { state in
             state.closeEvent = event
             defer {
@@ -389,15 +394,10 @@ public final class ServerConnection: Sendable {
     /// within microseconds, on the service thread: events that come before ``attach(_:)`` are
     /// kept and handed over then, in order, so that a fast failure is never lost (it would
     /// leave `connect` waiting for its timeout).
-    private final class Relay: WebSocketDelegate {
-        private enum Event {
-            case message(WebSocketMessage)
-            case closed(WebSocketCloseEvent)
-        }
-
+    private final class Relay: Sendable {
         private struct State {
             var connection: ServerConnection?
-            var early: [Event] = []
+            var early: [TransportEvent] = []
             var isClosed = false
         }
 
@@ -412,18 +412,8 @@ public final class ServerConnection: Sendable {
             }
         }
 
-        func webSocketDidOpen(_ socket: WebSocketConnection) {}
-
-        func webSocket(_ socket: WebSocketConnection, didReceive message: WebSocketMessage) {
-            forward(.message(message))
-        }
-
-        func webSocket(_ socket: WebSocketConnection, didCloseWith event: WebSocketCloseEvent) {
-            forward(.closed(event))
-        }
-
         /// Enqueued under the lock, so that events keep their order across `attach`.
-        private func forward(_ event: Event) {
+        func forward(_ event: TransportEvent) {
             state.withLock { state in
                 if case .closed = event { state.isClosed = true }
                 guard let connection = state.connection else {
@@ -435,33 +425,10 @@ public final class ServerConnection: Sendable {
             }
         }
 
-        private static func deliver(_ event: Event, to connection: ServerConnection) {
+        private static func deliver(_ event: TransportEvent, to connection: ServerConnection) {
             switch event {
-            case .message(let message): connection.inbox.async { connection.received(message) }
+            case .text(let bytes): connection.inbox.async { connection.received(bytes) }
             case .closed(let close): connection.inbox.async { connection.closed(close) }
-            }
-        }
-    }
-}
-
-/// The process-wide client event loops, made on first use: one per set of trusted
-/// certificate authorities (usually just the system's).
-package enum SharedClientLoop {
-    private static let loops = Mutex<[String: WebSocketClient]>([:])
-
-    /// - Parameter trusting: A PEM file of certificate authorities for `wss://`; nil for the
-    ///   system's.
-    package static func get(trusting authorities: String? = nil) throws -> WebSocketClient {
-        try loops.withLock { loops in
-            if let loop = loops[authorities ?? ""] { return loop }
-            do {
-                var configuration = WebSocketConfiguration()
-                configuration.trustedCertificates = authorities
-                let client = try WebSocketClient(configuration: configuration)
-                loops[authorities ?? ""] = client
-                return client
-            } catch {
-                throw TandemError(.unreachable, "cannot start the WebSocket event loop: \(error)")
             }
         }
     }

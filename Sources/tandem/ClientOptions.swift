@@ -1,7 +1,6 @@
 import ArgumentParser
 import Foundation
 import TandemClient
-import TandemSocket
 import TandemWire
 
 /// Options every client command takes.
@@ -47,7 +46,7 @@ struct ClientOptions: ParsableArguments {
     /// - Parameter startingAt: Which node to try first (the others follow, round robin).
     func connect(
         clientId: String = "cli-\(DocumentID.random().rawValue.prefix(8))", startingAt first: Int = 0,
-        onClose: (@Sendable (WebSocketCloseEvent) -> Void)? = nil
+        onClose: (@Sendable (TransportClose) -> Void)? = nil
     ) async throws -> ServerConnection {
         var last: TandemError?
         for offset in 0..<servers.count {

@@ -16,11 +16,9 @@ extension SyncService {
             guard let self else { return }
             configuration.hooks.beforeConnect?()
             do {
-                let client =
-                    try configuration.webSocketClient
-                    ?? SharedClientLoop.get(trusting: configuration.trustedCertificates)
                 let connection = try await ServerConnection.connect(
-                    to: url, clientId: clientId, token: configuration.token, client: client,
+                    to: url, clientId: clientId, token: configuration.token, transport: configuration.transport,
+                    trustedCertificates: configuration.trustedCertificates,
                     timeout: Self.connectTimeout, logger: logger,
                     onClose: { [weak self] event in self?.connectionClosed(generation: generation, reason: "\(event)") }
                 )

@@ -1,5 +1,5 @@
 import Logging
-import TandemSocket
+import TandemClient
 
 /// How a ``SyncService`` pushes, retries and resolves conflicts.
 ///
@@ -43,16 +43,17 @@ public struct SyncConfiguration: Sendable {
     /// Points where a test holds or watches the engine; empty in production, and behind the
     /// `Testing` SPI (`@_spi(Testing) import Tandem`, as TandemTesting does).
     @_spi(Testing) public var hooks = SyncHooks()
-    /// The WebSocket event loop; by default one shared by the process.
-    public var webSocketClient: WebSocketClient?
+    /// The WebSocket client the service connects with (see `WebSocketTransport`); by default
+    /// `LibWebSocketsTransport`, on an event loop shared by the process.
+    public var transport: (any WebSocketTransport)?
     /// A bearer token for servers with access control.
     public var token: String?
     /// More nodes of the same server (the same PostgreSQL database, see docs/SCALE-OUT.md):
     /// the service connects to its `serverURL` first and, when a connection is lost or
     /// refused, to the next of these, round robin, resuming its listeners there.
     public var serverURLs: [String] = []
-    /// For `wss://` servers: the certificate authorities (a PEM file) their certificates must
-    /// chain to. Nil: the system's. The server's name is checked against its certificate.
+    /// For `wss://` servers over the default transport: the certificate authorities (a PEM
+    /// file) their certificates must chain to. Nil: the system's. The server's name is checked against its certificate.
     public var trustedCertificates: String?
     public var logger = Logger(label: "tandem.sync")
 

@@ -3,7 +3,6 @@ import Foundation
 import GRDB
 import Logging
 import Synchronization
-import TandemSocket
 import TandemWire
 
 /// Keeps the app's synced tables and the server in step: pushes local changes, applies the

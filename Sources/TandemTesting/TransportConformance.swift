@@ -1,0 +1,286 @@
+import Foundation
+import Synchronization
+import TandemClient
+import TandemSocket
+
+/// The checks any ``WebSocketTransport`` must pass before a `ServerConnection` runs over it:
+/// connecting (and failing to), ordering, whole messages however the network splits them,
+/// close codes both ways, backpressure, and connecting again.
+///
+/// Each check runs against a real WebSocket server on loopback (libwebsockets, on port 0).
+/// Tandem runs them against ``LibWebSocketsTransport``; an app that brings its own transport
+/// (over `URLSessionWebSocketTask`, say) runs them against it in its own tests:
+///
+/// ```swift
+/// @Test(arguments: TransportConformance.checks)
+/// func conformance(_ check: TransportConformance.Check) async throws {
+///     try await check.run(on: MyURLSessionTransport())
+/// }
+/// ```
+public enum TransportConformance {
+    /// One named check.
+    public struct Check: Sendable, CustomStringConvertible {
+        public let name: String
+        fileprivate let body: @Sendable (any WebSocketTransport, Peer) async throws -> Void
+
+        public var description: String { name }
+
+        /// Runs the check against `transport`, with a server of its own.
+        ///
+        /// - Throws: ``TransportConformanceFailure`` saying what the transport did wrong.
+        public func run(on transport: any WebSocketTransport) async throws {
+            let peer = try Peer()
+            defer { peer.stop() }
+            try await body(transport, peer)
+        }
+    }
+
+    public static let checks: [Check] = [
+        Check(name: "a refused port is one closed event with failedToConnect, and a bad URL throws invalid-url") {
+            transport, _ in
+            let refused = try RefusingPort()
+            let events = Events()
+            _ = try transport.connect(to: "ws://127.0.0.1:\(refused.port)", handler: events.handler)
+            let close = try await events.closed()
+            try expect(close.failedToConnect, "a refused connection reports failedToConnect, got \(close)")
+            do {
+                _ = try transport.connect(to: "http//nowhere", handler: Events().handler)
+                throw TransportConformanceFailure("connecting to 'http//nowhere' did not throw")
+            } catch let error as TransportError {
+                try expect(error.code == .invalidURL, "a bad URL throws invalid-url, got \(error.code.rawValue)")
+            }
+            try await events.expectNothingAfterClose()
+        },
+        Check(name: "messages sent before and after the open arrive in order, and come back in order") {
+            transport, peer in
+            let events = Events()
+            let connection = try transport.connect(to: peer.url, handler: events.handler)
+            let count = 2_000
+            for index in 0..<count { try connection.send(text: Array("echo \(index)".utf8)) }
+            try await events.waitForTexts(count)
+            let texts = events.texts.map { String(decoding: $0, as: UTF8.self) }
+            try expect(texts == (0..<count).map { "echo \($0)" }, "echoes out of order: \(texts.prefix(5))…")
+            try expect(peer.received == (0..<count).map { "echo \($0)" }, "the server received them out of order")
+            connection.close(code: 1000, reason: "done")
+            _ = try await events.closed()
+        },
+        Check(name: "a message larger than the network's pieces arrives whole") { transport, peer in
+            let events = Events()
+            let connection = try transport.connect(to: peer.url, handler: events.handler)
+            let size = 600_000
+            try connection.send(text: Array("big \(size)".utf8))
+            try await events.waitForTexts(1)
+            let message = events.texts[0]
+            try expect(
+                message.count == size && message.allSatisfy { $0 == UInt8(ascii: "x") }, "got \(message.count) bytes")
+            let sent = String(repeating: "y", count: size)
+            try connection.send(text: Array(("echo " + sent).utf8))
+            try await events.waitForTexts(2)
+            try expect(
+                events.texts[1].count == size + 5, "the echo of \(size + 5) bytes came back as \(events.texts[1].count)"
+            )
+            connection.close(code: 1000, reason: "done")
+            _ = try await events.closed()
+        },
+        Check(name: "the server's close code and reason reach the handler, once") { transport, peer in
+            let events = Events()
+            let connection = try transport.connect(to: peer.url, handler: events.handler)
+            try connection.send(text: Array("close 4001 going to lunch".utf8))
+            let close = try await events.closed()
+            try expect(close.code == 4001 && close.reason == "going to lunch" && !close.failedToConnect, "got \(close)")
+            try await events.expectNothingAfterClose()
+        },
+        Check(name: "closing sends the code and reason to the server; aborting ends the connection at once") {
+            transport, peer in
+            let events = Events()
+            let connection = try transport.connect(to: peer.url, handler: events.handler)
+            try connection.send(text: Array("echo hi".utf8))
+            try await events.waitForTexts(1)
+            connection.close(code: 4002, reason: "bye")
+            _ = try await events.closed()
+            try await waitUntil("the server saw the close", timeout: .seconds(30)) { peer.closes.count == 1 }
+            try expect(
+                peer.closes[0].code.rawValue == 4002 && peer.closes[0].reason == "bye",
+                "the server saw \(peer.closes[0])")
+            do {
+                try connection.send(text: Array("echo late".utf8))
+                throw TransportConformanceFailure("send on a closed connection did not throw")
+            } catch let error as TransportError {
+                try expect(error.code == .notOpen, "send after close throws not-open, got \(error.code.rawValue)")
+            }
+
+            let dropped = Events()
+            let second = try transport.connect(to: peer.url, handler: dropped.handler)
+            try second.send(text: Array("echo hi".utf8))
+            try await dropped.waitForTexts(1)
+            second.abort()
+            _ = try await dropped.closed()
+            try await waitUntil("the server saw the drop", timeout: .seconds(30)) { peer.closes.count == 2 }
+            try expect(peer.closes[1].code.rawValue != 4002, "the server saw \(peer.closes[1])")
+            try await events.expectNothingAfterClose()
+            try await dropped.expectNothingAfterClose()
+        },
+        Check(name: "a server that stops reading makes send throw or the connection close; send never blocks") {
+            transport, peer in
+            let events = Events()
+            let connection = try transport.connect(to: peer.url, handler: events.handler)
+            try connection.send(text: Array("stop-reading".utf8))
+            try await events.waitForTexts(1)  // the server's "stopped"
+            let chunk = [UInt8](repeating: UInt8(ascii: "z"), count: 64 << 10)
+            var sent = 0
+            var refusal: TransportError?
+            // 1 GiB at most: a transport that buffers all of it has no bound.
+            while sent < 1 << 30 && events.closeEvent == nil {
+                do throws(TransportError) {
+                    try connection.send(text: chunk)
+                    sent += chunk.count
+                } catch {
+                    refusal = error
+                    break
+                }
+                if sent % (4 << 20) == 0 { try await Task.sleep(for: .milliseconds(1)) }
+            }
+            if let refusal {
+                try expect(
+                    refusal.code == .backpressure || refusal.code == .notOpen,
+                    "a full queue throws backpressure, got \(refusal.code.rawValue)")
+            } else {
+                try expect(events.closeEvent != nil, "1 GiB was queued for a peer that does not read")
+            }
+            connection.abort()
+            _ = try await events.closed()
+        },
+        Check(name: "the same transport connects again after connections end") { transport, peer in
+            for round in 0..<5 {
+                let events = Events()
+                let connection = try transport.connect(to: peer.url, handler: events.handler)
+                try connection.send(text: Array("echo round \(round)".utf8))
+                try await events.waitForTexts(1)
+                try expect(events.texts == [Array("echo round \(round)".utf8)], "round \(round) got \(events.texts)")
+                if round.isMultiple(of: 2) { connection.close(code: 1000, reason: "") } else { connection.abort() }
+                _ = try await events.closed()
+            }
+        },
+    ]
+
+    // MARK: - The server the checks talk to
+
+    /// A WebSocket server with a small command language: `echo TEXT` answers `echo TEXT`,
+    /// `big N` answers N bytes of `x`, `close CODE REASON` closes, `stop-reading` answers
+    /// `stopped` and reads no more.
+    fileprivate final class Peer: Sendable {
+        private let server: WebSocketServer
+        private let commands = Commands()
+
+        init() throws {
+            var configuration = WebSocketConfiguration()
+            configuration.maxMessageBytes = 4 << 20
+            server = try WebSocketServer(port: 0, configuration: configuration, delegate: commands)
+        }
+
+        var url: String { "ws://127.0.0.1:\(server.port)" }
+        var received: [String] { commands.state.withLock { $0.received } }
+        var closes: [WebSocketCloseEvent] { commands.state.withLock { $0.closes } }
+
+        func stop() { server.shutdown() }
+    }
+
+    private final class Commands: WebSocketDelegate {
+        struct State {
+            var received: [String] = []
+            var closes: [WebSocketCloseEvent] = []
+        }
+
+        let state = Mutex(State())
+
+        func webSocketDidOpen(_ connection: WebSocketConnection) {}
+
+        func webSocket(_ connection: WebSocketConnection, didReceive message: WebSocketMessage) {
+            let text = message.text
+            let (command, rest) =
+                text.firstIndex(of: " ").map { (String(text[..<$0]), String(text[text.index(after: $0)...])) }
+                ?? (text, "")
+            switch command {
+            case "echo":
+                if rest.count < 100 { state.withLock { $0.received.append(text) } }
+                try? connection.send(text: text)
+            case "big":
+                try? connection.send(
+                    OutboundMessage(text: [UInt8](repeating: UInt8(ascii: "x"), count: Int(rest) ?? 0)))
+            case "close":
+                let parts = rest.split(separator: " ", maxSplits: 1)
+                connection.close(
+                    code: WebSocketCloseCode(rawValue: UInt16(parts.first ?? "") ?? 1000),
+                    reason: parts.count > 1 ? String(parts[1]) : "")
+            case "stop-reading":
+                try? connection.send(text: "stopped")
+                connection.pauseReceiving()
+            default:
+                connection.close(code: .policyViolation, reason: "unknown command \(command)")
+            }
+        }
+
+        func webSocket(_ connection: WebSocketConnection, didCloseWith event: WebSocketCloseEvent) {
+            state.withLock { $0.closes.append(event) }
+        }
+    }
+
+    // MARK: - What the transport reported
+
+    private final class Events: Sendable {
+        private struct State {
+            var texts: [[UInt8]] = []
+            var closes: [TransportClose] = []
+            var afterClose = 0
+        }
+
+        private let state = Mutex(State())
+
+        var handler: @Sendable (TransportEvent) -> Void {
+            { [self] event in
+                state.withLock { state in
+                    if !state.closes.isEmpty { state.afterClose += 1 }
+                    switch event {
+                    case .text(let bytes): state.texts.append(bytes)
+                    case .closed(let close): state.closes.append(close)
+                    }
+                }
+            }
+        }
+
+        var texts: [[UInt8]] { state.withLock { $0.texts } }
+        var closeEvent: TransportClose? { state.withLock { $0.closes.first } }
+
+        func waitForTexts(_ count: Int) async throws {
+            try await waitUntil("\(count) messages arrived", timeout: .seconds(60)) {
+                let (have, closed) = state.withLock { ($0.texts.count, $0.closes.first) }
+                if let closed, have < count {
+                    throw TransportConformanceFailure("closed (\(closed)) after \(have) of \(count) messages")
+                }
+                return have >= count
+            }
+        }
+
+        func closed() async throws -> TransportClose {
+            try await waitUntil("the connection reported its end", timeout: .seconds(60)) { closeEvent != nil }
+            return closeEvent!
+        }
+
+        /// Exactly one `.closed`, nothing after it (checked after a short while).
+        func expectNothingAfterClose() async throws {
+            try await Task.sleep(for: .milliseconds(100))
+            let (closes, after) = state.withLock { ($0.closes.count, $0.afterClose) }
+            try expect(closes == 1 && after == 0, "\(closes) closed events and \(after) events after the first")
+        }
+    }
+}
+
+/// What a transport did that the conformance suite does not allow.
+public struct TransportConformanceFailure: Error, CustomStringConvertible {
+    public var description: String
+    init(_ description: String) { self.description = description }
+}
+
+private func expect(_ condition: Bool, _ message: @autoclosure () -> String) throws {
+    if !condition { throw TransportConformanceFailure(message()) }
+}
