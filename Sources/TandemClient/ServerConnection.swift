@@ -192,6 +192,7 @@ public final class ServerConnection: Sendable {
         /// Blocks until the answer (or the write's timeout, or the connection's end).
         package func wait() -> Result<WriteReply, any Error> {
             if let result = result.withLock({ $0 }) { return result }
+            BlockingCheck.willBlock("waiting for a write's answer (PendingWrite.wait())")
             answered.wait()
             return result.withLock { $0! }
         }

@@ -1,5 +1,6 @@
 import Dispatch
 import Synchronization
+import TandemWire
 
 /// A place where a test holds the sync engine, to force an interleaving.
 ///
@@ -53,7 +54,10 @@ public final class Checkpoint: Sendable {
             state.waiting += 1
             return true
         }
-        if hold { gate.wait() }
+        if hold {
+            BlockingCheck.willBlock("Checkpoint.pause()")
+            gate.wait()
+        }
     }
 
     /// How many times a thread arrived here.

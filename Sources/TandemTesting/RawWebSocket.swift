@@ -1,4 +1,5 @@
 import Foundation
+import TandemWire
 
 #if canImport(Glibc)
     import Glibc
@@ -180,6 +181,7 @@ public final class RawWebSocket: @unchecked Sendable {
     }
 
     private func readTextBlocking(until deadline: ContinuousClock.Instant) throws -> String {
+        BlockingCheck.willBlock("RawWebSocket's blocking read")
         while true {
             let frame = try readFrameBlocking(until: deadline)
             switch frame.opcode {
@@ -250,6 +252,7 @@ public final class RawWebSocket: @unchecked Sendable {
     }
 
     private func readFrameBlocking(until deadline: ContinuousClock.Instant) throws -> Frame {
+        BlockingCheck.willBlock("RawWebSocket's blocking frame read")
         while true {
             if let frame = parseFrame() { return frame }
             try fill(until: deadline)

@@ -7,7 +7,7 @@ import Testing
 @Suite("Child processes")
 struct ChildProcessTests {
     @Test("a child's streams are what it was given (/dev/null, a pipe); nothing else is inherited; SIGTERM ends it")
-    func streams() throws {
+    func streams() async throws {
         let process = ChildProcess()
         process.executableURL = URL(fileURLWithPath: "/bin/sleep")
         process.arguments = ["60"]
@@ -16,12 +16,6 @@ struct ChildProcessTests {
         let errors = Pipe()
         process.standardError = errors
         try process.run()
-        defer {
-            // Whatever this thread blocks, the child does not: SIGTERM ends it (not the 60 s).
-            process.terminate()
-            process.waitUntilExit()
-            #expect(process.endedBySignal && process.terminationStatus == SIGTERM)
-        }
         let folder = "/proc/\(process.processIdentifier)/fd"
         var descriptors: [Int: String] = [:]
         for name in try FileManager.default.contentsOfDirectory(atPath: folder) {
@@ -36,18 +30,25 @@ struct ChildProcessTests {
             descriptor > 2 && ["socket:", "pipe:", "anon_inode:"].contains { target.hasPrefix($0) }
         }
         #expect(inherited.isEmpty, "\(inherited)")
+
+        // Whatever the spawning thread blocks, the child does not: SIGTERM ends it (not the 60 s).
+        process.terminate()
+        await process.exited()
+        #expect(process.endedBySignal && process.terminationStatus == SIGTERM)
     }
 
     @Test("reading a child's output ends when the child exits, and its status is kept")
-    func outputEnds() throws {
+    func outputEnds() async throws {
         let process = ChildProcess()
         process.executableURL = URL(fileURLWithPath: "/bin/sh")
         process.arguments = ["-c", "echo hello; exit 3"]
         let output = Pipe()
         process.standardOutput = output
         try process.run()
-        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
+        let text = try await onOwnThread {
+            String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        }
+        await process.exited()
         #expect(text == "hello\n")
         #expect(process.terminationStatus == 3)
         #expect(!process.isRunning)

@@ -14,7 +14,16 @@ extension SyncService {
         }
         Task { [weak self] in
             guard let self else { return }
-            configuration.hooks.beforeConnect?()
+            if let hook = configuration.hooks.beforeConnect {
+                // A hook may hold the attempt (a test's checkpoint): on a thread of its own,
+                // never on one of the few the cooperative pool has.
+                await withCheckedContinuation { continuation in
+                    Thread.detachNewThread {
+                        hook()
+                        continuation.resume()
+                    }
+                }
+            }
             do {
                 let connection = try await ServerConnection.connect(
                     to: url, clientId: clientId, token: configuration.token, transport: configuration.transport,

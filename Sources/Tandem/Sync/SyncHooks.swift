@@ -14,7 +14,8 @@ import TandemWire
 /// configuration.hooks.afterAck = afterAck.hook
 /// ```
 @_spi(Testing) public struct SyncHooks: Sendable {
-    /// When a connection attempt begins, before the socket is opened (on the task making it).
+    /// When a connection attempt begins, before the socket is opened (on a thread of its own;
+    /// the attempt waits for it).
     public var beforeConnect: (@Sendable () -> Void)?
     /// Before a `write` is sent, with its ops.
     public var beforeSend: (@Sendable ([WriteOp]) -> Void)?

@@ -21,6 +21,25 @@ import TandemWire
 /// So the server's echo of a document this device just created is applied after the create's
 /// server id is stored, and is recognized instead of inserted a second time.
 ///
+/// ## Threads
+///
+/// - **The sync queue** (an `OperationQueue`, one operation at a time) runs pushes and
+///   snapshot applies. A push blocks its operation's thread while it waits for the server's
+///   answer: that wait *is* the barrier. It is a libdispatch thread, never one of Swift
+///   concurrency's.
+/// - **The transport's thread** (libwebsockets' service thread, one per event loop) reads
+///   and writes sockets only; each connection hands what arrives to its own serial
+///   `DispatchQueue`, which decodes it, answers waiting requests and passes snapshots to the
+///   sync queue.
+/// - **Timers** (reconnect backoff, request timeouts) are `DispatchQueue.asyncAfter` blocks
+///   that only enqueue work.
+/// - **Tasks**: a connection attempt is a task, and async callers (``syncNow(connectionWait:)``)
+///   wait on a continuation that the sync queue resumes. No task blocks its thread: hooks
+///   run on the thread of the point they mark (the sync queue's, a connection's queue), and
+///   `beforeConnect`, which a task would reach, runs on a thread of its own.
+/// - `TANDEM_CHECK_BLOCKING=report` (or `=1`, to stop) names every blocking wait of Tandem
+///   and its test helpers that runs on a thread of the cooperative pool.
+///
 /// For example:
 ///
 /// ```swift

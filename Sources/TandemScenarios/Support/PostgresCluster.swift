@@ -122,10 +122,13 @@ public final class PostgresCluster: Sendable {
         process.standardError = FileHandle.nullDevice
         try process.run()
         state.withLock { $0.server = process }
+        let (directory, port) = (directory, port)
         try await waitUntil("PostgreSQL accepts connections", timeout: .seconds(60)) {
-            (try? Self.run(
-                Self.binary("pg_isready"), ["-h", directory.path, "-p", String(port), "-U", "tandem", "-q"],
-                asPostgres: false)) != nil
+            try await onOwnThread {
+                (try? Self.run(
+                    Self.binary("pg_isready"), ["-h", directory.path, "-p", String(port), "-U", "tandem", "-q"],
+                    asPostgres: false)) != nil
+            }
         }
     }
 

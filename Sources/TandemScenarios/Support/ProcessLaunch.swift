@@ -1,4 +1,5 @@
 import Foundation
+import TandemWire
 import Synchronization
 
 #if canImport(Glibc)
@@ -113,7 +114,8 @@ public final class ChildProcess: @unchecked Sendable {
     }
 
     /// Blocks until the child has exited (any number of threads may wait).
-    public func waitUntilExit() {
+    public func waitUntilExit(file: StaticString = #fileID, line: UInt = #line) {
+        BlockingCheck.willBlock("ChildProcess.waitUntilExit()", file: file, line: line)
         condition.lock()
         defer { condition.unlock() }
         while waitStatus == nil {
@@ -131,6 +133,16 @@ public final class ChildProcess: @unchecked Sendable {
             waitStatus = status
             reaping = false
             condition.broadcast()
+        }
+    }
+
+    /// Waits until the child has exited, on a thread of its own: for tasks.
+    public func exited() async {
+        await withCheckedContinuation { continuation in
+            Thread.detachNewThread {
+                self.waitUntilExit()
+                continuation.resume()
+            }
         }
     }
 
