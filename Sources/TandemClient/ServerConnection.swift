@@ -237,7 +237,7 @@ public final class ServerConnection: Sendable {
     }
 
     /// True until the connection closes.
-    public var isOpen: Bool { state.withLock { $0.welcome != nil && $0.closeEvent == nil } }
+    public var isOpen: Bool { state.withLock { $0.closeEvent == nil } && socket.isOpen }
 
     /// Closes the connection (1000). Pending requests fail with `.disconnected`.
     public func close() {

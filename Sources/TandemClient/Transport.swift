@@ -26,6 +26,9 @@ public protocol WebSocketTransport: Sendable {
 
 /// One connection made by a ``WebSocketTransport``.
 public protocol TransportConnection: AnyObject, Sendable {
+    /// True from the open until the connection starts to close, from either side (before the
+    /// `.closed` event, which may still be on its way).
+    var isOpen: Bool { get }
     /// Queues a whole text message (UTF-8).
     func send(text: [UInt8]) throws(TransportError)
     /// Closes with a close frame carrying `code` and `reason`; `.closed` follows.
@@ -127,6 +130,8 @@ public struct LibWebSocketsTransport: WebSocketTransport {
         let socket: WebSocketConnection
 
         init(_ socket: WebSocketConnection) { self.socket = socket }
+
+        var isOpen: Bool { socket.isOpen }
 
         func send(text: [UInt8]) throws(TransportError) {
             do {

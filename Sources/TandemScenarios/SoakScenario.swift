@@ -202,7 +202,7 @@ final class SoakServers: Sendable {
             nodes.count == 1
                 ? "killing the server (SIGKILL), restart \(restart) of \(total)"
                 : "killing node \(index + 1) (SIGKILL), restart \(restart) of \(total)")
-        nodes[index].kill()
+        await nodes[index].kill()
         try await Task.sleep(for: .milliseconds(Int.random(in: 50...400, using: &random)))
         try await nodes[index].restart(changing: ["--fault-seed": String(seed &+ UInt64(100 * restart + index))])
     }
@@ -227,7 +227,7 @@ final class SoakServers: Sendable {
     }
 
     func stop() {
-        for node in nodes { node.kill() }
+        for node in nodes { node.send(SIGKILL) }
         cluster?.stop()
     }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 /// A test host of its own: a Linux network namespace joined to this one by two links (veth
 /// pairs), one for clients and one for the database, so that a test can cut the host off from
@@ -8,10 +9,10 @@ import Foundation
 /// For example:
 ///
 /// ```swift
-/// let host = try NetworkNamespace()
+/// let host = try await NetworkNamespace.make()
 /// let cluster = try await PostgresCluster.start(tcpAddresses: [host.databaseSideAddress])
 /// let node = try await ServerProcess(arguments: …, executable: …)   // host.command([...])
-/// try host.cutDatabaseLink()
+/// try await host.cutDatabaseLink()
 /// ```
 public final class NetworkNamespace: Sendable {
     public let name: String
@@ -21,8 +22,14 @@ public final class NetworkNamespace: Sendable {
     public let databaseSideAddress: String
     private let clientLink: String
     private let databaseLink: String
+    private let removed = Mutex(false)
 
-    public init() throws {
+    /// Makes the namespace and its links (a dozen `ip` commands, on a thread of their own).
+    public static func make() async throws -> NetworkNamespace {
+        try await onOwnThread { try NetworkNamespace() }
+    }
+
+    private init() throws {
         let tag = String(UUID().uuidString.replacingOccurrences(of: "-", with: "").prefix(6)).lowercased()
         name = "tandem-\(tag)"
         clientLink = "tc\(tag)"
@@ -52,10 +59,26 @@ public final class NetworkNamespace: Sendable {
         }
     }
 
+    /// Removes the links and the namespace, on a thread of its own. Without it, `deinit` does
+    /// (blocking whichever thread drops the last reference).
+    public func remove() async {
+        guard
+            removed.withLock({ removed in
+                defer { removed = true }; return !removed
+            })
+        else { return }
+        let (clientLink, databaseLink, name) = (clientLink, databaseLink, name)
+        _ = try? await onOwnThread { Self.tearDown(clientLink, databaseLink, name) }
+    }
+
     deinit {
-        try? Self.ip(["link", "del", "\(clientLink)h"])
-        try? Self.ip(["link", "del", "\(databaseLink)h"])
-        try? Self.ip(["netns", "del", name])
+        if !removed.withLock({ $0 }) { Self.tearDown(clientLink, databaseLink, name) }
+    }
+
+    private static func tearDown(_ clientLink: String, _ databaseLink: String, _ name: String) {
+        try? ip(["link", "del", "\(clientLink)h"])
+        try? ip(["link", "del", "\(databaseLink)h"])
+        try? ip(["netns", "del", name])
     }
 
     /// A command run inside the namespace: `ip netns exec NAME …`.
@@ -64,12 +87,14 @@ public final class NetworkNamespace: Sendable {
     }
 
     /// Cuts the database link: packets are dropped, as in a network partition (no reset).
-    public func cutDatabaseLink() throws {
-        try Self.ip(["link", "set", "\(databaseLink)h", "down"])
+    public func cutDatabaseLink() async throws {
+        let link = databaseLink
+        try await onOwnThread { try Self.ip(["link", "set", "\(link)h", "down"]) }
     }
 
-    public func healDatabaseLink() throws {
-        try Self.ip(["link", "set", "\(databaseLink)h", "up"])
+    public func healDatabaseLink() async throws {
+        let link = databaseLink
+        try await onOwnThread { try Self.ip(["link", "set", "\(link)h", "up"]) }
     }
 
     static let ipPath =

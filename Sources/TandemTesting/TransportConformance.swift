@@ -88,6 +88,7 @@ public enum TransportConformance {
             try connection.send(text: Array("close 4001 going to lunch".utf8))
             let close = try await events.closed()
             try expect(close.code == 4001 && close.reason == "going to lunch" && !close.failedToConnect, "got \(close)")
+            try expect(!connection.isOpen, "isOpen is still true after the closed event")
             try await events.expectNothingAfterClose()
         },
         Check(name: "closing sends the code and reason to the server; aborting ends the connection at once") {
@@ -96,7 +97,9 @@ public enum TransportConformance {
             let connection = try transport.connect(to: peer.url, handler: events.handler)
             try connection.send(text: Array("echo hi".utf8))
             try await events.waitForTexts(1)
+            try expect(connection.isOpen, "isOpen is false on a connection that just echoed")
             connection.close(code: 4002, reason: "bye")
+            try expect(!connection.isOpen, "isOpen is still true right after close()")
             _ = try await events.closed()
             try await waitUntil("the server saw the close", timeout: .seconds(30)) { peer.closes.count == 1 }
             try expect(
@@ -157,6 +160,7 @@ public enum TransportConformance {
                 try connection.send(text: Array("echo round \(round)".utf8))
                 try await events.waitForTexts(1)
                 try expect(events.texts == [Array("echo round \(round)".utf8)], "round \(round) got \(events.texts)")
+                try expect(connection.isOpen, "round \(round): isOpen is false on an open connection")
                 if round.isMultiple(of: 2) { connection.close(code: 1000, reason: "") } else { connection.abort() }
                 _ = try await events.closed()
             }

@@ -102,7 +102,7 @@ struct ClientKillTests {
             "--hold-at", "push",
         ])
         let held = try await phone.waitForLine(prefix: "held:")
-        phone.kill()
+        await phone.kill()
         return (server, folder, held)
     }
 
@@ -126,7 +126,7 @@ struct ClientKillTests {
             "--hold-at", "apply",
         ])
         _ = try await phone.waitForLine(prefix: "held:")
-        phone.kill()
+        await phone.kill()
 
         // The transaction was open when the process died: SQLite kept none of it.
         let database = try DatabaseQueue(path: folder.path("phone.sqlite"))

@@ -500,8 +500,13 @@ struct StaleSnapshotTests {
             }
         }
         let push = Task { _ = try await device.service.syncNow() }
-        try await waitUntil("the server has the update") {
-            try server.server.document(in: try CollectionPath("accounts"), id: serverId)?.version == 2
+        do {
+            try await waitUntil("the server has the update") {
+                try server.server.document(in: try CollectionPath("accounts"), id: serverId)?.version == 2
+            }
+        } catch {
+            server.server.releaseDeliveries()
+            throw TestFailure("\(error); the push: \(await push.result); status: \(device.service.status)")
         }
         server.server.releaseDeliveries()
         try await push.value

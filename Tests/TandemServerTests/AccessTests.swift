@@ -238,7 +238,7 @@ struct AccessTests {
         let server = try await ServerProcess(
             dataDirectory: folder.url.appendingPathComponent("data"),
             options: ["--tokens", tokens.path, "--rules", rules.path])
-        defer { server.kill(SIGTERM) }
+        defer { server.send(SIGTERM) }
 
         let put = try await runTandem([
             "put", "users/alice/notes", #"{"text":"hi"}"#, "--server", server.url, "--token", "t-alice",

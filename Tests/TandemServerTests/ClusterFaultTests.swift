@@ -83,7 +83,7 @@ struct ClusterFaultTests {
         let nodes = try await (0..<2).asyncMap { _ in
             try await ServerProcess(arguments: ["serve", "--port", "0", "--postgres", url, "--log-level", "warning"])
         }
-        defer { for node in nodes { node.kill(SIGTERM) } }
+        defer { for node in nodes { node.send(SIGTERM) } }
         let acknowledged = Mutex<[DocumentID: Int64]>([:])
         let client = "killer"
         // Writes in flight on node 0, answered or not, when it is killed.
@@ -99,7 +99,7 @@ struct ClusterFaultTests {
             }
         }
         try await waitUntil("some writes are acknowledged") { acknowledged.withLock { $0.count } >= 20 }
-        nodes[0].kill(SIGKILL)
+        await nodes[0].kill(SIGKILL)
         _ = await sending.result
         let beforeKill = acknowledged.withLock { $0 }
         // The client resends everything, with the same keys, through node 1.
@@ -120,7 +120,7 @@ struct ClusterFaultTests {
         "a node cut off from PostgreSQL reports 503, its clients move to another node, and it catches up when the partition heals"
     )
     func partition() async throws {
-        let host = try NetworkNamespace()
+        let host = try await NetworkNamespace.make()
         let cluster = try await PostgresCluster.start(tcpAddresses: [host.databaseSideAddress])
         let database = try await onOwnThread { try cluster.createDatabase() }
         let name = try #require(PostgresCluster.databaseName(of: database))
@@ -140,7 +140,7 @@ struct ClusterFaultTests {
             "--log-level", "error",
         ])
         let partitioned = try await ServerProcess(arguments: inside.arguments, executable: inside.executable)
-        defer { partitioned.kill(SIGTERM) }
+        defer { partitioned.send(SIGTERM) }
         let access = try AccessControl.load(tokensFile: tokens, rulesFile: rules)
         let healthy = try await TestServer { configuration in
             configuration.storage = .postgres(url: database)
@@ -160,7 +160,7 @@ struct ClusterFaultTests {
         var report = try await Convergence.waitUntilQuiet(server: healthy, devices: [phone, laptop])
         #expect(report.isConverged, "\(report.firstDifferences)")
 
-        try host.cutDatabaseLink()
+        try await host.cutDatabaseLink()
         try await waitUntil("the cut-off node reports unhealthy", timeout: .seconds(60)) {
             (try? await HTTPGet.fetch(host: host.address, port: partitionedPort, path: "/healthz").status) == 503
         }
@@ -170,7 +170,7 @@ struct ClusterFaultTests {
         #expect(report.isConverged, "\(report.firstDifferences)")
         #expect(try laptop.entries().count == 10)
 
-        try host.healDatabaseLink()
+        try await host.healDatabaseLink()
         try await waitUntil("the node is healthy again", timeout: .seconds(60)) {
             (try? await HTTPGet.fetch(host: host.address, port: partitionedPort, path: "/healthz").status) == 200
         }
@@ -181,6 +181,7 @@ struct ClusterFaultTests {
         reader.listen(to: entries, handler: feed.handler)
         try await waitUntil("the healed node's listener is current") { feed.isCurrent }
         #expect(feed.changes.count == 10)
+        await host.remove()
     }
 }
 

@@ -49,7 +49,7 @@ struct CommandLineTests {
     func roundTrip() async throws {
         let folder = try TemporaryDirectory()
         let server = try await ServerProcess(dataDirectory: folder.url)
-        defer { server.kill(SIGTERM) }
+        defer { server.send(SIGTERM) }
 
         let watch = ChildProcess()
         watch.executableURL = server.executable
@@ -108,7 +108,7 @@ struct CommandLineTests {
         #expect(printed[1] == #"modified \#(id) 2 {"title":"Rent, paid"}"#)
         #expect(printed[2] == "deleted \(id) 3 {}")
         kill(watch.processIdentifier, SIGINT)
-        watch.waitUntilExit()
+        await watch.exited()
         #expect(watch.terminationStatus == 0)
     }
 
@@ -153,7 +153,7 @@ struct CommandLineTests {
     func watchSurvivesRestarts() async throws {
         let folder = try TemporaryDirectory()
         let server = try await ServerProcess.onStablePort(dataDirectory: folder.url)
-        defer { server.kill(SIGTERM) }
+        defer { server.send(SIGTERM) }
         let watch = try RunningTandem(["watch", "notes", "--server", server.url])
         defer { watch.interrupt() }
         var ids: [String] = []
@@ -166,7 +166,7 @@ struct CommandLineTests {
         try await waitUntil("the watcher printed three changes") { watch.outputLines.count >= 3 }
 
         for restart in 0..<2 {
-            server.kill(SIGKILL)
+            await server.kill(SIGKILL)
             try await waitUntil("the watcher noticed") {
                 watch.errorLines.filter { $0.contains("connection lost") }.count > restart
             }
@@ -225,10 +225,11 @@ final class RunningTandem: Sendable {
     var errorLines: [String] { lines.withLock { $0.error } }
     var isRunning: Bool { process.isRunning }
 
-    /// SIGINT, then waits for the exit.
+    /// SIGINT; a thread of its own waits for the exit (this runs in `defer`, which cannot).
     func interrupt() {
         guard process.isRunning else { return }
         kill(process.processIdentifier, SIGINT)
-        process.waitUntilExit()
+        let process = process
+        Thread.detachNewThread { process.waitUntilExit() }
     }
 }

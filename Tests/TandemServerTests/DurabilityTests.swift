@@ -16,7 +16,7 @@ struct DurabilityTests {
         for index in 0..<20 {
             acknowledged.append(try await connection.create("ledger", ["n": .int(Int64(index))]))
         }
-        process.kill(SIGKILL)
+        await process.kill(SIGKILL)
 
         try await process.start()
         let reconnected = try await ServerConnection.connect(to: process.url, clientId: "durable")
@@ -25,7 +25,7 @@ struct DurabilityTests {
             #expect(document.version == result.version)
             #expect(document.fields == ["n": .int(Int64(index))])
         }
-        process.kill(SIGTERM)
+        await process.kill(SIGTERM)
     }
 
     @Test(
@@ -162,7 +162,7 @@ struct TracedServer {
         if let children = try? String(contentsOfFile: "/proc/\(tracer)/task/\(tracer)/children", encoding: .utf8) {
             for child in children.split(separator: " ").compactMap({ Int32($0) }) { kill(child, SIGTERM) }
         }
-        process.kill(SIGTERM)
+        process.send(SIGTERM)
     }
 }
 

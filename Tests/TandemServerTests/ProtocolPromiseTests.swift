@@ -101,7 +101,7 @@ struct OutsideResetTests {
         let folder = try TemporaryDirectory()
         let server = try await ServerProcess(
             dataDirectory: folder.url, options: ["--tombstone-days", "0", "--maintenance-seconds", "1"])
-        defer { server.kill(SIGTERM) }
+        defer { server.send(SIGTERM) }
         let writer = try await ServerConnection.connect(to: server.url, clientId: "writer")
         let kept = try await writer.create("notes", ["t": "kept"])
         let doomed = try await writer.create("notes", ["t": "doomed"])

@@ -10,7 +10,8 @@ extension Bench {
         progress("cluster: starting PostgreSQL")
         let ownCluster = postgres == nil ? try await PostgresCluster.start(durable: true) : nil
         defer { ownCluster?.stop() }
-        let url = try postgres ?? ownCluster!.createDatabase()
+        let url: String
+        if let postgres { url = postgres } else { url = try await onOwnThread { try ownCluster!.createDatabase() } }
         var nodes: [TestServer] = []
         for _ in 0..<3 {
             nodes.append(
@@ -50,7 +51,9 @@ extension Bench {
         progress("cluster: floors")
         let floor = try PostgresFloors.insertNotify(url: url, count: quick ? 200 : 1000)
         let floorP50 = floor.milliseconds(at: 50)
-        let floorRate = try PostgresFloors.batchedInserts(url: url, rows: total, connections: 3)
+        let floorRate = try await onOwnThread {
+            try PostgresFloors.batchedInserts(url: url, rows: total, connections: 3)
+        }
         return BenchResult(
             scenario: "cluster", metric: "p99", value: p99, unit: "ms",
             goal: "propagation A→B p99 ≤ 20 ms; ≥ 20,000 docs/s through 3 nodes",

@@ -281,7 +281,7 @@ public enum Bench {
         let executable = Executable.current
         let folder = try TemporaryDirectory(prefix: "tandem-bench-connections")
         let process = try await ServerProcess(dataDirectory: folder.url, executable: executable)
-        defer { process.kill(SIGTERM) }
+        defer { process.send(SIGTERM) }
         let tandem = try await memoryPerConnection(of: process, count: count, progress: progress) { index in
             let connection = try await ServerConnection.connect(to: process.url, clientId: "idle-\(index)")
             let listening = Atomic<Bool>(false)
@@ -295,7 +295,7 @@ public enum Bench {
         }
 
         let echo = try await ServerProcess(arguments: ["echo-server", "--port", "0"], executable: executable)
-        defer { echo.kill(SIGTERM) }
+        defer { echo.send(SIGTERM) }
         let client = try WebSocketClient()
         defer { client.shutdown() }
         let floor = try await memoryPerConnection(of: echo, count: count, progress: progress) { _ in

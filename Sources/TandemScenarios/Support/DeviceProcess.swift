@@ -11,7 +11,7 @@ import Synchronization
 /// let phone = try DeviceProcess(["--server", server.url, "--folder", folder.url.path,
 ///                                "--name", "phone", "--entries", "20", "--hold-at", "push"])
 /// _ = try await phone.waitForLine(prefix: "held:")
-/// phone.kill()
+/// await phone.kill()
 /// ```
 public final class DeviceProcess: Sendable {
     private let process: ChildProcess
@@ -58,12 +58,18 @@ public final class DeviceProcess: Sendable {
         }
     }
 
-    /// Kills the process (SIGKILL by default: no chance to flush or clean up) and waits for it.
-    public func kill(_ signal: Int32 = SIGKILL) {
+    /// Kills the process (SIGKILL by default: no chance to flush or clean up) and waits for it
+    /// (on a thread of its own).
+    public func kill(_ signal: Int32 = SIGKILL) async {
         guard process.isRunning else { return }
         Foundation.kill(process.processIdentifier, signal)
-        process.waitUntilExit()
+        await process.exited()
     }
 
-    deinit { kill() }
+    deinit {
+        guard process.isRunning else { return }
+        Foundation.kill(process.processIdentifier, SIGKILL)
+        let process = process
+        Thread.detachNewThread { process.waitUntilExit() }
+    }
 }

@@ -66,7 +66,8 @@ public final class PostgresCluster: Sendable {
     ///   - durable: Keep `fsync` on. Off by default: the tests check logic, not disks, and a
     ///     busy CI machine's disk is slow. The benchmarks turn it on.
     public static func start(tcpAddresses: [String] = [], durable: Bool = false) async throws -> PostgresCluster {
-        let cluster = try PostgresCluster(tcpAddresses: tcpAddresses, durable: durable)
+        // initdb takes a second or more: on a thread of its own.
+        let cluster = try await onOwnThread { try PostgresCluster(tcpAddresses: tcpAddresses, durable: durable) }
         try await cluster.startServer()
         return cluster
     }
@@ -141,15 +142,15 @@ public final class PostgresCluster: Sendable {
     }
 
     /// Stops the server at once, as a crash would (`pg_ctl stop -m immediate`), and waits.
-    public func crash() {
+    public func crash() async {
         if let pid = serverPID { kill(pid, SIGQUIT) }
-        waitForServerExit()
+        await takeServer()?.exited()
     }
 
     /// Stops the server and removes nothing (the cluster can start again).
-    public func stopServer() {
+    public func stopServer() async {
         if let pid = serverPID { kill(pid, SIGINT) }
-        waitForServerExit()
+        await takeServer()?.exited()
     }
 
     /// Restarts at once (`pg_ctl restart -m immediate`) the PostgreSQL server a URL names:
@@ -170,21 +171,24 @@ public final class PostgresCluster: Sendable {
 
     /// `pg_ctl restart -m immediate`: crash, then start again on the same port and data.
     public func restartImmediately() async throws {
-        crash()
+        await crash()
         try await startServer()
     }
 
-    private func waitForServerExit() {
-        let process = state.withLock { state in
+    private func takeServer() -> ChildProcess? {
+        state.withLock { state in
             defer { state.server = nil }
             return state.server
         }
-        process?.waitUntilExit()
     }
 
-    /// Stops the server for good; the folder goes with this object.
+    /// Stops the server for good (SIGINT, a fast shutdown) without waiting: a thread of its
+    /// own reaps it, since `deinit` and `defer`, where this runs, cannot wait. The folder goes
+    /// with this object. To wait, use ``stopServer()``.
     public func stop() {
-        stopServer()
+        if let pid = serverPID { kill(pid, SIGINT) }
+        let server = takeServer()
+        Thread.detachNewThread { server?.waitUntilExit() }
     }
 
     // MARK: - Databases
@@ -199,10 +203,12 @@ public final class PostgresCluster: Sendable {
         return url(database: name)
     }
 
-    /// Drops a database made by ``createDatabase()`` (its connections too).
+    /// Drops a database made by ``createDatabase()`` (its connections too), on a thread of its
+    /// own without waiting: it runs in `deinit`, and nothing waits for a database to go (the
+    /// cluster goes with the test process in any case).
     public func dropDatabase(url: String) {
         guard let name = Self.databaseName(of: url) else { return }
-        try? sql("DROP DATABASE IF EXISTS \(name) WITH (FORCE)")
+        Thread.detachNewThread { try? self.sql("DROP DATABASE IF EXISTS \(name) WITH (FORCE)") }
     }
 
     /// The database a URL names (`postgresql://user@host/NAME?…`).

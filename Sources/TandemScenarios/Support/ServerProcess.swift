@@ -8,7 +8,7 @@ import Foundation
 /// ```swift
 /// let process = try await ServerProcess(dataDirectory: folder.url)
 /// // … write, get an acknowledgement …
-/// process.kill()
+/// await process.kill()
 /// try await process.start()   // same data folder, a new port
 /// ```
 public final class ServerProcess: @unchecked Sendable {
@@ -99,7 +99,7 @@ public final class ServerProcess: @unchecked Sendable {
     ///
     /// - Parameter changes: Options to give other values this time (`["--fault-seed": "8"]`).
     public func restart(changing changes: [String: String] = [:]) async throws {
-        kill()
+        await kill()
         var arguments = self.arguments
         for (option, value) in changes {
             if let index = arguments.firstIndex(of: option), index + 1 < arguments.count {
@@ -172,15 +172,24 @@ public final class ServerProcess: @unchecked Sendable {
     public var processIdentifier: Int32 { lock.withLock { process?.processIdentifier ?? 0 } }
 
     /// Kills the process with `signal` (SIGKILL by default: no chance to flush or clean up)
-    /// and waits for it to exit.
-    public func kill(_ signal: Int32 = SIGKILL) {
+    /// and waits for it to exit (on a thread of its own).
+    public func kill(_ signal: Int32 = SIGKILL) async {
         guard let process = lock.withLock({ self.process }) else { return }
         Foundation.kill(process.processIdentifier, signal)
-        process.waitUntilExit()
+        await process.exited()
         lock.withLock { self.process = nil }
     }
 
-    deinit { kill() }
+    /// Sends `signal` and does not wait (a thread of its own reaps the process): for
+    /// clean-up in `defer`, which cannot wait.
+    public func send(_ signal: Int32) {
+        guard let process = lock.withLock({ self.process }) else { return }
+        lock.withLock { self.process = nil }
+        Foundation.kill(process.processIdentifier, signal)
+        Thread.detachNewThread { process.waitUntilExit() }
+    }
+
+    deinit { send(SIGKILL) }
 
     private static func readLine(from handle: FileHandle, timeout: TimeInterval) throws -> String {
         var bytes: [UInt8] = []
