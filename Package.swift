@@ -130,7 +130,7 @@ let package = Package(
         .testTarget(
             name: "TandemTests",
             dependencies: [
-                "Tandem", "TandemClient", "TandemWire", "TandemTesting",
+                "Tandem", "TandemClient", "TandemSocket", "TandemWire", "TandemTesting",
                 .product(name: "GRDB", package: "GRDB.swift"),
             ]
         ),

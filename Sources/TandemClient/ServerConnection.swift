@@ -108,24 +108,30 @@ public final class ServerConnection: Sendable {
         connection.state.withLock { $0.onClose = onClose }
         relay.attach(connection)
 
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-            // The socket may have closed already (a refused connection fails at once).
-            let closed = connection.state.withLock { state -> TransportClose? in
-                if state.closeEvent == nil { state.handshake = continuation }
-                return state.closeEvent
-            }
-            if let closed {
-                continuation.resume(throwing: connection.handshakeError(closed))
-                return
-            }
-            connection.sendRaw(.hello(.init(clientId: name, token: token)))
-            connection.scheduleTimeout(timeout) { state in
-                guard let handshake = state.handshake else { return nil }
-                state.handshake = nil
-                return {
-                    handshake.resume(throwing: TandemError(.timedOut, "no welcome from \(url) within \(timeout)"))
+        do {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                // The socket may have closed already (a refused connection fails at once).
+                let closed = connection.state.withLock { state -> TransportClose? in
+                    if state.closeEvent == nil { state.handshake = continuation }
+                    return state.closeEvent
+                }
+                if let closed {
+                    continuation.resume(throwing: connection.handshakeError(closed))
+                    return
+                }
+                connection.sendRaw(.hello(.init(clientId: name, token: token)))
+                connection.scheduleTimeout(timeout) { state in
+                    guard let handshake = state.handshake else { return nil }
+                    state.handshake = nil
+                    return {
+                        handshake.resume(throwing: TandemError(.timedOut, "no welcome from \(url) within \(timeout)"))
+                    }
                 }
             }
+        } catch {
+            // A refused hello or a timeout: the socket must not stay open behind the error.
+            connection.socket.abort()
+            throw error
         }
         return connection
     }
@@ -281,11 +287,15 @@ public final class ServerConnection: Sendable {
         }
     }
 
+    /// A message that cannot be sent (the connection is closing, or the server stopped
+    /// reading) ends the connection: its requests fail and its listeners hear the close,
+    /// instead of waiting for an answer to something never sent.
     private func sendRaw(_ message: ClientMessage) {
         do {
             try socket.send(text: Wire.encode(message))
         } catch {
-            logger.debug("send failed", metadata: ["tandem.error": "\(error)"])
+            logger.debug("send failed; dropping the connection", metadata: ["tandem.error": "\(error)"])
+            socket.abort()
         }
     }
 

@@ -1,5 +1,7 @@
 import Foundation
+import Synchronization
 import Tandem
+import TandemSocket
 import TandemTesting
 import Testing
 
@@ -25,5 +27,33 @@ struct ConnectionTests {
                 #expect(error.code == .unreachable, "attempt \(attempt): \(error)")
             }
         }
+    }
+
+    @Test("a hello that is never answered times out, and the socket does not stay open behind the error")
+    func unansweredHelloCloses() async throws {
+        let silent = Silent()
+        // The server never drops the client itself: only the client's own close can end it.
+        var configuration = WebSocketConfiguration()
+        configuration.pingInterval = 3600
+        configuration.idleTimeout = 7200
+        let server = try WebSocketServer(port: 0, configuration: configuration, delegate: silent)
+        defer { server.shutdown() }
+        await #expect {
+            _ = try await ServerConnection.connect(
+                to: "ws://127.0.0.1:\(server.port)", clientId: "patient", timeout: .milliseconds(300))
+        } throws: { error in
+            (error as? TandemError)?.code == .timedOut
+        }
+        try await waitUntil("the server saw the client go") { silent.closed.withLock { $0 } == 1 }
+    }
+}
+
+/// A WebSocket server that never answers.
+private final class Silent: WebSocketDelegate {
+    let closed = Mutex(0)
+    func webSocketDidOpen(_ connection: WebSocketConnection) {}
+    func webSocket(_ connection: WebSocketConnection, didReceive message: WebSocketMessage) {}
+    func webSocket(_ connection: WebSocketConnection, didCloseWith event: WebSocketCloseEvent) {
+        closed.withLock { $0 += 1 }
     }
 }

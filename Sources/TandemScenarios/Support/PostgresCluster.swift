@@ -183,12 +183,16 @@ public final class PostgresCluster: Sendable {
     }
 
     /// Stops the server for good (SIGINT, a fast shutdown) without waiting: a thread of its
-    /// own reaps it, since `deinit` and `defer`, where this runs, cannot wait. The folder goes
-    /// with this object. To wait, use ``stopServer()``.
+    /// own reaps it, since `deinit` and `defer`, where this runs, cannot wait. That thread
+    /// holds the data folder until the server has exited, then lets it go. To wait, use
+    /// ``stopServer()``.
     public func stop() {
         if let pid = serverPID { kill(pid, SIGINT) }
-        let server = takeServer()
-        Thread.detachNewThread { server?.waitUntilExit() }
+        let (server, folder) = (takeServer(), folder)
+        Thread.detachNewThread {
+            server?.waitUntilExit()
+            withExtendedLifetime(folder) {}
+        }
     }
 
     // MARK: - Databases

@@ -115,7 +115,7 @@ public final class ChildProcess: @unchecked Sendable {
 
     /// Blocks until the child has exited (any number of threads may wait).
     public func waitUntilExit(file: StaticString = #fileID, line: UInt = #line) {
-        BlockingCheck.willBlock("ChildProcess.waitUntilExit()", file: file, line: line)
+        if isRunning { BlockingCheck.willBlock("ChildProcess.waitUntilExit()", file: file, line: line) }
         condition.lock()
         defer { condition.unlock() }
         while waitStatus == nil {
@@ -143,6 +143,18 @@ public final class ChildProcess: @unchecked Sendable {
                 self.waitUntilExit()
                 continuation.resume()
             }
+        }
+    }
+
+    /// Sends `signal` and returns; a thread of its own reaps the child, with SIGKILL if it has
+    /// not exited `grace` later. For clean-up that cannot wait (`defer`, `deinit`).
+    public func end(with signal: Int32, grace: Duration = .seconds(10)) {
+        self.signal(signal)
+        Thread.detachNewThread {
+            let deadline = ContinuousClock.now + grace
+            while self.isRunning && ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.05) }
+            self.signal(SIGKILL)
+            self.waitUntilExit()
         }
     }
 

@@ -141,11 +141,11 @@ public final class ServerProcess: @unchecked Sendable {
                 }
             }
         } catch {
-            process.terminate()
+            process.end(with: SIGTERM)
             throw error
         }
         guard let url = line.split(separator: " ").last, line.hasPrefix("listening on ") else {
-            process.terminate()
+            process.end(with: SIGTERM)
             throw ServerProcessError("unexpected first line from tandem \(arguments.first ?? ""): \(line)")
         }
         // Keep draining stdout so the child never blocks on a full pipe.
@@ -180,13 +180,12 @@ public final class ServerProcess: @unchecked Sendable {
         lock.withLock { self.process = nil }
     }
 
-    /// Sends `signal` and does not wait (a thread of its own reaps the process): for
-    /// clean-up in `defer`, which cannot wait.
+    /// Sends `signal` and does not wait: for clean-up in `defer`, which cannot. A thread of its
+    /// own reaps the process, with SIGKILL if it has not exited 10 s later.
     public func send(_ signal: Int32) {
         guard let process = lock.withLock({ self.process }) else { return }
         lock.withLock { self.process = nil }
-        Foundation.kill(process.processIdentifier, signal)
-        Thread.detachNewThread { process.waitUntilExit() }
+        process.end(with: signal)
     }
 
     deinit { send(SIGKILL) }
