@@ -227,9 +227,6 @@ final class RunningTandem: Sendable {
 
     /// SIGINT; a thread of its own waits for the exit (this runs in `defer`, which cannot).
     func interrupt() {
-        guard process.isRunning else { return }
-        kill(process.processIdentifier, SIGINT)
-        let process = process
-        Thread.detachNewThread { process.waitUntilExit() }
+        process.end(with: SIGINT)
     }
 }

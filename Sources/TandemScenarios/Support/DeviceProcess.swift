@@ -61,15 +61,9 @@ public final class DeviceProcess: Sendable {
     /// Kills the process (SIGKILL by default: no chance to flush or clean up) and waits for it
     /// (on a thread of its own).
     public func kill(_ signal: Int32 = SIGKILL) async {
-        guard process.isRunning else { return }
-        Foundation.kill(process.processIdentifier, signal)
+        process.signal(signal)
         await process.exited()
     }
 
-    deinit {
-        guard process.isRunning else { return }
-        Foundation.kill(process.processIdentifier, SIGKILL)
-        let process = process
-        Thread.detachNewThread { process.waitUntilExit() }
-    }
+    deinit { process.end(with: SIGKILL) }
 }

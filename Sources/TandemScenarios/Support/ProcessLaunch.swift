@@ -138,12 +138,7 @@ public final class ChildProcess: @unchecked Sendable {
 
     /// Waits until the child has exited, on a thread of its own: for tasks.
     public func exited() async {
-        await withCheckedContinuation { continuation in
-            Thread.detachNewThread {
-                self.waitUntilExit()
-                continuation.resume()
-            }
-        }
+        _ = try? await onOwnThread { self.waitUntilExit() }
     }
 
     /// Sends `signal` and returns; a thread of its own reaps the child, with SIGKILL if it has
@@ -193,8 +188,18 @@ public final class ChildProcess: @unchecked Sendable {
 
     /// Sends `signal` while the child runs.
     public func signal(_ signal: Int32) {
-        guard isRunning else { return }
-        kill(processIdentifier, signal)
+        // Under the lock, so that no thread of ours reaps the child (freeing its pid for
+        // reuse) between the check and the kill.
+        condition.withLock {
+            guard pid > 0, waitStatus == nil else { return }
+            var status: Int32 = 0
+            if !reaping && waitpid(pid, &status, WNOHANG) == pid {
+                waitStatus = status
+                condition.broadcast()
+                return
+            }
+            kill(pid, signal)
+        }
     }
 
     // MARK: - Plumbing

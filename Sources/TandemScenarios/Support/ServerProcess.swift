@@ -175,7 +175,7 @@ public final class ServerProcess: @unchecked Sendable {
     /// and waits for it to exit (on a thread of its own).
     public func kill(_ signal: Int32 = SIGKILL) async {
         guard let process = lock.withLock({ self.process }) else { return }
-        Foundation.kill(process.processIdentifier, signal)
+        process.signal(signal)
         await process.exited()
         lock.withLock { self.process = nil }
     }
@@ -183,9 +183,11 @@ public final class ServerProcess: @unchecked Sendable {
     /// Sends `signal` and does not wait: for clean-up in `defer`, which cannot. A thread of its
     /// own reaps the process, with SIGKILL if it has not exited 10 s later.
     public func send(_ signal: Int32) {
-        guard let process = lock.withLock({ self.process }) else { return }
-        lock.withLock { self.process = nil }
-        process.end(with: signal)
+        let process = lock.withLock { () -> ChildProcess? in
+            defer { self.process = nil }
+            return self.process
+        }
+        process?.end(with: signal)
     }
 
     deinit { send(SIGKILL) }
