@@ -1,11 +1,19 @@
 // swift-tools-version: 6.0
 import PackageDescription
 
+// libwebsockets is the client's default transport on Linux and macOS. An Apple app on another
+// platform brings its own transport (README, "Bringing your own transport") and links no
+// libwebsockets; TANDEM_WITHOUT_LIBWEBSOCKETS=1 builds the client that way here, so that
+// scripts/check-layers can check it builds and links without it.
+let clientTransport: [Target.Dependency] =
+    Context.environment["TANDEM_WITHOUT_LIBWEBSOCKETS"] == "1"
+    ? [] : [.target(name: "TandemSocket", condition: .when(platforms: [.linux, .macOS]))]
+
 let package = Package(
     name: "Tandem",
-    // Mutex, Atomic and String(validating:) need macOS 15. No iOS yet: the transport is a
-    // pkg-config system library (README, "Platforms").
-    platforms: [.macOS(.v15)],
+    // Mutex, Atomic and String(validating:) need macOS 15 and iOS 18. On iOS the client links
+    // no libwebsockets and the app brings its transport (README, "Platforms").
+    platforms: [.macOS(.v15), .iOS(.v18)],
     products: [
         .library(name: "Tandem", targets: ["Tandem"]),
         .library(name: "TandemClient", targets: ["TandemClient"]),
@@ -52,11 +60,7 @@ let package = Package(
         ),
         .target(
             name: "TandemClient",
-            dependencies: [
-                "TandemWire",
-                "TandemSocket",
-                .product(name: "Logging", package: "swift-log"),
-            ]
+            dependencies: ["TandemWire", .product(name: "Logging", package: "swift-log")] + clientTransport
         ),
         .target(
             name: "Tandem",

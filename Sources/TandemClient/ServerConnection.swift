@@ -95,13 +95,11 @@ public final class ServerConnection: Sendable {
         let socket: any TransportConnection
         do throws(TransportError) {
             let chosen: any WebSocketTransport =
-                switch transport {
-                case let transport?: transport
-                case nil: try LibWebSocketsTransport(trustedCertificates: trustedCertificates)
-                }
+                if let transport { transport } else { try defaultTransport(trustedCertificates: trustedCertificates) }
             socket = try chosen.connect(to: url) { event in relay.forward(event) }
         } catch {
-            throw TandemError(error.code == .invalidURL ? .invalidArgument : .unreachable, error.message)
+            throw TandemError(
+                [.invalidURL, .unavailable].contains(error.code) ? .invalidArgument : .unreachable, error.message)
         }
         let connection = ServerConnection(
             url: url, clientId: name, socket: socket, inbox: DispatchQueue(label: "tandem.connection"), logger: logger)

@@ -1,6 +1,3 @@
-import Synchronization
-import TandemSocket
-
 /// How a ``ServerConnection`` reaches a server: a WebSocket client that carries whole text
 /// messages.
 ///
@@ -79,6 +76,8 @@ public struct TransportError: Error, Sendable, Hashable, CustomStringConvertible
         public static let notOpen = Code(rawValue: "not-open")
         /// The peer is not reading and the bytes waiting for it exceed the bound.
         public static let backpressure = Code(rawValue: "backpressure")
+        /// There is no transport to connect with (a build without libwebsockets was given none).
+        public static let unavailable = Code(rawValue: "unavailable")
         /// Anything else (the transport could not start).
         public static let failed = Code(rawValue: "failed")
     }
@@ -92,104 +91,4 @@ public struct TransportError: Error, Sendable, Hashable, CustomStringConvertible
     }
 
     public var description: String { message }
-}
-
-// MARK: - libwebsockets
-
-/// The transport over libwebsockets: one event loop (a thread) per set of trusted
-/// certificate authorities, shared by every connection of the process.
-public struct LibWebSocketsTransport: WebSocketTransport {
-    private let client: WebSocketClient
-
-    /// - Parameter trustedCertificates: For `wss://`: a PEM file of the certificate
-    ///   authorities the server's certificate must chain to; nil for the system's.
-    public init(trustedCertificates: String? = nil) throws(TransportError) {
-        do {
-            client = try SharedClientLoop.get(trusting: trustedCertificates)
-        } catch {
-            throw TransportError(.failed, "\(error)")
-        }
-    }
-
-    /// A transport on an event loop of the caller's (for tests that count its connections).
-    public init(client: WebSocketClient) {
-        self.client = client
-    }
-
-    public func connect(to url: String, handler: @escaping @Sendable (TransportEvent) -> Void) throws(TransportError)
-        -> any TransportConnection
-    {
-        do {
-            return Connection(try client.connect(to: url, delegate: Relay(handler)))
-        } catch {
-            throw TransportError(error.code == .invalidURL ? .invalidURL : .failed, error.message)
-        }
-    }
-
-    private final class Connection: TransportConnection {
-        let socket: WebSocketConnection
-
-        init(_ socket: WebSocketConnection) { self.socket = socket }
-
-        var isOpen: Bool { socket.isOpen }
-
-        func send(text: [UInt8]) throws(TransportError) {
-            do {
-                try socket.send(OutboundMessage(text: text))
-            } catch {
-                throw TransportError(error.code == .sendQueueOverflow ? .backpressure : .notOpen, error.message)
-            }
-        }
-
-        func close(code: UInt16, reason: String) {
-            socket.close(code: WebSocketCloseCode(rawValue: code), reason: reason)
-        }
-
-        func abort() {
-            socket.abort(code: .goingAway, reason: "the connection was dropped")
-        }
-    }
-
-    private final class Relay: WebSocketDelegate {
-        let handler: @Sendable (TransportEvent) -> Void
-
-        init(_ handler: @escaping @Sendable (TransportEvent) -> Void) { self.handler = handler }
-
-        func webSocketDidOpen(_ socket: WebSocketConnection) {}
-
-        func webSocket(_ socket: WebSocketConnection, didReceive message: WebSocketMessage) {
-            handler(.text(message.bytes))
-        }
-
-        func webSocket(_ socket: WebSocketConnection, didCloseWith event: WebSocketCloseEvent) {
-            handler(
-                .closed(
-                    TransportClose(
-                        code: event.code.rawValue, reason: event.reason, failedToConnect: event.failedToConnect))
-            )
-        }
-    }
-}
-
-/// The process-wide client event loops, made on first use: one per set of trusted
-/// certificate authorities (usually just the system's).
-package enum SharedClientLoop {
-    private static let loops = Mutex<[String: WebSocketClient]>([:])
-
-    /// - Parameter trusting: A PEM file of certificate authorities for `wss://`; nil for the
-    ///   system's.
-    package static func get(trusting authorities: String? = nil) throws -> WebSocketClient {
-        try loops.withLock { loops in
-            if let loop = loops[authorities ?? ""] { return loop }
-            do {
-                var configuration = WebSocketConfiguration()
-                configuration.trustedCertificates = authorities
-                let client = try WebSocketClient(configuration: configuration)
-                loops[authorities ?? ""] = client
-                return client
-            } catch {
-                throw TandemError(.unreachable, "cannot start the WebSocket event loop: \(error)")
-            }
-        }
-    }
 }
