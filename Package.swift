@@ -140,7 +140,8 @@ let package = Package(
         ),
         .testTarget(
             name: "SyncIntegrationTests",
-            dependencies: ["Tandem", "TandemServer", "TandemTesting", "TandemWire"]
+            dependencies: ["Tandem", "TandemServer", "TandemTesting", "TandemWire"],
+            exclude: ["Fixtures"]
         ),
     ],
     swiftLanguageModes: [.v6]

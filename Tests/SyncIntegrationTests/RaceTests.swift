@@ -66,7 +66,8 @@ struct RaceTests {
         #expect(try device.service.unsyncedRowCount() == 1)
         let failures = try device.service.failedRecords()
         #expect(failures.count == 1)
-        #expect(failures.first?.error.contains("duplicate") == true)
+        #expect(failures.first?.error.code == .database)
+        #expect(failures.first?.error.message.contains("duplicate") == true)
         #expect(try serverDocuments(server, "accounts").map(\.id) == [serverId])
     }
 

@@ -51,7 +51,10 @@ struct ServiceBehaviorTests {
         let failure = try #require(try phone.service.failedRecords().first)
         #expect(failure.table == "entry")
         #expect(failure.rowId == big.id)
-        #expect(failure.error.contains("the limit is 512"))
+        #expect(failure.error.message.contains("the limit is 512"))
+        // A code to switch on, and the server's own answer.
+        #expect(failure.error.code == .server)
+        #expect(failure.error.serverError?.code == .tooLarge)
         try await waitUntil("the status counts it") { phone.service.status.failedCount == 1 }
         // The status says what went wrong with a code to switch on, not only a sentence.
         let lastError = try #require(phone.service.status.lastError)

@@ -15,6 +15,7 @@ struct StoreFixture {
     init() throws {
         database = try DatabaseQueue()
         let clock = HybridLogicalClock(wall: SystemClock())
+        try SyncLedger.migrator.migrate(database)
         let models = try database.write { db in
             db.add(function: DatabaseFunction("tandem_now", argumentCount: 0, pure: false) { _ in clock.now() })
             try db.execute(

@@ -9,6 +9,7 @@ extension Statement {
     /// inside it.
     func firstRow<T>(arguments: StatementArguments, _ read: (Row) throws -> T) throws -> T? {
         let rows = try Row.fetchCursor(self, arguments: arguments)
-        return try rows.next().map(read)
+        // The row is valid only while its cursor lives: a released cursor resets the statement.
+        return try withExtendedLifetime(rows) { try rows.next().map(read) }
     }
 }

@@ -21,7 +21,7 @@ extension LocalStore {
         _ model: TableModel, rowId: Int64, remote: Document, collection: CollectionPath, _ db: Database
     ) throws -> Settlement {
         guard let local = try rowState(model, rowId: rowId, db) else { return .tookServer }
-        let base = try knownServerFields(model, rowId: rowId, db)
+        let base = try ledger.knownServerFields(model, rowId: rowId, db)
         let merge = ThreeWayMerge.merge(
             base: base, local: (local.fields, local.times), remote: (remote.fields, Self.fieldTimes(of: remote)))
         let resolution: ConflictResolution
@@ -60,8 +60,8 @@ extension LocalStore {
     ) throws -> Settlement {
         switch resolution {
         case .keepLocal:
-            try rebase(model.name, rowId, on: remote, db)
-            try markDirty(model, rowId: rowId, db)
+            try ledger.rebase(model.name, rowId, on: remote, db)
+            try ledger.markDirty(model, rowId: rowId, db)
             return .keptLocal
         case .useServer:
             try overwrite(model, rowId: rowId, with: remote, collection: collection, db)
@@ -84,8 +84,8 @@ extension LocalStore {
             return .tookServer
         }
         if merged == local.filter({ $0.key != "updatedAt" }) {
-            try rebase(model.name, rowId, on: remote, db)
-            try storeFieldTimes(model, rowId: rowId, merge.times, db)
+            try ledger.rebase(model.name, rowId, on: remote, db)
+            try ledger.storeFieldTimes(model, rowId: rowId, merge.times, db)
             return .keptLocal
         }
         try writeMerged(
@@ -110,26 +110,8 @@ extension LocalStore {
         )
         .execute(arguments: arguments)
         try recordMissingReferences(model, rowId: rowId, incoming.missing, db)
-        if let times { try storeFieldTimes(model, rowId: rowId, times, db) }
-        try rebase(model.name, rowId, on: remote, db)
-    }
-
-    /// Makes the server's document the base of the row's next push (which stays pending).
-    func rebase(_ table: String, _ rowId: Int64, on server: Document, _ db: Database) throws {
-        try db.cachedStatement(
-            sql: """
-                UPDATE tandem_row SET serverVersion = ?, serverFields = ?, idempotencyKey = NULL, pushedRevision = NULL,
-                    pendingOp = CASE WHEN pendingOp = 'delete' THEN 'delete' ELSE NULL END
-                WHERE tableName = ? AND rowId = ?
-                """
-        ).execute(arguments: [server.version, Self.fieldsText(server.fields), table, rowId])
-    }
-
-    func markDirty(_ model: TableModel, rowId: Int64, _ db: Database) throws {
-        try db.cachedStatement(
-            sql:
-                "UPDATE \(model.quotedName) SET isDirty = 1, localRevision = localRevision + 1 WHERE id = ? AND isDirty = 0"
-        ).execute(arguments: [rowId])
+        if let times { try ledger.storeFieldTimes(model, rowId: rowId, times, db) }
+        try ledger.rebase(model.name, rowId, on: remote, db)
     }
 
     // MARK: - Manual conflicts
@@ -138,53 +120,18 @@ extension LocalStore {
         _ model: TableModel, rowId: Int64, local: JSONObject, remote: Document, base: JSONObject?, fields: Set<String>,
         collection: CollectionPath, _ db: Database
     ) throws {
-        try db.cachedStatement(
-            sql: """
-                INSERT INTO tandem_conflict (tableName, rowId, serverId, collection, local, server, base, fields, detectedAt)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
-                ON CONFLICT (tableName, rowId) DO UPDATE SET server = excluded.server, fields = excluded.fields,
-                    local = excluded.local
-                """
-        ).execute(arguments: [
-            model.name, rowId, remote.id.rawValue, collection.rawValue, Self.fieldsText(local),
-            String(decoding: Wire.encode(remote), as: UTF8.self), base.map(Self.fieldsText),
-            String(decoding: Wire.encode(fields.sorted()), as: UTF8.self),
-            HybridLogicalClock.milliseconds(clock.now()),
-        ])
-    }
-
-    func conflicts(_ db: Database) throws -> [ConflictRecord] {
-        try Row.fetchAll(
-            db,
-            sql: """
-                SELECT tableName, rowId, serverId, local, server, base, fields, detectedAt FROM tandem_conflict
-                ORDER BY detectedAt, tableName, rowId
-                """
-        ).map { row in
-            ConflictRecord(
-                table: row[0], rowId: row[1], serverId: row[2],
-                local: try Wire.decodeFields(Array((row[3] as String).utf8)),
-                server: try Wire.decode(Document.self, from: Array((row[4] as String).utf8)),
-                base: try (row[5] as String?).map { try Wire.decodeFields(Array($0.utf8)) },
-                fields: try Wire.decodeStrings(Array((row[6] as String).utf8)), detectedAt: row[7])
-        }
+        try ledger.recordConflict(
+            model, rowId: rowId, serverId: remote.id, collection: collection, local: local, server: remote, base: base,
+            fields: fields, detectedAt: HybridLogicalClock.milliseconds(clock.now()), db)
     }
 
     /// Resolves an open conflict as the app decided; the row syncs again.
     func resolve(_ record: ConflictRecord, with resolution: ConflictResolution, _ db: Database) throws {
         guard let model = byName[record.table],
-            let row = try Row.fetchOne(
-                db, sql: "SELECT server, collection FROM tandem_conflict WHERE tableName = ? AND rowId = ?",
-                arguments: [record.table, record.rowId])
+            let (server, collection) = try ledger.takeConflict(record.table, rowId: record.rowId, db)
         else {
             throw TandemError(.invalidArgument, "there is no open conflict for \(record.table) row \(record.rowId)")
         }
-        // The server's latest version, which may be newer than the one the app looked at.
-        let server = try Wire.decode(Document.self, from: Array((row[0] as String).utf8))
-        let collection = try CollectionPath(row[1] as String)
-        try db.execute(
-            sql: "DELETE FROM tandem_conflict WHERE tableName = ? AND rowId = ?",
-            arguments: [record.table, record.rowId])
         let local = try rowState(model, rowId: record.rowId, db)?.fields ?? record.local
         _ = try apply(resolution, model, rowId: record.rowId, local: local, remote: server, collection: collection, db)
     }
@@ -203,40 +150,7 @@ extension LocalStore {
         let updatedAt: Int64 = row[0]
         var fields: JSONObject = ["updatedAt": .int(updatedAt)]
         try addOutgoingFields(model, of: row, from: 1, rowId: rowId, to: &fields, db)
-        return (fields, try localFieldTimes(model, rowId: rowId, updatedAt: updatedAt, db), updatedAt)
-    }
-
-    /// When each field of the row was last written here (the row's time for tables that do
-    /// not keep field times).
-    func localFieldTimes(_ model: TableModel, rowId: Int64, updatedAt: Int64, _ db: Database) throws -> [String: Int64]
-    {
-        var times = Dictionary(uniqueKeysWithValues: model.fieldColumns.map { ($0, updatedAt) })
-        times["updatedAt"] = updatedAt
-        guard model.mergesFields else { return times }
-        let rows = try Row.fetchAll(
-            db.cachedStatement(sql: "SELECT field, time FROM tandem_field WHERE tableName = ? AND rowId = ?"),
-            arguments: [model.name, rowId])
-        for row in rows { times[row[0]] = row[1] }
-        return times
-    }
-
-    func storeFieldTimes(_ model: TableModel, rowId: Int64, _ times: [String: Int64], _ db: Database) throws {
-        guard model.mergesFields else { return }
-        for (field, time) in times where field != "updatedAt" {
-            try db.cachedStatement(
-                sql: "INSERT OR REPLACE INTO tandem_field (tableName, rowId, field, time) VALUES (?, ?, ?, ?)"
-            ).execute(arguments: [model.name, rowId, field, time])
-        }
-    }
-
-    /// The last server fields this device saw of the row.
-    func knownServerFields(_ model: TableModel, rowId: Int64, _ db: Database) throws -> JSONObject? {
-        guard
-            let text = try String.fetchOne(
-                db.cachedStatement(sql: "SELECT serverFields FROM tandem_row WHERE tableName = ? AND rowId = ?"),
-                arguments: [model.name, rowId])
-        else { return nil }
-        return try Wire.decodeFields(Array(text.utf8))
+        return (fields, try ledger.localFieldTimes(model, rowId: rowId, updatedAt: updatedAt, db), updatedAt)
     }
 
     /// The time of each field of a server document: its field times, else its `updatedAt`.

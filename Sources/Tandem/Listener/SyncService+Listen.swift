@@ -131,7 +131,7 @@ extension SyncService {
             let (desired, tokens) = try readState { db in
                 let desired = try store.desiredListeners(db)
                 var tokens: [CollectionPath: String] = [:]
-                for path in desired.keys { tokens[path] = try store.resumeToken(for: path, db) }
+                for path in desired.keys { tokens[path] = try store.ledger.resumeToken(for: path, db) }
                 return (desired, tokens)
             }
             // Opened in path order, so that the order snapshots arrive in is reproducible.
@@ -232,7 +232,7 @@ extension SyncService {
         let current = batch.filter { _, generation in state.withLock { $0.running && $0.generation == generation } }
         guard let (first, generation) = current.first else { return }
         if case .reset(let path) = first {
-            do { try ownWrite { db in try store.beginReset(path, db) } } catch {
+            do { try ownWrite { db in try store.ledger.beginReset(path, db) } } catch {
                 noteError(TandemError("cannot reset \(path)", error, otherwise: .database))
             }
             return

@@ -24,17 +24,14 @@ extension LocalStore {
         _ snapshot: ServerMessage.Snapshot, collection: CollectionPath, target: ListenerTarget, _ db: Database
     ) throws -> ApplyOutcome {
         guard let model = byName[target.table] else { return ApplyOutcome() }
-        let resetting =
-            try Bool.fetchOne(
-                db.cachedStatement(sql: "SELECT resetting FROM tandem_listener WHERE collection = ?"),
-                arguments: [collection.rawValue]) ?? false
+        let resetting = try ledger.isResetting(collection, db)
         var outcome = ApplyOutcome()
         // Usually every change applies: then all of them go in one savepoint. When one fails,
         // that savepoint is rolled back and each change gets its own, so that only the change
         // that failed is left out.
         do {
             try db.inSavepoint {
-                var context = try ApplyContext(db)
+                var context = try ledger.applyContext(db)
                 for change in snapshot.changes {
                     try applyChange(change, model, collection, target.parentRowId, &context, &outcome, db)
                 }
@@ -42,7 +39,7 @@ extension LocalStore {
             }
         } catch {
             outcome = ApplyOutcome()
-            var context = try ApplyContext(db)
+            var context = try ledger.applyContext(db)
             for change in snapshot.changes {
                 do {
                     try db.inSavepoint {
@@ -54,57 +51,12 @@ extension LocalStore {
                 }
             }
         }
-        if resetting {
-            let statement = try db.cachedStatement(
-                sql: "INSERT OR IGNORE INTO tandem_reset_seen (collection, serverId) VALUES (?, ?)")
-            for change in snapshot.changes {
-                try statement.execute(arguments: [collection.rawValue, change.document.id.rawValue])
-            }
-        }
-        try storeResumeToken(snapshot.resumeToken, for: collection, db)
+        if resetting { try ledger.noteSeenInReset(collection, snapshot.changes.lazy.map(\.document.id), db) }
+        try ledger.storeResumeToken(snapshot.resumeToken, for: collection, db)
         if resetting && snapshot.initial && !snapshot.hasMore {
-            outcome.deleted += try finishReset(model, collection, target.parentRowId, db)
+            outcome.deleted += try ledger.finishReset(model, collection, parentRowId: target.parentRowId, db)
         }
         return outcome
-    }
-
-    /// What a snapshot's changes need not look for, found out once per snapshot: most
-    /// snapshots meet no unanswered creates, no filed deletes and nothing waiting.
-    struct ApplyContext {
-        /// Some row's create was sent and not answered (its document may be in the snapshot).
-        var unansweredCreates: Bool
-        /// Some local delete is filed and not pushed yet.
-        var filedDeletes: Bool
-        /// Some reference or document waits for a row to arrive. Set once a change adds one.
-        var waiting: Bool
-        /// Some document is known to be deleted and its tombstone has not arrived yet.
-        var gone: Bool
-
-        init(_ db: Database) throws {
-            // Of any table: these read the partial indexes on `pendingOp`, which hold only
-            // rows with a pending create or delete (a condition on the table name would make
-            // SQLite walk the primary key through every row of the table instead).
-            unansweredCreates =
-                try Bool.fetchOne(
-                    db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE pendingOp = 'create')"))
-                ?? true
-            filedDeletes =
-                try Bool.fetchOne(
-                    db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE pendingOp = 'delete')"))
-                ?? true
-            waiting = try LocalStore.anythingWaits(db)
-            gone = try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_gone)")) ?? true
-        }
-
-        /// For changes applied outside a snapshot (a deferred document): look for everything.
-        static let everything = ApplyContext(unansweredCreates: true, filedDeletes: true, waiting: true, gone: true)
-
-        private init(unansweredCreates: Bool, filedDeletes: Bool, waiting: Bool, gone: Bool) {
-            self.unansweredCreates = unansweredCreates
-            self.filedDeletes = filedDeletes
-            self.waiting = waiting
-            self.gone = gone
-        }
     }
 
     private func applyChange(
@@ -114,65 +66,42 @@ extension LocalStore {
         let document = change.document
         let serverId = document.id.rawValue
         receiveTimes(of: document)
-        // Read straight from the statement's cursor: `Row.fetchOne` copies every value and
-        // column name first, which cost more than the lookup on this once-per-document path.
-        let local = try Row.fetchCursor(db.cachedStatement(sql: model.lookupSQL), arguments: [serverId]).next().map {
-            row in (id: row[0] as Int64, isDirty: row[1] as Bool)
-        }
+        let local = try ledger.lookup(model, serverId: serverId, db)
 
         if context.gone {
             // What the device knew of this document's delete: the tombstone brings it now, or
             // the change is older than the delete (queued before it) and brings nothing.
-            let goneAt = try Int64.fetchOne(
-                db.cachedStatement(sql: "SELECT version FROM tandem_gone WHERE collection = ? AND serverId = ?"),
-                arguments: [collection.rawValue, serverId])
-            if let goneAt {
+            if let goneAt = try ledger.goneVersion(collection, serverId, db) {
                 if document.version <= goneAt && !document.deleted { return }
-                try db.cachedStatement(sql: "DELETE FROM tandem_gone WHERE collection = ? AND serverId = ?")
-                    .execute(arguments: [collection.rawValue, serverId])
+                try ledger.clearGone(collection, serverId, db)
             }
         }
 
         if change.kind == .deleted || document.deleted {
             // A remote delete removes the local row, unpushed edits included.
             if let local {
-                try removeRow(model, id: local.id, db)
+                try ledger.removeRow(model, id: local.id, db)
                 outcome.deleted += 1
-            } else if context.unansweredCreates, let rowId = try unansweredCreate(of: document, model, db) {
+            } else if context.unansweredCreates, let create = try unansweredCreate(of: document, model, db) {
                 // This device's own create, applied by the server but never answered, was
                 // deleted since: the delete wins here too.
-                if try Bool.fetchOne(
-                    db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM \(model.quotedName) WHERE id = ?)"),
-                    arguments: [rowId]) ?? false
-                {
-                    try removeRow(model, id: rowId, db)
+                if try ledger.revision(model, rowId: create.rowId, db) != nil {
+                    try ledger.removeRow(model, id: create.rowId, db)
                     outcome.deleted += 1
                 } else {
-                    try forget(model.name, rowId, db)
+                    try ledger.forget(model.name, create.rowId, db)
                 }
             } else {
-                try db.cachedStatement(sql: "DELETE FROM tandem_row WHERE tableName = ? AND serverId = ?")
-                    .execute(arguments: [model.name, serverId])
-                try db.cachedStatement(sql: "DELETE FROM tandem_deferred WHERE collection = ? AND serverId = ?")
-                    .execute(arguments: [collection.rawValue, serverId])
+                try ledger.forgetDocument(model, collection, serverId: serverId, db)
             }
             return
         }
 
         if let local {
             let rowId = local.id
-            let knownVersion =
-                try Int64.fetchOne(
-                    db.cachedStatement(sql: "SELECT serverVersion FROM tandem_row WHERE tableName = ? AND rowId = ?"),
-                    arguments: [model.name, rowId]) ?? 0
-            guard document.version > knownVersion else { return }  // an echo of our own write, or older
-            let isDirty = local.isDirty
-            let inConflict =
-                try Bool.fetchOne(
-                    db.cachedStatement(
-                        sql: "SELECT EXISTS (SELECT 1 FROM tandem_conflict WHERE tableName = ? AND rowId = ?)"),
-                    arguments: [model.name, rowId]) ?? false
-            if isDirty || inConflict {
+            // An echo of this device's own write, or older: nothing to do.
+            guard document.version > (try ledger.serverVersion(model, rowId: rowId, db)) else { return }
+            if try local.isDirty || ledger.isInConflict(model, rowId: rowId, db) {
                 // Unpushed local changes: the table's policy decides.
                 if try settle(model, rowId: rowId, remote: document, collection: collection, db) != .recorded {
                     outcome.conflicts += 1
@@ -189,23 +118,7 @@ extension LocalStore {
         }
 
         // Deleted here and not pushed yet: the delete wins; it goes out at this version.
-        if context.filedDeletes,
-            try Bool.fetchOne(
-                db.cachedStatement(
-                    sql:
-                        "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE tableName = ? AND serverId = ? AND pendingOp = 'delete')"
-                ),
-                arguments: [model.name, serverId]) ?? false
-        {
-            // Never back to an older version: a snapshot can bring one this device has
-            // already written past (it was queued behind the push that wrote the newer one).
-            try db.cachedStatement(
-                sql: """
-                    UPDATE tandem_row SET serverVersion = MAX(serverVersion, ?1),
-                        idempotencyKey = CASE WHEN ?1 > serverVersion THEN NULL ELSE idempotencyKey END
-                    WHERE tableName = ?2 AND serverId = ?3 AND pendingOp = 'delete'
-                    """
-            ).execute(arguments: [document.version, model.name, serverId])
+        if context.filedDeletes, try ledger.raiseFiledDelete(model, serverId: serverId, to: document.version, db) {
             return
         }
         if try insert(document, into: model, parentRowId: parentRowId, collection: collection, &context, db) {
@@ -223,45 +136,26 @@ extension LocalStore {
         _ document: Document, _ model: TableModel, _ collection: CollectionPath, _ context: inout ApplyContext,
         _ outcome: inout ApplyOutcome, _ db: Database
     ) throws -> Bool {
-        guard let rowId = try unansweredCreate(of: document, model, db) else { return false }
-        let pushedRevision = try Int64.fetchOne(
-            db.cachedStatement(sql: "SELECT pushedRevision FROM tandem_row WHERE tableName = ? AND rowId = ?"),
-            arguments: [model.name, rowId])
+        guard let create = try unansweredCreate(of: document, model, db) else { return false }
+        let rowId = create.rowId
         let serverId = document.id.rawValue
+        // Changed since the create went out: both sides changed, with no base known to both.
+        let revision = try ledger.revision(model, rowId: rowId, db)
+        let keepsLocal = revision != nil && revision != create.pushedRevision
         guard
-            let row = try Row.fetchOne(
-                db.cachedStatement(sql: "SELECT localRevision, updatedAt FROM \(model.quotedName) WHERE id = ?"),
-                arguments: [rowId])
+            try ledger.adoptOwnCreate(
+                model, rowId: rowId, serverId: serverId, collection: collection, version: document.version,
+                keepsLocal: keepsLocal, db)
         else {
             // Deleted here meanwhile: the document must go.
-            try db.cachedStatement(
-                sql: """
-                    UPDATE tandem_row SET serverId = ?, collection = ?, serverVersion = ?, pendingOp = 'delete',
-                        idempotencyKey = NULL, pushedRevision = NULL, state = 'pending'
-                    WHERE tableName = ? AND rowId = ?
-                    """
-            ).execute(arguments: [serverId, collection.rawValue, document.version, model.name, rowId])
             context.filedDeletes = true
             return true
         }
-        try db.cachedStatement(
-            sql: "UPDATE \(model.quotedName) SET serverId = ?, localRevision = localRevision + 1 WHERE id = ?"
-        ).execute(arguments: [serverId, rowId])
-        let localRevision: Int64 = row[0]
-        if localRevision == pushedRevision {
+        if keepsLocal {
+            _ = try settle(model, rowId: rowId, remote: document, collection: collection, db)
+        } else {
             // Unchanged since the create went out: the server's document is the truth.
             try overwrite(model, rowId: rowId, with: document, collection: collection, db)
-        } else {
-            // Changed since: both sides changed, with no base known to both.
-            try db.cachedStatement(
-                sql: """
-                    UPDATE tandem_row SET serverId = ?, collection = ?, serverVersion = 0, serverFields = NULL,
-                        pendingOp = NULL, idempotencyKey = NULL, pushedRevision = NULL, attempts = 0,
-                        state = 'pending', lastError = NULL
-                    WHERE tableName = ? AND rowId = ?
-                    """
-            ).execute(arguments: [serverId, collection.rawValue, model.name, rowId])
-            _ = try settle(model, rowId: rowId, remote: document, collection: collection, db)
         }
         if context.waiting { try resolveWaiting(model, serverId: serverId, localId: rowId, db) }
         outcome.updated += 1
@@ -270,12 +164,11 @@ extension LocalStore {
 
     /// The local row whose create, sent but never answered, made this document: the document's
     /// `createKey` is the key still recorded for that create.
-    private func unansweredCreate(of document: Document, _ model: TableModel, _ db: Database) throws -> Int64? {
+    private func unansweredCreate(of document: Document, _ model: TableModel, _ db: Database) throws
+        -> (rowId: Int64, pushedRevision: Int64?)?
+    {
         guard recognizesOwnCreates, let key = document.createKey else { return nil }
-        return try Int64.fetchOne(
-            db.cachedStatement(
-                sql: "SELECT rowId FROM tandem_row WHERE pendingOp = 'create' AND idempotencyKey = ? AND tableName = ?"),
-            arguments: [key, model.name])
+        return try ledger.unansweredCreate(model, key: key, db)
     }
 
     /// Replaces a row's synced columns with the server's document and marks it clean.
@@ -293,14 +186,11 @@ extension LocalStore {
             sql: "UPDATE \(model.quotedName) SET \(assignments.joined(separator: ", ")) WHERE id = ?"
         )
         .execute(arguments: arguments)
-        try recordSynced(model, rowId: rowId, document, collection, db)
-        if model.mergesFields { try storeFieldTimes(model, rowId: rowId, Self.fieldTimes(of: document), db) }
+        try ledger.recordSynced(model, rowId: rowId, document, collection, db)
+        if model.mergesFields { try ledger.storeFieldTimes(model, rowId: rowId, Self.fieldTimes(of: document), db) }
         // The document says what each reference is now: forget what the row waited for.
         for column in model.references.keys where document.fields[column] != nil {
-            try db.cachedStatement(
-                sql: "DELETE FROM tandem_reference WHERE tableName = ? AND rowId = ? AND columnName = ?"
-            )
-            .execute(arguments: [model.name, rowId, column])
+            try ledger.clearWaitingReference(model, rowId: rowId, column: column, db)
         }
         try recordMissingReferences(model, rowId: rowId, incoming.missing, db)
     }
@@ -315,16 +205,9 @@ extension LocalStore {
     ) throws -> Bool {
         let incoming = try incomingValues(model, document, db)
         if let waiting = incoming.missing.first(where: { !model.optionalReferences.contains($0.column) }) {
-            try db.cachedStatement(
-                sql: """
-                    INSERT OR REPLACE INTO tandem_deferred
-                        (collection, serverId, tableName, parentRowId, document, waitingTable, waitingServerId)
-                    VALUES (?, ?, ?, ?, ?, ?, ?)
-                    """
-            ).execute(arguments: [
-                collection.rawValue, document.id.rawValue, model.name, parentRowId,
-                String(decoding: Wire.encode(document), as: UTF8.self), waiting.table, waiting.serverId,
-            ])
+            try ledger.deferDocument(
+                document, of: model, in: collection, parentRowId: parentRowId, waitingFor: waiting.table,
+                serverId: waiting.serverId, db)
             context.waiting = true
             return false
         }
@@ -343,8 +226,8 @@ extension LocalStore {
             ? model.insertEveryFieldSQL : TableModel.insertSQL(model.quotedName, columns: columns)
         try db.cachedStatement(sql: sql).execute(arguments: StatementArguments(values))
         let rowId = db.lastInsertedRowID
-        try recordSynced(model, rowId: rowId, document, collection, db)
-        if model.mergesFields { try storeFieldTimes(model, rowId: rowId, Self.fieldTimes(of: document), db) }
+        try ledger.recordSynced(model, rowId: rowId, document, collection, db)
+        if model.mergesFields { try ledger.storeFieldTimes(model, rowId: rowId, Self.fieldTimes(of: document), db) }
         try recordMissingReferences(model, rowId: rowId, incoming.missing, db)
         if !incoming.missing.isEmpty { context.waiting = true }
         if context.waiting { try resolveWaiting(model, serverId: document.id.rawValue, localId: rowId, db) }
@@ -387,126 +270,39 @@ extension LocalStore {
         return (columns, values, missing)
     }
 
-    private func recordSynced(
-        _ model: TableModel, rowId: Int64, _ document: Document, _ collection: CollectionPath, _ db: Database
-    ) throws {
-        try db.cachedStatement(
-            sql: """
-                INSERT INTO tandem_row (tableName, rowId, serverId, collection, serverVersion, serverFields, state)
-                VALUES (?, ?, ?, ?, ?, ?, 'synced')
-                ON CONFLICT (tableName, rowId) DO UPDATE SET serverId = excluded.serverId,
-                    collection = excluded.collection, serverVersion = excluded.serverVersion,
-                    serverFields = excluded.serverFields, pendingOp = NULL, idempotencyKey = NULL,
-                    pushedRevision = NULL, attempts = 0, state = 'synced', lastError = NULL
-                """
-        ).execute(arguments: [
-            model.name, rowId, document.id.rawValue, collection.rawValue, document.version,
-            model.keepsServerFields ? Self.fieldsText(document.fields) : nil,
-        ])
-    }
-
     func recordMissingReferences(
         _ model: TableModel, rowId: Int64, _ missing: [MissingReference], _ db: Database
     )
         throws
     {
         for reference in missing where model.optionalReferences.contains(reference.column) {
-            try db.cachedStatement(
-                sql: """
-                    INSERT OR REPLACE INTO tandem_reference (tableName, rowId, columnName, targetTable, targetServerId)
-                    VALUES (?, ?, ?, ?, ?)
-                    """
-            ).execute(arguments: [model.name, rowId, reference.column, reference.table, reference.serverId])
+            try ledger.recordWaitingReference(
+                model, rowId: rowId, column: reference.column, target: reference.table, serverId: reference.serverId,
+                db)
         }
-    }
-
-    /// Whether any reference or document waits for a row to arrive (usually not: then a row
-    /// that gets its server id need not look for what waited for it).
-    static func anythingWaits(_ db: Database) throws -> Bool {
-        try Bool.fetchOne(
-            db.cachedStatement(
-                sql: "SELECT EXISTS (SELECT 1 FROM tandem_reference) OR EXISTS (SELECT 1 FROM tandem_deferred)"))
-            ?? true
     }
 
     /// A row of `model` now has `serverId` here: fills in the references that waited for it
     /// and inserts the documents that were deferred until it arrived.
     func resolveWaiting(_ model: TableModel, serverId: String, localId: Int64, _ db: Database) throws {
-        let waiting = try Row.fetchAll(
-            db.cachedStatement(
-                sql:
-                    "SELECT tableName, rowId, columnName FROM tandem_reference WHERE targetTable = ? AND targetServerId = ?"
-            ),
-            arguments: [model.name, serverId])
-        for row in waiting {
-            guard let referencing = byName[row[0] as String] else { continue }
-            let column: String = row[2]
+        let waiting = try ledger.takeWaiting(model, serverId: serverId, db)
+        for reference in waiting.references {
+            guard let referencing = byName[reference.table] else { continue }
             try db.execute(
                 sql: """
-                    UPDATE \(referencing.quotedName) SET \(SQL.quote(column)) = ?, localRevision = localRevision + 1
+                    UPDATE \(referencing.quotedName) SET \(SQL.quote(reference.column)) = ?,
+                        localRevision = localRevision + 1
                     WHERE id = ?
-                    """, arguments: [localId, row[1] as Int64])
+                    """, arguments: [localId, reference.rowId])
         }
-        try db.cachedStatement(sql: "DELETE FROM tandem_reference WHERE targetTable = ? AND targetServerId = ?")
-            .execute(arguments: [model.name, serverId])
-
-        let deferred = try Row.fetchAll(
-            db.cachedStatement(
-                sql: """
-                    SELECT collection, serverId, tableName, parentRowId, document FROM tandem_deferred
-                    WHERE waitingTable = ? AND waitingServerId = ?
-                    """),
-            arguments: [model.name, serverId])
-        for row in deferred {
-            try db.cachedStatement(sql: "DELETE FROM tandem_deferred WHERE collection = ? AND serverId = ?")
-                .execute(arguments: [row[0] as String, row[1] as String])
-            guard let child = byName[row[2] as String], let collection = try? CollectionPath(row[0] as String),
-                let document = try? Wire.decode(Document.self, from: Array((row[4] as String).utf8))
-            else { continue }
+        for deferred in waiting.documents {
+            guard let child = byName[deferred.table] else { continue }
             var outcome = ApplyOutcome()
             var context = ApplyContext.everything
-            try applyChange(Change(.added, document), child, collection, row[3], &context, &outcome, db)
+            try applyChange(
+                Change(.added, deferred.document), child, deferred.collection, deferred.parentRowId, &context,
+                &outcome, db)
         }
-    }
-
-    // MARK: - Reset
-
-    /// The server could not resume this listener: remember which documents the full snapshot
-    /// brings, so that rows it does not bring can be dropped when it ends.
-    func beginReset(_ collection: CollectionPath, _ db: Database) throws {
-        try db.execute(
-            sql: """
-                INSERT INTO tandem_listener (collection, resumeToken, resetting) VALUES (?, NULL, 1)
-                ON CONFLICT (collection) DO UPDATE SET resumeToken = NULL, resetting = 1
-                """, arguments: [collection.rawValue])
-        try db.execute(sql: "DELETE FROM tandem_reset_seen WHERE collection = ?", arguments: [collection.rawValue])
-    }
-
-    /// Drops the clean rows of the collection that the full snapshot did not bring.
-    private func finishReset(_ model: TableModel, _ collection: CollectionPath, _ parentRowId: Int64?, _ db: Database)
-        throws
-        -> Int
-    {
-        var condition = "serverId IS NOT NULL AND isDirty = 0"
-        var arguments: StatementArguments = []
-        if let foreignKey = model.foreignKey {
-            condition += " AND \(SQL.quote(foreignKey)) = ?"
-            arguments += [parentRowId]
-        }
-        arguments += [collection.rawValue]
-        let gone = try Int64.fetchAll(
-            db,
-            sql: """
-                SELECT id FROM \(model.quotedName) WHERE \(condition)
-                AND serverId NOT IN (SELECT serverId FROM tandem_reset_seen WHERE collection = ?)
-                """, arguments: arguments)
-        for id in gone { try removeRow(model, id: id, db) }
-        try db.execute(sql: "DELETE FROM tandem_reset_seen WHERE collection = ?", arguments: [collection.rawValue])
-        // The full snapshot was the whole truth: nothing older can still be on its way.
-        try db.execute(sql: "DELETE FROM tandem_gone WHERE collection = ?", arguments: [collection.rawValue])
-        try db.execute(
-            sql: "UPDATE tandem_listener SET resetting = 0 WHERE collection = ?", arguments: [collection.rawValue])
-        return gone.count
     }
 
     static func updatedAt(of document: Document) -> Int64 {

@@ -38,20 +38,13 @@ extension LocalStore {
     {
         var prepared: [PreparedPush] = []
         var bytes = 0
-        let deletes = try Row.fetchAll(
-            db.cachedStatement(
-                sql: """
-                    SELECT tableName, rowId, serverId, collection, serverVersion, idempotencyKey FROM tandem_row
-                    WHERE pendingOp = 'delete' AND state != 'failed' AND (tableName, rowId) > (?, ?)
-                    ORDER BY tableName, rowId LIMIT ?
-                    """), arguments: [cursor.lastDelete.table, cursor.lastDelete.rowId, maxOps])
-        for row in deletes {
+        for row in try ledger.filedDeletes(after: cursor.lastDelete, limit: maxOps, db) {
             let table: String = row[0], rowId: Int64 = row[1]
             cursor.lastDelete = (table, rowId)
             guard let serverId = try? DocumentID(row[2] as String? ?? ""),
                 let collection = try? CollectionPath(row[3] as String? ?? "")
             else {
-                try forget(table, rowId, db)
+                try ledger.forget(table, rowId, db)
                 continue
             }
             let key = try key(row[5], table, rowId, db)
@@ -66,25 +59,11 @@ extension LocalStore {
 
         var memo: [String: CollectionPath?] = [:]
         for model in tables where prepared.count < maxOps && bytes < maxBytes {
-            let foreignKey = model.foreignKey.map { "t.\(SQL.quote($0))" } ?? "NULL"
-            let fields = model.fieldColumns.map { "t.\(SQL.quote($0))" }
-            // The row and its bookkeeping in one step. Columns 0…8, then the fields.
-            let columns =
-                ([
-                    "t.id", "t.localRevision", "t.updatedAt", "t.serverId", foreignKey, "m.serverVersion",
-                    "m.idempotencyKey", "m.collection", "m.pushedRevision",
-                ] + fields).joined(separator: ", ")
-            let fieldOffset = 9
-            let rows = try Row.fetchCursor(
-                db.cachedStatement(
-                    sql: """
-                        SELECT \(columns) FROM \(model.quotedName) AS t
-                        LEFT JOIN tandem_row AS m ON m.tableName = ?1 AND m.rowId = t.id
-                        WHERE t.isDirty = 1 AND t.id > ?3 AND \(syncsCondition(model, alias: "t"))
-                        AND m.state IS NOT 'failed'
-                        AND NOT EXISTS (SELECT 1 FROM tandem_conflict c WHERE c.tableName = ?1 AND c.rowId = t.id)
-                        ORDER BY t.id LIMIT ?2
-                        """), arguments: [model.name, maxOps - prepared.count, cursor.lastRow[model.name] ?? .min])
+            // The row and its bookkeeping in one step.
+            let fieldOffset = SyncLedger.dirtyRowColumns
+            let rows = try ledger.dirtyRows(
+                model, syncs: syncsCondition(model, alias: "t"), after: cursor.lastRow[model.name] ?? .min,
+                limit: maxOps - prepared.count, db)
             while let row = try rows.next() {
                 let rowId: Int64 = row[0]
                 cursor.lastRow[model.name] = rowId
@@ -114,10 +93,12 @@ extension LocalStore {
                 let serverVersion: Int64? = row[5]
                 let recordedKey: String? = row[6]
                 if let serverId, let known: String = row[7], known != collection.rawValue {
-                    try fail(
+                    try ledger.fail(
                         model.name, rowId,
-                        "the row moved to another parent (\(known) → \(collection)); Tandem cannot move documents: "
-                            + "delete the row and insert a new one", db)
+                        TandemError(
+                            .invalidArgument,
+                            "the row moved to another parent (\(known) → \(collection)); Tandem cannot move documents: "
+                                + "delete the row and insert a new one"), db)
                     _ = serverId
                     continue
                 }
@@ -138,20 +119,12 @@ extension LocalStore {
                 if model.mergesFields {
                     // Field-level tables merge on the server, field by field, with no precondition.
                     op.baseVersion = nil
-                    op.fieldTimes = try localFieldTimes(model, rowId: rowId, updatedAt: updatedAt, db)
+                    op.fieldTimes = try ledger.localFieldTimes(model, rowId: rowId, updatedAt: updatedAt, db)
                         .filter { document[$0.key] != nil }
                 }
-                try db.cachedStatement(
-                    sql: """
-                        INSERT INTO tandem_row (tableName, rowId, serverId, collection, pendingOp, idempotencyKey, pushedRevision)
-                        VALUES (?, ?, ?, ?, ?, ?, ?)
-                        ON CONFLICT (tableName, rowId) DO UPDATE SET collection = excluded.collection,
-                            pendingOp = excluded.pendingOp, idempotencyKey = excluded.idempotencyKey,
-                            pushedRevision = excluded.pushedRevision
-                        """
-                ).execute(arguments: [
-                    model.name, rowId, serverId, collection.rawValue, op.kind.rawValue, key.rawValue, keyRevision,
-                ])
+                try ledger.recordSending(
+                    model, rowId: rowId, serverId: serverId, collection: collection, kind: op.kind, key: key,
+                    revision: keyRevision, db)
                 if incomplete { cursor.passedOver = true }
                 prepared.append(
                     PreparedPush(table: model.name, rowId: rowId, op: op, revision: keyRevision, incomplete: incomplete)
@@ -169,14 +142,15 @@ extension LocalStore {
     /// row does not go out again and again.
     private func targetWillSync(_ table: String, _ localId: Int64, _ db: Database) throws -> Bool {
         guard let model = byName[table] else { return false }
-        return try Bool.fetchOne(
-            db,
-            sql: """
-                SELECT EXISTS (SELECT 1 FROM \(model.quotedName) AS r
-                WHERE r.id = ? AND \(syncsCondition(model, alias: "r", waitingForParents: true)) AND NOT EXISTS (
-                    SELECT 1 FROM tandem_row m WHERE m.tableName = ? AND m.rowId = r.id AND m.state = 'failed'))
-                """,
-            arguments: [localId, model.name]) ?? false
+        let syncs =
+            try Bool.fetchOne(
+                db,
+                sql: """
+                    SELECT EXISTS (SELECT 1 FROM \(model.quotedName) AS r
+                    WHERE r.id = ? AND \(syncsCondition(model, alias: "r", waitingForParents: true)))
+                    """,
+                arguments: [localId]) ?? false
+        return try syncs && !ledger.isFailed(model, rowId: localId, db)
     }
 
     /// A new idempotency key, ordered by the device's clock.
@@ -188,8 +162,7 @@ extension LocalStore {
     private func key(_ recorded: String?, _ table: String, _ rowId: Int64, _ db: Database) throws -> ClientName {
         if let recorded, let key = try? ClientName(recorded) { return key }
         let key = newKey()
-        try db.cachedStatement(sql: "UPDATE tandem_row SET idempotencyKey = ? WHERE tableName = ? AND rowId = ?")
-            .execute(arguments: [key.rawValue, table, rowId])
+        try ledger.recordDeleteKey(key, table, rowId, db)
         return key
     }
 
@@ -215,7 +188,7 @@ extension LocalStore {
     {
         var duplicates: [String] = []
         var conflicts = 0
-        let waiting = try Self.anythingWaits(db)
+        let waiting = try ledger.anythingWaits(db)
         var latest: Int64 = 0
         defer { clock.receive(HybridLogicalClock.timestamp(milliseconds: latest)) }
         for (push, result) in zip(pushes, results) {
@@ -223,55 +196,25 @@ extension LocalStore {
             latest = max(latest, result.updateTime)
             if let stored = result.document { receiveTimes(of: stored) }
             if push.op.kind == .delete {
-                try forget(push.table, push.rowId, db)
-                try rememberGone(push.op.collection, result.id, version: result.version, db)
+                try ledger.forget(push.table, push.rowId, db)
+                try ledger.rememberGone(push.op.collection, result.id, version: result.version, db)
                 continue
             }
-            let fieldsJSON = model.keepsServerFields ? Self.fieldsText(push.op.fields ?? [:]) : nil
-            // One step: the server id, clean unless the row changed since its op was sent.
-            let clean: Bool?
-            do {
-                clean = try Bool.fetchOne(
-                    db.cachedStatement(
-                        sql: """
-                            UPDATE \(model.quotedName) SET serverId = ?,
-                                isDirty = (localRevision != ? OR ?), localRevision = localRevision + 1
-                            WHERE id = ? RETURNING isDirty = 0
-                            """), arguments: [result.id.rawValue, push.revision, push.incomplete, push.rowId])
-            } catch let error as DatabaseError
-                where error.extendedResultCode == .SQLITE_CONSTRAINT_UNIQUE && push.op.kind == .create
-            {
-                // Another row holds this server id: the listener inserted the server's echo of
-                // this create before its write-back, the race the sync queue's barrier prevents.
-                let other = try localId(model, serverId: result.id.rawValue, db).map(String.init) ?? "?"
+            let clean: Bool
+            switch try ledger.acknowledge(model, push, result, db) {
+            case .row(let isClean):
+                clean = isClean
+            case .deletedMeanwhile:
+                // Deleted while its push was in flight: the document exists now, so it is deleted next.
+                continue
+            case .duplicate(let other):
                 let message =
-                    "duplicate: the server's document \(result.id) was already inserted as row \(other) by the "
-                    + "listener before this push's write-back"
-                try fail(model.name, push.rowId, message, db)
+                    "duplicate: the server's document \(result.id) was already inserted as row "
+                    + "\(other.map(String.init) ?? "?") by the listener before this push's write-back"
+                try ledger.fail(model.name, push.rowId, TandemError(.database, message), db)
                 duplicates.append("\(model.name) row \(push.rowId): \(message)")
                 continue
             }
-            guard let clean else {
-                // Deleted while its push was in flight: the document exists now, so delete it.
-                try db.cachedStatement(
-                    sql: """
-                        UPDATE tandem_row SET serverId = ?, serverVersion = ?, serverFields = ?, pendingOp = 'delete',
-                            idempotencyKey = CASE WHEN pendingOp = 'delete' THEN idempotencyKey ELSE NULL END,
-                            pushedRevision = NULL, attempts = 0, state = 'pending'
-                        WHERE tableName = ? AND rowId = ?
-                        """
-                ).execute(arguments: [result.id.rawValue, result.version, fieldsJSON, model.name, push.rowId])
-                continue
-            }
-            try db.cachedStatement(
-                sql: """
-                    UPDATE tandem_row SET serverId = ?, serverVersion = ?, serverFields = ?, pendingOp = NULL,
-                        idempotencyKey = NULL, pushedRevision = NULL, attempts = 0, state = ?, lastError = NULL
-                    WHERE tableName = ? AND rowId = ?
-                    """
-            ).execute(arguments: [
-                result.id.rawValue, result.version, fieldsJSON, clean ? "synced" : "pending", model.name, push.rowId,
-            ])
             if push.op.kind == .create, waiting {
                 try resolveWaiting(model, serverId: result.id.rawValue, localId: push.rowId, db)
             }
@@ -305,50 +248,31 @@ extension LocalStore {
                 arguments: [push.rowId]) ?? false
         if server.deleted {
             // A remote delete wins over local edits (and completes a local delete).
-            if exists { try removeRow(model, id: push.rowId, db) } else { try forget(model.name, push.rowId, db) }
-            try rememberGone(collection, server.id, version: server.version, db)
+            if exists {
+                try ledger.removeRow(model, id: push.rowId, db)
+            } else {
+                try ledger.forget(model.name, push.rowId, db)
+            }
+            try ledger.rememberGone(collection, server.id, version: server.version, db)
             return false
         }
         switch push.op.kind {
         case .delete:
             // A local delete wins over a remote edit: delete again, at the server's version.
-            try rebase(model.name, push.rowId, on: server, db)
+            try ledger.rebase(model.name, push.rowId, on: server, db)
             return false
         case .create:
-            try fail(model.name, push.rowId, "the server refused the create: a document \(server.id) exists", db)
+            let message = "the server refused the create: a document \(server.id) exists"
+            try ledger.fail(
+                model.name, push.rowId,
+                TandemError(.server, message, serverError: WireError(.conflict, message)), db)
             return false
         case .update:
             guard exists else {
-                try rebase(model.name, push.rowId, on: server, db)
+                try ledger.rebase(model.name, push.rowId, on: server, db)
                 return false
             }
             return try settle(model, rowId: push.rowId, remote: server, collection: collection, db) != .recorded
-        }
-    }
-
-    /// A refusal that resending cannot fix: the row is `failed` at once.
-    func fail(_ table: String, _ rowId: Int64, _ message: String, _ db: Database) throws {
-        try db.cachedStatement(
-            sql: """
-                INSERT INTO tandem_row (tableName, rowId, state, lastError) VALUES (?, ?, 'failed', ?)
-                ON CONFLICT (tableName, rowId) DO UPDATE SET state = 'failed', lastError = excluded.lastError,
-                    idempotencyKey = NULL
-                """
-        ).execute(arguments: [table, rowId, message])
-    }
-
-    /// A failure that may pass (the connection dropped, the server had an internal error):
-    /// one more attempt counted, `failed` once `maxAttempts` are used up. Keys are kept, since
-    /// the server may have applied the ops.
-    func countFailedAttempt(_ pushes: [PreparedPush], _ message: String, maxAttempts: Int, _ db: Database) throws {
-        for push in pushes {
-            try db.cachedStatement(
-                sql: """
-                    UPDATE tandem_row SET attempts = attempts + 1, lastError = ?,
-                        state = CASE WHEN attempts + 1 >= ? THEN 'failed' ELSE state END
-                    WHERE tableName = ? AND rowId = ?
-                    """
-            ).execute(arguments: [message, maxAttempts, push.table, push.rowId])
         }
     }
 
@@ -361,34 +285,9 @@ extension LocalStore {
                 db, sql: "SELECT EXISTS (SELECT 1 FROM \(model.quotedName) WHERE id = ?)", arguments: [push.rowId])
                 ?? false
         {
-            try removeRow(model, id: push.rowId, db)
+            try ledger.removeRow(model, id: push.rowId, db)
         } else {
-            try forget(model.name, push.rowId, db)
+            try ledger.forget(model.name, push.rowId, db)
         }
-    }
-
-    /// Drops a row's bookkeeping.
-    /// Remembers that a document is deleted at `version`, until its tombstone arrives through
-    /// the listener: a snapshot that was already queued behind the push (an older version of
-    /// the document) is then not taken for a document to insert.
-    func rememberGone(_ collection: CollectionPath, _ id: DocumentID, version: Int64, _ db: Database) throws {
-        try db.cachedStatement(
-            sql: """
-
-                INSERT INTO tandem_gone (collection, serverId, version) VALUES (?, ?, ?)
-                ON CONFLICT (collection, serverId) DO UPDATE SET version = MAX(version, excluded.version)
-                """
-
-        ).execute(arguments: [collection.rawValue, id.rawValue, version])
-    }
-
-    func forget(_ table: String, _ rowId: Int64, _ db: Database) throws {
-        try db.cachedStatement(sql: "DELETE FROM tandem_row WHERE tableName = ? AND rowId = ?").execute(arguments: [
-            table, rowId,
-        ])
-    }
-
-    static func fieldsText(_ fields: JSONObject) -> String {
-        String(decoding: Wire.encodeCanonical(fields), as: UTF8.self)
     }
 }

@@ -2,8 +2,9 @@ import Foundation
 import GRDB
 import TandemWire
 
-/// Tandem's access to the app's database: which rows wait to be pushed, what the server's
-/// answers change, how documents become rows.
+/// What syncing does to the app's database: which rows go out, what the server's answers
+/// change, how documents become rows, how conflicts settle. It decides; the sync state it
+/// changes is kept by its ``SyncLedger``, and nowhere else.
 ///
 /// Every method runs inside a transaction its caller opened (one per push answer, one per
 /// snapshot), so that a change and its bookkeeping commit together.
@@ -17,6 +18,8 @@ struct LocalStore: Sendable {
     /// creates is taken as that row's document (see `adoptOwnCreate`). Off only with
     /// `Serialization.unserialized`, which shows what happens without Tandem's guards.
     let recognizesOwnCreates: Bool
+    /// Every read and write of sync state goes through it.
+    let ledger = SyncLedger()
 
     init(tables: [TableModel], clock: HybridLogicalClock, recognizesOwnCreates: Bool = true) {
         self.tables = tables
@@ -118,91 +121,22 @@ struct LocalStore: Sendable {
     /// Rows waiting to be pushed (dirty shared rows and filed deletes), failed ones excluded.
     /// Rows that do not sync (not shared) are local-only, not pending.
     func pendingCount(_ db: Database) throws -> Int {
-        var count = 0
-        for model in tables {
-            count +=
-                try Int.fetchOne(
-                    db,
-                    sql: """
-                        SELECT COUNT(*) FROM \(model.quotedName) AS t
-                        WHERE t.isDirty = 1 AND \(syncsCondition(model, alias: "t", waitingForParents: true)) AND NOT EXISTS (
-                            SELECT 1 FROM tandem_row m WHERE m.tableName = ?1 AND m.rowId = t.id AND m.state = 'failed')
-                        AND NOT EXISTS (SELECT 1 FROM tandem_conflict c WHERE c.tableName = ?1 AND c.rowId = t.id)
-                        """, arguments: [model.name]) ?? 0
-        }
-        count +=
-            try Int.fetchOne(
-                db, sql: "SELECT COUNT(*) FROM tandem_row WHERE pendingOp = 'delete' AND state != 'failed'") ?? 0
-        return count
-    }
-    func failedCount(_ db: Database) throws -> Int {
-        try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tandem_row WHERE state = 'failed'") ?? 0
-    }
-
-    func conflictCount(_ db: Database) throws -> Int {
-        try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tandem_conflict") ?? 0
+        try ledger.pendingCount(tables.map { ($0, syncsCondition($0, alias: "t", waitingForParents: true)) }, db)
     }
 
     // MARK: - Clock
 
     /// The latest time this database has seen: the stored clock, and every stamped time.
-    func latestTime(_ db: Database) throws -> Int64 {
-        var latest = try Int64.fetchOne(db, sql: "SELECT value FROM tandem_meta WHERE key = 'hlc'") ?? 0
-        for model in tables {
-            latest = max(latest, try Int64.fetchOne(db, sql: "SELECT MAX(updatedAt) FROM \(model.quotedName)") ?? 0)
-        }
-        return max(latest, try Int64.fetchOne(db, sql: "SELECT MAX(time) FROM tandem_field") ?? 0)
-    }
+    func latestTime(_ db: Database) throws -> Int64 { try ledger.latestTime(tables, db) }
 
     /// Stores the clock, so that it never goes back after a restart.
-    func storeClock(_ db: Database) throws {
-        try db.cachedStatement(
-            sql: """
-                INSERT INTO tandem_meta (key, value) VALUES ('hlc', ?)
-                ON CONFLICT (key) DO UPDATE SET value = MAX(value, excluded.value)
-                """
-        ).execute(arguments: [clock.latest])
-    }
+    func storeClock(_ db: Database) throws { try ledger.storeClock(clock.latest, db) }
 
     /// Takes in the times a server document carries.
     func receiveTimes(of document: Document) {
         clock.receive(HybridLogicalClock.timestamp(milliseconds: document.updateTime))
         if let updatedAt = document.fields["updatedAt"]?.intValue { clock.receive(updatedAt) }
         for time in (document.fieldTimes ?? [:]).values { clock.receive(time) }
-    }
-
-    // MARK: - Listener tokens
-
-    func resumeToken(for collection: CollectionPath, _ db: Database) throws -> String? {
-        try String.fetchOne(
-            db.cachedStatement(sql: "SELECT resumeToken FROM tandem_listener WHERE collection = ?"),
-            arguments: [collection.rawValue])
-    }
-
-    func storeResumeToken(_ token: String, for collection: CollectionPath, _ db: Database) throws {
-        try db.cachedStatement(
-            sql: """
-                INSERT INTO tandem_listener (collection, resumeToken) VALUES (?, ?)
-                ON CONFLICT (collection) DO UPDATE SET resumeToken = excluded.resumeToken
-                """
-        ).execute(arguments: [collection.rawValue, token])
-    }
-
-    // MARK: - Row helpers
-
-    /// Deletes a row as Tandem: `isDeleted` first, so the delete trigger does not file it for
-    /// pushing, then the row and its bookkeeping.
-    func removeRow(_ model: TableModel, id: Int64, _ db: Database) throws {
-        try db.cachedStatement(
-            sql: "UPDATE \(model.quotedName) SET isDeleted = 1, localRevision = localRevision + 1 WHERE id = ?"
-        ).execute(arguments: [id])
-        try db.cachedStatement(sql: "DELETE FROM \(model.quotedName) WHERE id = ?").execute(arguments: [id])
-        try db.cachedStatement(sql: "DELETE FROM tandem_row WHERE tableName = ? AND rowId = ?")
-            .execute(arguments: [model.name, id])
-        for table in ["tandem_reference", "tandem_field", "tandem_conflict"] {
-            try db.cachedStatement(sql: "DELETE FROM \(table) WHERE tableName = ? AND rowId = ?")
-                .execute(arguments: [model.name, id])
-        }
     }
 }
 
@@ -289,10 +223,7 @@ extension LocalStore {
         if let targetId = Int64.fromDatabaseValue(value) {
             return (try serverId(target, localId: targetId, db).map(JSONValue.string) ?? .null, targetId)
         }
-        let waiting = try String.fetchOne(
-            db.cachedStatement(
-                sql: "SELECT targetServerId FROM tandem_reference WHERE tableName = ? AND rowId = ? AND columnName = ?"),
-            arguments: [model.name, rowId, column])
+        let waiting = try ledger.waitingReference(model, rowId: rowId, column: column, db)
         return (waiting.map(JSONValue.string) ?? .null, nil)
     }
 }

@@ -68,11 +68,10 @@ extension SyncService {
                     // As if the network failed before the answer: nothing that came after it on
                     // this connection (the listener's echo included) is seen either.
                     dropConnection(connection)
-                    try ownWrite { db in
-                        try store.countFailedAttempt(
-                            batch, "the acknowledgement was lost", maxAttempts: configuration.maxAttempts, db)
-                    }
                     let error = TandemError(.disconnected, "the connection dropped before the acknowledgement arrived")
+                    try ownWrite { db in
+                        try store.ledger.countFailedAttempt(batch, error, maxAttempts: configuration.maxAttempts, db)
+                    }
                     noteError(error)
                     throw error
                 }
@@ -97,40 +96,41 @@ extension SyncService {
                 if let serverError, let index = serverError.op, batch.indices.contains(index) {
                     // One op was refused; the others were not applied and go out again.
                     let push = batch[index]
+                    let refusal = TandemError(
+                        .server, "\(push.table) row \(push.rowId): \(serverError.message)", serverError: serverError)
                     try ownWrite { db in
                         if serverError.code == .notFound {
                             try store.recordNotFound(push, db)
                         } else if serverError.code.isRejection {
-                            try store.fail(push.table, push.rowId, serverError.message, db)
+                            try store.ledger.fail(push.table, push.rowId, refusal, db)
                         } else {
-                            try store.countFailedAttempt(
-                                [push], serverError.message, maxAttempts: configuration.maxAttempts, db)
+                            try store.ledger.countFailedAttempt(
+                                [push], refusal, maxAttempts: configuration.maxAttempts, db)
                         }
                     }
-                    noteError(
-                        TandemError(
-                            .server, "\(push.table) row \(push.rowId): \(serverError.message)", serverError: serverError
-                        ))
+                    noteError(refusal)
                     leftBehind = true
                     continue
                 }
                 if let serverError, serverError.code.isRejection {
+                    let refusal = TandemError(server: serverError)
                     try ownWrite { db in
-                        for push in batch { try store.fail(push.table, push.rowId, serverError.message, db) }
+                        for push in batch { try store.ledger.fail(push.table, push.rowId, refusal, db) }
                     }
-                    noteError(TandemError(server: serverError))
+                    noteError(refusal)
                     continue
                 }
+                let failure = TandemError("push failed", error, otherwise: .database)
                 try ownWrite { db in
-                    try store.countFailedAttempt(batch, "\(error)", maxAttempts: configuration.maxAttempts, db)
+                    try store.ledger.countFailedAttempt(batch, failure, maxAttempts: configuration.maxAttempts, db)
                 }
-                noteError(TandemError("push failed", error, otherwise: .database))
+                noteError(failure)
                 // The batches still on their way keep their keys; the next push sends them again.
                 throw error
             }
         }
         if leftBehind || (cursor.passedOver && createsAcknowledged > 0) { schedulePush(after: .zero) }
-        let (pending, failed) = try readState { db in (try store.pendingCount(db), try store.failedCount(db)) }
+        let (pending, failed) = try readState { db in (try store.pendingCount(db), try store.ledger.failedCount(db)) }
         report.pending = pending
         report.failed = failed
         if report.conflicts > 0 { updateStatus { $0.resolvedConflicts += report.conflicts } }

@@ -119,6 +119,8 @@ public final class SyncService: Sendable {
         self.clock = clock
         let models: [TableModel]
         do {
+            // Tandem's own tables first, by version; then the app's tables get their columns.
+            try SyncLedger.migrator.migrate(database)
             models = try database.writeWithoutTransaction { db in
                 db.add(function: DatabaseFunction("tandem_now", argumentCount: 0, pure: false) { _ in clock.now() })
                 var models: [TableModel] = []
@@ -289,11 +291,7 @@ public final class SyncService: Sendable {
     /// Rows whose push failed for good, with the reason.
     public func failedRecords() throws -> [FailedRecord] {
         try readState { db in
-            try Row.fetchAll(
-                db, sql: "SELECT tableName, rowId, serverId, attempts, lastError FROM tandem_row WHERE state = 'failed'"
-            ).map { row in
-                FailedRecord(table: row[0], rowId: row[1], serverId: row[2], attempts: row[3], error: row[4] ?? "")
-            }
+            try store.ledger.failedRecords(db)
         }
     }
     // MARK: - Conflicts
@@ -301,7 +299,7 @@ public final class SyncService: Sendable {
     /// Open conflicts of tables with the ``ConflictPolicy/manual`` policy. Their rows do not
     /// sync until resolved.
     public func conflicts() throws -> [ConflictRecord] {
-        try readState { db in try store.conflicts(db) }
+        try readState { db in try store.ledger.conflicts(db) }
     }
 
     /// Resolves an open conflict: ``ConflictResolution/keepLocal`` pushes the local row over the
@@ -338,10 +336,7 @@ public final class SyncService: Sendable {
 
     /// Makes failed rows pending again and pushes them.
     public func retryFailed() throws {
-        try ownWrite { db in
-            try db.execute(
-                sql: "UPDATE tandem_row SET state = 'pending', attempts = 0, lastError = NULL WHERE state = 'failed'")
-        }
+        try ownWrite { db in try store.ledger.retryFailed(db) }
         refreshStatus()
         schedulePush(after: .zero)
     }
@@ -349,7 +344,7 @@ public final class SyncService: Sendable {
     func refreshStatus() {
         do {
             let (pending, failed, conflicts) = try readState { db in
-                (try store.pendingCount(db), try store.failedCount(db), try store.conflictCount(db))
+                (try store.pendingCount(db), try store.ledger.failedCount(db), try store.ledger.conflictCount(db))
             }
             updateStatus { status in
                 status.pendingCount = pending

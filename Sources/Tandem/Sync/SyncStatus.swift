@@ -30,7 +30,11 @@ public struct FailedRecord: Sendable, Equatable {
     public var rowId: Int64
     public var serverId: String?
     public var attempts: Int
-    public var error: String
+    /// Why: a refusal by the server (``TandemError/Code/server``, with its answer in
+    /// ``TandemError/serverError``), a row Tandem cannot push as it is (`.invalidArgument`:
+    /// moved to another parent), attempts used up on failures that may pass (`.disconnected`,
+    /// `.timedOut`, …).
+    public var error: TandemError
 }
 
 /// What one ``SyncService/syncNow()`` did.

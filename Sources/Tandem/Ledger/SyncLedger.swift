@@ -1,0 +1,791 @@
+import GRDB
+import TandemWire
+
+/// Tandem's bookkeeping: the one place that reads and writes the sync state of the app's rows.
+///
+/// It owns Tandem's tables (`tandem_*`, created and changed only by its versioned migrations,
+/// see `SyncLedger+Schema.swift`), the triggers that record the app's own writes, and the
+/// sync columns of the app's tables (`serverId`, `isDirty`, `localRevision`, `isDeleted`)
+/// where they change without the row's content. The push, the listener and the conflict code
+/// (`LocalStore`) decide what happens; every change of sync state they make is one of the
+/// transitions below, made here. Content writes (a server document into a row, a merge) set
+/// `isDirty` and `localRevision` with the content, and then record here what they made.
+///
+/// ## The states of a synced row
+///
+/// | state | app row | `tandem_row` |
+/// |---|---|---|
+/// | local-only | not shared (or its parent does not sync) | none |
+/// | dirty | `isDirty = 1` | none, or kept from before with `pendingOp` NULL |
+/// | sent | `isDirty = 1` | `pendingOp` create/update, `idempotencyKey`, `pushedRevision` |
+/// | synced | `isDirty = 0`, `serverId` | `state = 'synced'`, `serverVersion` (`serverFields` for merging tables) |
+/// | failed | as it was | `state = 'failed'`, `errorCode`, `lastError`, `attempts` |
+/// | deleted, not pushed | gone | `pendingOp = 'delete'` (its key once sent) |
+/// | in conflict (manual tables) | as it was | as it was, and a `tandem_conflict` row |
+///
+/// ## Transitions, and what makes each
+///
+/// - **app insert / update** (trigger): local-only or synced → dirty, `updatedAt` stamped,
+///   `localRevision` + 1; failed → dirty again on any edit of a tracked column.
+/// - **app delete** (trigger): a row the server knows → deleted, not pushed; its field times
+///   and conflict go.
+/// - ``recordSending(_:rowId:serverId:collection:kind:key:revision:_:)`` (push): dirty → sent,
+///   with the key recorded before anything goes out, so that a resend after a crash carries it.
+/// - ``acknowledge(_:_:_:)`` (`ack`): sent → synced, or back to dirty when the row changed
+///   after it was sent (`localRevision` moved past `pushedRevision`); a row deleted meanwhile →
+///   deleted, not pushed. ``forget(_:_:_:)`` ends a deleted row's bookkeeping once its delete is
+///   acknowledged, and ``rememberGone(_:_:version:_:)`` keeps its version until its tombstone
+///   arrives.
+/// - ``rebase(_:_:on:_:)`` (`conflict` answer, conflict settled for the local side): sent →
+///   dirty, at the server's version, under a new key.
+/// - ``fail(_:_:_:_:)`` (a refusal resending cannot fix) and ``countFailedAttempt(_:_:maxAttempts:_:)``
+///   (a failure that may pass: failed after `maxAttempts`) → failed; ``retryFailed(_:)`` → dirty.
+/// - ``recordSynced(_:rowId:_:_:)`` (a listener's document written into the row, or the
+///   server's side taken in a conflict) → synced. ``adoptOwnCreate(_:rowId:serverId:collection:version:keepsLocal:_:)``
+///   (a document carrying the key of one of this device's unanswered creates) → synced, or
+///   dirty when the row changed since.
+/// - ``removeRow(_:id:_:)`` (a remote delete, a reset): any state → gone, bookkeeping and all.
+/// - ``recordConflict(_:rowId:serverId:collection:local:server:base:fields:detectedAt:_:)`` (manual
+///   tables): → in conflict; ``takeConflict(_:rowId:_:)`` when the app resolves it.
+///
+/// Beside the row states it keeps: field times (`tandem_field`, field-level tables), references
+/// and documents waiting for a row that has not arrived (`tandem_reference`, `tandem_deferred`),
+/// resume tokens and resets (`tandem_listener`, `tandem_reset_seen`), documents known deleted
+/// whose tombstones are on their way (`tandem_gone`), and the clock (`tandem_meta`).
+struct SyncLedger: Sendable {
+    // MARK: - Counts
+
+    /// Rows waiting to be pushed, failed ones and ones in conflict excluded. `syncs` is the SQL
+    /// condition (on alias `t`) of each table's rows that sync or will.
+    func pendingCount(_ tables: [(model: TableModel, syncs: String)], _ db: Database) throws -> Int {
+        var count = 0
+        for (model, syncs) in tables {
+            count +=
+                try Int.fetchOne(
+                    db,
+                    sql: """
+                        SELECT COUNT(*) FROM \(model.quotedName) AS t
+                        WHERE t.isDirty = 1 AND \(syncs) AND NOT EXISTS (
+                            SELECT 1 FROM tandem_row m WHERE m.tableName = ?1 AND m.rowId = t.id AND m.state = 'failed')
+                        AND NOT EXISTS (SELECT 1 FROM tandem_conflict c WHERE c.tableName = ?1 AND c.rowId = t.id)
+                        """, arguments: [model.name]) ?? 0
+        }
+        count +=
+            try Int.fetchOne(
+                db, sql: "SELECT COUNT(*) FROM tandem_row WHERE pendingOp = 'delete' AND state != 'failed'") ?? 0
+        return count
+    }
+
+    func failedCount(_ db: Database) throws -> Int {
+        try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tandem_row WHERE state = 'failed'") ?? 0
+    }
+
+    func conflictCount(_ db: Database) throws -> Int {
+        try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tandem_conflict") ?? 0
+    }
+
+    // MARK: - Clock
+
+    /// The latest time this database has seen: the stored clock, and every stamped time.
+    func latestTime(_ tables: [TableModel], _ db: Database) throws -> Int64 {
+        var latest = try Int64.fetchOne(db, sql: "SELECT value FROM tandem_meta WHERE key = 'hlc'") ?? 0
+        for model in tables {
+            latest = max(latest, try Int64.fetchOne(db, sql: "SELECT MAX(updatedAt) FROM \(model.quotedName)") ?? 0)
+        }
+        return max(latest, try Int64.fetchOne(db, sql: "SELECT MAX(time) FROM tandem_field") ?? 0)
+    }
+
+    /// Stores the clock, so that it never goes back after a restart.
+    func storeClock(_ latest: Int64, _ db: Database) throws {
+        try db.cachedStatement(
+            sql: """
+                INSERT INTO tandem_meta (key, value) VALUES ('hlc', ?)
+                ON CONFLICT (key) DO UPDATE SET value = MAX(value, excluded.value)
+                """
+        ).execute(arguments: [latest])
+    }
+
+    // MARK: - Listeners
+
+    func resumeToken(for collection: CollectionPath, _ db: Database) throws -> String? {
+        try String.fetchOne(
+            db.cachedStatement(sql: "SELECT resumeToken FROM tandem_listener WHERE collection = ?"),
+            arguments: [collection.rawValue])
+    }
+
+    func storeResumeToken(_ token: String, for collection: CollectionPath, _ db: Database) throws {
+        try db.cachedStatement(
+            sql: """
+                INSERT INTO tandem_listener (collection, resumeToken) VALUES (?, ?)
+                ON CONFLICT (collection) DO UPDATE SET resumeToken = excluded.resumeToken
+                """
+        ).execute(arguments: [collection.rawValue, token])
+    }
+
+    /// The server could not resume this listener: its token goes, and the documents the full
+    /// snapshot brings are noted until it ends (``noteSeenInReset(_:_:_:)``).
+    func beginReset(_ collection: CollectionPath, _ db: Database) throws {
+        try db.execute(
+            sql: """
+                INSERT INTO tandem_listener (collection, resumeToken, resetting) VALUES (?, NULL, 1)
+                ON CONFLICT (collection) DO UPDATE SET resumeToken = NULL, resetting = 1
+                """, arguments: [collection.rawValue])
+        try db.execute(sql: "DELETE FROM tandem_reset_seen WHERE collection = ?", arguments: [collection.rawValue])
+    }
+
+    func isResetting(_ collection: CollectionPath, _ db: Database) throws -> Bool {
+        try Bool.fetchOne(
+            db.cachedStatement(sql: "SELECT resetting FROM tandem_listener WHERE collection = ?"),
+            arguments: [collection.rawValue]) ?? false
+    }
+
+    func noteSeenInReset(_ collection: CollectionPath, _ ids: some Sequence<DocumentID>, _ db: Database) throws {
+        let statement = try db.cachedStatement(
+            sql: "INSERT OR IGNORE INTO tandem_reset_seen (collection, serverId) VALUES (?, ?)")
+        for id in ids { try statement.execute(arguments: [collection.rawValue, id.rawValue]) }
+    }
+
+    /// The full snapshot of a reset has arrived: the clean rows of `model` in the collection
+    /// (under `parentRowId` for a nested table) that it did not bring are removed, and the
+    /// listener resumes as usual.
+    ///
+    /// - Returns: How many rows were removed.
+    func finishReset(_ model: TableModel, _ collection: CollectionPath, parentRowId: Int64?, _ db: Database) throws
+        -> Int
+    {
+        var condition = "serverId IS NOT NULL AND isDirty = 0"
+        var arguments: StatementArguments = []
+        if let foreignKey = model.foreignKey {
+            condition += " AND \(SQL.quote(foreignKey)) = ?"
+            arguments += [parentRowId]
+        }
+        arguments += [collection.rawValue]
+        let gone = try Int64.fetchAll(
+            db,
+            sql: """
+                SELECT id FROM \(model.quotedName) WHERE \(condition)
+                AND serverId NOT IN (SELECT serverId FROM tandem_reset_seen WHERE collection = ?)
+                """, arguments: arguments)
+        for id in gone { try removeRow(model, id: id, db) }
+        try db.execute(sql: "DELETE FROM tandem_reset_seen WHERE collection = ?", arguments: [collection.rawValue])
+        // The full snapshot was the whole truth: nothing older can still be on its way.
+        try db.execute(sql: "DELETE FROM tandem_gone WHERE collection = ?", arguments: [collection.rawValue])
+        try db.execute(
+            sql: "UPDATE tandem_listener SET resetting = 0 WHERE collection = ?", arguments: [collection.rawValue])
+        return gone.count
+    }
+
+    // MARK: - Finding rows
+
+    /// The row of `model` with this server id: its local id, and whether it has unpushed changes.
+    func lookup(_ model: TableModel, serverId: String, _ db: Database) throws -> (id: Int64, isDirty: Bool)? {
+        // Read straight from the statement's cursor: `Row.fetchOne` copies every value and
+        // column name first, which cost more than the lookup on this once-per-document path.
+        // The row is valid only while its cursor lives (a released cursor resets the statement).
+        let rows = try Row.fetchCursor(db.cachedStatement(sql: model.lookupSQL), arguments: [serverId])
+        return try withExtendedLifetime(rows) {
+            try rows.next().map { row in (id: row[0] as Int64, isDirty: row[1] as Bool) }
+        }
+    }
+
+    /// The server version this device last knew of the row (0: none).
+    func serverVersion(_ model: TableModel, rowId: Int64, _ db: Database) throws -> Int64 {
+        try Int64.fetchOne(
+            db.cachedStatement(sql: "SELECT serverVersion FROM tandem_row WHERE tableName = ? AND rowId = ?"),
+            arguments: [model.name, rowId]) ?? 0
+    }
+
+    /// The last server fields this device saw of the row (kept for tables that merge).
+    func knownServerFields(_ model: TableModel, rowId: Int64, _ db: Database) throws -> JSONObject? {
+        guard
+            let text = try String.fetchOne(
+                db.cachedStatement(sql: "SELECT serverFields FROM tandem_row WHERE tableName = ? AND rowId = ?"),
+                arguments: [model.name, rowId])
+        else { return nil }
+        return try Wire.decodeFields(Array(text.utf8))
+    }
+
+    /// What a snapshot's changes need not look for, found out once per snapshot.
+    func applyContext(_ db: Database) throws -> ApplyContext {
+        // Of any table: these read the partial indexes on `pendingOp`, which hold only rows
+        // with a pending create or delete (a condition on the table name would make SQLite
+        // walk the primary key through every row of the table instead).
+        ApplyContext(
+            unansweredCreates: try Bool.fetchOne(
+                db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE pendingOp = 'create')"))
+                ?? true,
+            filedDeletes: try Bool.fetchOne(
+                db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE pendingOp = 'delete')"))
+                ?? true,
+            waiting: try anythingWaits(db),
+            gone: try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_gone)")) ?? true)
+    }
+
+    // MARK: - Pushing
+
+    /// Filed deletes after `cursor`, in order: table, row, server id, collection, server
+    /// version, recorded key.
+    func filedDeletes(after cursor: (table: String, rowId: Int64), limit: Int, _ db: Database) throws -> [Row] {
+        try Row.fetchAll(
+            db.cachedStatement(
+                sql: """
+                    SELECT tableName, rowId, serverId, collection, serverVersion, idempotencyKey FROM tandem_row
+                    WHERE pendingOp = 'delete' AND state != 'failed' AND (tableName, rowId) > (?, ?)
+                    ORDER BY tableName, rowId LIMIT ?
+                    """), arguments: [cursor.table, cursor.rowId, limit])
+    }
+
+    /// The columns ``dirtyRows(_:syncs:after:limit:_:)`` reads before the row's field columns.
+    static let dirtyRowColumns = 9
+
+    /// Dirty rows of `model` after `rowId` that sync (`syncs`, on alias `t`), are not failed
+    /// and not in conflict, with their bookkeeping: id, localRevision, updatedAt, serverId,
+    /// parent foreign key, serverVersion, recorded key, recorded collection, pushedRevision,
+    /// then the field columns.
+    func dirtyRows(_ model: TableModel, syncs: String, after rowId: Int64, limit: Int, _ db: Database) throws
+        -> RowCursor
+    {
+        let foreignKey = model.foreignKey.map { "t.\(SQL.quote($0))" } ?? "NULL"
+        let columns =
+            ([
+                "t.id", "t.localRevision", "t.updatedAt", "t.serverId", foreignKey, "m.serverVersion",
+                "m.idempotencyKey", "m.collection", "m.pushedRevision",
+            ] + model.fieldColumns.map { "t.\(SQL.quote($0))" }).joined(separator: ", ")
+        return try Row.fetchCursor(
+            db.cachedStatement(
+                sql: """
+                    SELECT \(columns) FROM \(model.quotedName) AS t
+                    LEFT JOIN tandem_row AS m ON m.tableName = ?1 AND m.rowId = t.id
+                    WHERE t.isDirty = 1 AND t.id > ?3 AND \(syncs)
+                    AND m.state IS NOT 'failed'
+                    AND NOT EXISTS (SELECT 1 FROM tandem_conflict c WHERE c.tableName = ?1 AND c.rowId = t.id)
+                    ORDER BY t.id LIMIT ?2
+                    """), arguments: [model.name, limit, rowId])
+    }
+
+    /// Whether the row of `model` is failed.
+    func isFailed(_ model: TableModel, rowId: Int64, _ db: Database) throws -> Bool {
+        try Bool.fetchOne(
+            db.cachedStatement(
+                sql: "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE tableName = ? AND rowId = ? AND state = 'failed')"),
+            arguments: [model.name, rowId]) ?? false
+    }
+
+    /// dirty → sent: the op's key and the revision it carries, recorded before it goes out.
+    func recordSending(
+        _ model: TableModel, rowId: Int64, serverId: String?, collection: CollectionPath, kind: WriteOp.Kind,
+        key: ClientName, revision: Int64, _ db: Database
+    ) throws {
+        try db.cachedStatement(
+            sql: """
+                INSERT INTO tandem_row (tableName, rowId, serverId, collection, pendingOp, idempotencyKey, pushedRevision)
+                VALUES (?, ?, ?, ?, ?, ?, ?)
+                ON CONFLICT (tableName, rowId) DO UPDATE SET collection = excluded.collection,
+                    pendingOp = excluded.pendingOp, idempotencyKey = excluded.idempotencyKey,
+                    pushedRevision = excluded.pushedRevision
+                """
+        ).execute(arguments: [model.name, rowId, serverId, collection.rawValue, kind.rawValue, key.rawValue, revision])
+    }
+
+    /// Records the key of a filed delete's first sending.
+    func recordDeleteKey(_ key: ClientName, _ table: String, _ rowId: Int64, _ db: Database) throws {
+        try db.cachedStatement(sql: "UPDATE tandem_row SET idempotencyKey = ? WHERE tableName = ? AND rowId = ?")
+            .execute(arguments: [key.rawValue, table, rowId])
+    }
+
+    /// What an `ack` did to a row.
+    enum Acknowledged {
+        /// Synced; `clean` is false when the row changed after it was sent (dirty again).
+        case row(clean: Bool)
+        /// The row was deleted while its op was on its way: now a filed delete of the document.
+        case deletedMeanwhile
+        /// Another row already holds the server id: the listener inserted the server's echo of
+        /// this create before its write-back (the race the sync queue's barrier prevents).
+        /// Nothing was changed; the caller fails the row.
+        case duplicate(otherRowId: Int64?)
+    }
+
+    /// sent → synced (or dirty, or a filed delete): the server's id, version and fields.
+    func acknowledge(_ model: TableModel, _ push: PreparedPush, _ result: WriteResult, _ db: Database) throws
+        -> Acknowledged
+    {
+        let fieldsText = model.keepsServerFields ? Self.fieldsText(push.op.fields ?? [:]) : nil
+        // One step on the app's row: the server id, clean unless the row changed since its op
+        // was sent.
+        let clean: Bool?
+        do {
+            clean = try Bool.fetchOne(
+                db.cachedStatement(
+                    sql: """
+                        UPDATE \(model.quotedName) SET serverId = ?,
+                            isDirty = (localRevision != ? OR ?), localRevision = localRevision + 1
+                        WHERE id = ? RETURNING isDirty = 0
+                        """), arguments: [result.id.rawValue, push.revision, push.incomplete, push.rowId])
+        } catch let error as DatabaseError
+            where error.extendedResultCode == .SQLITE_CONSTRAINT_UNIQUE && push.op.kind == .create
+        {
+            return .duplicate(otherRowId: try lookup(model, serverId: result.id.rawValue, db)?.id)
+        }
+        guard let clean else {
+            try db.cachedStatement(
+                sql: """
+                    UPDATE tandem_row SET serverId = ?, serverVersion = ?, serverFields = ?, pendingOp = 'delete',
+                        idempotencyKey = CASE WHEN pendingOp = 'delete' THEN idempotencyKey ELSE NULL END,
+                        pushedRevision = NULL, attempts = 0, state = 'pending'
+                    WHERE tableName = ? AND rowId = ?
+                    """
+            ).execute(arguments: [result.id.rawValue, result.version, fieldsText, model.name, push.rowId])
+            return .deletedMeanwhile
+        }
+        try db.cachedStatement(
+            sql: """
+                UPDATE tandem_row SET serverId = ?, serverVersion = ?, serverFields = ?, pendingOp = NULL,
+                    idempotencyKey = NULL, pushedRevision = NULL, attempts = 0, state = ?, errorCode = NULL,
+                    serverErrorCode = NULL, lastError = NULL
+                WHERE tableName = ? AND rowId = ?
+                """
+        ).execute(arguments: [
+            result.id.rawValue, result.version, fieldsText, clean ? "synced" : "pending", model.name, push.rowId,
+        ])
+        return .row(clean: clean)
+    }
+
+    /// The server's document becomes the base of the row's next push, which stays pending
+    /// under a new key (a filed delete stays a delete, now at the server's version).
+    func rebase(_ table: String, _ rowId: Int64, on server: Document, _ db: Database) throws {
+        try db.cachedStatement(
+            sql: """
+                UPDATE tandem_row SET serverVersion = ?, serverFields = ?, idempotencyKey = NULL, pushedRevision = NULL,
+                    pendingOp = CASE WHEN pendingOp = 'delete' THEN 'delete' ELSE NULL END
+                WHERE tableName = ? AND rowId = ?
+                """
+        ).execute(arguments: [server.version, Self.fieldsText(server.fields), table, rowId])
+    }
+
+    /// → failed: a refusal that resending cannot fix.
+    func fail(_ table: String, _ rowId: Int64, _ error: TandemError, _ db: Database) throws {
+        try db.cachedStatement(
+            sql: """
+                INSERT INTO tandem_row (tableName, rowId, state, errorCode, serverErrorCode, lastError)
+                VALUES (?, ?, 'failed', ?, ?, ?)
+                ON CONFLICT (tableName, rowId) DO UPDATE SET state = 'failed', errorCode = excluded.errorCode,
+                    serverErrorCode = excluded.serverErrorCode, lastError = excluded.lastError, idempotencyKey = NULL
+                """
+        ).execute(arguments: [table, rowId, error.code.rawValue, error.serverError?.code.rawValue, error.message])
+    }
+
+    /// A failure that may pass (the connection dropped, the server had an internal error): one
+    /// more attempt counted, failed once `maxAttempts` are used up. Keys are kept, since the
+    /// server may have applied the ops.
+    func countFailedAttempt(_ pushes: [PreparedPush], _ error: TandemError, maxAttempts: Int, _ db: Database) throws {
+        for push in pushes {
+            try db.cachedStatement(
+                sql: """
+                    UPDATE tandem_row SET attempts = attempts + 1, errorCode = ?, serverErrorCode = ?, lastError = ?,
+                        state = CASE WHEN attempts + 1 >= ? THEN 'failed' ELSE state END
+                    WHERE tableName = ? AND rowId = ?
+                    """
+            ).execute(arguments: [
+                error.code.rawValue, error.serverError?.code.rawValue, error.message, maxAttempts, push.table,
+                push.rowId,
+            ])
+        }
+    }
+
+    /// failed → dirty, for every failed row.
+    func retryFailed(_ db: Database) throws {
+        try db.execute(
+            sql: """
+                UPDATE tandem_row SET state = 'pending', attempts = 0, errorCode = NULL, serverErrorCode = NULL,
+                    lastError = NULL
+                WHERE state = 'failed'
+                """)
+    }
+
+    func failedRecords(_ db: Database) throws -> [FailedRecord] {
+        try Row.fetchAll(
+            db,
+            sql: """
+                SELECT tableName, rowId, serverId, attempts, errorCode, serverErrorCode, lastError FROM tandem_row
+                WHERE state = 'failed' ORDER BY tableName, rowId
+                """
+        ).map { row in
+            let code = TandemError.Code(rawValue: row[4] ?? TandemError.Code.database.rawValue)
+            let message: String = row[6] ?? ""
+            let serverError = (row[5] as String?).map { WireError(ErrorCode(rawValue: $0), message) }
+            return FailedRecord(
+                table: row[0], rowId: row[1], serverId: row[2], attempts: row[3],
+                error: TandemError(code, message, serverError: serverError))
+        }
+    }
+
+    /// Ends a row's bookkeeping (its delete was acknowledged, or it will never push).
+    func forget(_ table: String, _ rowId: Int64, _ db: Database) throws {
+        try db.cachedStatement(sql: "DELETE FROM tandem_row WHERE tableName = ? AND rowId = ?")
+            .execute(arguments: [table, rowId])
+    }
+
+    /// A document this device knows is deleted at `version`, until its tombstone arrives
+    /// through the listener: a snapshot already queued behind the push (an older version of the
+    /// document) is then not taken for a document to insert.
+    func rememberGone(_ collection: CollectionPath, _ id: DocumentID, version: Int64, _ db: Database) throws {
+        try db.cachedStatement(
+            sql: """
+                INSERT INTO tandem_gone (collection, serverId, version) VALUES (?, ?, ?)
+                ON CONFLICT (collection, serverId) DO UPDATE SET version = MAX(version, excluded.version)
+                """
+        ).execute(arguments: [collection.rawValue, id.rawValue, version])
+    }
+
+    /// The version at which this device knows the document deleted, if it does; a change that
+    /// brings the tombstone (or something newer) ends it.
+    func goneVersion(_ collection: CollectionPath, _ id: String, _ db: Database) throws -> Int64? {
+        try Int64.fetchOne(
+            db.cachedStatement(sql: "SELECT version FROM tandem_gone WHERE collection = ? AND serverId = ?"),
+            arguments: [collection.rawValue, id])
+    }
+
+    func clearGone(_ collection: CollectionPath, _ id: String, _ db: Database) throws {
+        try db.cachedStatement(sql: "DELETE FROM tandem_gone WHERE collection = ? AND serverId = ?")
+            .execute(arguments: [collection.rawValue, id])
+    }
+
+    // MARK: - Listener changes
+
+    /// → synced: the row holds the server's document at its version.
+    func recordSynced(
+        _ model: TableModel, rowId: Int64, _ document: Document, _ collection: CollectionPath, _ db: Database
+    )
+        throws
+    {
+        try db.cachedStatement(
+            sql: """
+                INSERT INTO tandem_row (tableName, rowId, serverId, collection, serverVersion, serverFields, state)
+                VALUES (?, ?, ?, ?, ?, ?, 'synced')
+                ON CONFLICT (tableName, rowId) DO UPDATE SET serverId = excluded.serverId,
+                    collection = excluded.collection, serverVersion = excluded.serverVersion,
+                    serverFields = excluded.serverFields, pendingOp = NULL, idempotencyKey = NULL,
+                    pushedRevision = NULL, attempts = 0, state = 'synced', errorCode = NULL, serverErrorCode = NULL,
+                    lastError = NULL
+                """
+        ).execute(arguments: [
+            model.name, rowId, document.id.rawValue, collection.rawValue, document.version,
+            model.keepsServerFields ? Self.fieldsText(document.fields) : nil,
+        ])
+    }
+
+    /// A remote delete of a document that has no row here: what was kept of it goes.
+    func forgetDocument(_ model: TableModel, _ collection: CollectionPath, serverId: String, _ db: Database) throws {
+        try db.cachedStatement(sql: "DELETE FROM tandem_row WHERE tableName = ? AND serverId = ?")
+            .execute(arguments: [model.name, serverId])
+        try db.cachedStatement(sql: "DELETE FROM tandem_deferred WHERE collection = ? AND serverId = ?")
+            .execute(arguments: [collection.rawValue, serverId])
+    }
+
+    /// Whether the document is deleted here and the delete not pushed yet; if so, the delete
+    /// goes out at `version` when that is newer than the one it knew (under a new key then).
+    func raiseFiledDelete(_ model: TableModel, serverId: String, to version: Int64, _ db: Database) throws -> Bool {
+        guard
+            try Bool.fetchOne(
+                db.cachedStatement(
+                    sql:
+                        "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE tableName = ? AND serverId = ? AND pendingOp = 'delete')"
+                ),
+                arguments: [model.name, serverId]) ?? false
+        else { return false }
+        // Never back to an older version: a snapshot can bring one this device has already
+        // written past (it was queued behind the push that wrote the newer one).
+        try db.cachedStatement(
+            sql: """
+                UPDATE tandem_row SET serverVersion = MAX(serverVersion, ?1),
+                    idempotencyKey = CASE WHEN ?1 > serverVersion THEN NULL ELSE idempotencyKey END
+                WHERE tableName = ?2 AND serverId = ?3 AND pendingOp = 'delete'
+                """
+        ).execute(arguments: [version, model.name, serverId])
+        return true
+    }
+
+    /// The local row whose create, sent but never answered, made a document with this
+    /// `createKey`, and the revision the create carried.
+    func unansweredCreate(_ model: TableModel, key: String, _ db: Database) throws
+        -> (rowId: Int64, pushedRevision: Int64?)?
+    {
+        try Row.fetchOne(
+            db.cachedStatement(
+                sql: """
+                    SELECT rowId, pushedRevision FROM tandem_row
+                    WHERE pendingOp = 'create' AND idempotencyKey = ? AND tableName = ?
+                    """),
+            arguments: [key, model.name]
+        ).map { row in (row[0], row[1]) }
+    }
+
+    /// One of this device's unanswered creates was applied by the server: the row takes the
+    /// document's server id. Then the caller writes the document into the row (→ synced), or,
+    /// with `keepsLocal` (the row changed since the create went out), the row is dirty with no
+    /// base known to both sides, and the conflict policy settles it.
+    ///
+    /// - Returns: false when the row was deleted here meanwhile: it is a filed delete of the
+    ///   document now.
+    func adoptOwnCreate(
+        _ model: TableModel, rowId: Int64, serverId: String, collection: CollectionPath, version: Int64,
+        keepsLocal: Bool, _ db: Database
+    ) throws -> Bool {
+        let exists =
+            try Bool.fetchOne(
+                db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM \(model.quotedName) WHERE id = ?)"),
+                arguments: [rowId]) ?? false
+        guard exists else {
+            try db.cachedStatement(
+                sql: """
+                    UPDATE tandem_row SET serverId = ?, collection = ?, serverVersion = ?, pendingOp = 'delete',
+                        idempotencyKey = NULL, pushedRevision = NULL, state = 'pending'
+                    WHERE tableName = ? AND rowId = ?
+                    """
+            ).execute(arguments: [serverId, collection.rawValue, version, model.name, rowId])
+            return false
+        }
+        try db.cachedStatement(
+            sql: "UPDATE \(model.quotedName) SET serverId = ?, localRevision = localRevision + 1 WHERE id = ?"
+        ).execute(arguments: [serverId, rowId])
+        if keepsLocal {
+            try db.cachedStatement(
+                sql: """
+                    UPDATE tandem_row SET serverId = ?, collection = ?, serverVersion = 0, serverFields = NULL,
+                        pendingOp = NULL, idempotencyKey = NULL, pushedRevision = NULL, attempts = 0,
+                        state = 'pending', errorCode = NULL, serverErrorCode = NULL, lastError = NULL
+                    WHERE tableName = ? AND rowId = ?
+                    """
+            ).execute(arguments: [serverId, collection.rawValue, model.name, rowId])
+        }
+        return true
+    }
+
+    /// The row's `localRevision`; nil when the row is gone.
+    func revision(_ model: TableModel, rowId: Int64, _ db: Database) throws -> Int64? {
+        try Int64.fetchOne(
+            db.cachedStatement(sql: "SELECT localRevision FROM \(model.quotedName) WHERE id = ?"), arguments: [rowId])
+    }
+
+    /// → dirty: the row will be pushed (a conflict settled for the local side).
+    func markDirty(_ model: TableModel, rowId: Int64, _ db: Database) throws {
+        try db.cachedStatement(
+            sql:
+                "UPDATE \(model.quotedName) SET isDirty = 1, localRevision = localRevision + 1 WHERE id = ? AND isDirty = 0"
+        ).execute(arguments: [rowId])
+    }
+
+    /// Any state → gone: the row is deleted as Tandem deletes (`isDeleted` first, so that the
+    /// delete trigger does not file it for pushing), and its bookkeeping with it.
+    func removeRow(_ model: TableModel, id: Int64, _ db: Database) throws {
+        try db.cachedStatement(
+            sql: "UPDATE \(model.quotedName) SET isDeleted = 1, localRevision = localRevision + 1 WHERE id = ?"
+        ).execute(arguments: [id])
+        try db.cachedStatement(sql: "DELETE FROM \(model.quotedName) WHERE id = ?").execute(arguments: [id])
+        for table in ["tandem_row", "tandem_reference", "tandem_field", "tandem_conflict"] {
+            try db.cachedStatement(sql: "DELETE FROM \(table) WHERE tableName = ? AND rowId = ?")
+                .execute(arguments: [model.name, id])
+        }
+    }
+
+    // MARK: - Waiting for rows that have not arrived
+
+    /// The server id a null reference column waits for.
+    func waitingReference(_ model: TableModel, rowId: Int64, column: String, _ db: Database) throws -> String? {
+        try String.fetchOne(
+            db.cachedStatement(
+                sql: "SELECT targetServerId FROM tandem_reference WHERE tableName = ? AND rowId = ? AND columnName = ?"),
+            arguments: [model.name, rowId, column])
+    }
+
+    func recordWaitingReference(
+        _ model: TableModel, rowId: Int64, column: String, target: String, serverId: String, _ db: Database
+    ) throws {
+        try db.cachedStatement(
+            sql: """
+                INSERT OR REPLACE INTO tandem_reference (tableName, rowId, columnName, targetTable, targetServerId)
+                VALUES (?, ?, ?, ?, ?)
+                """
+        ).execute(arguments: [model.name, rowId, column, target, serverId])
+    }
+
+    /// The document says what the reference is now: what the column waited for no longer matters.
+    func clearWaitingReference(_ model: TableModel, rowId: Int64, column: String, _ db: Database) throws {
+        try db.cachedStatement(sql: "DELETE FROM tandem_reference WHERE tableName = ? AND rowId = ? AND columnName = ?")
+            .execute(arguments: [model.name, rowId, column])
+    }
+
+    /// Keeps a document aside until the row it requires (`waitingTable`, `waitingServerId`)
+    /// arrives.
+    func deferDocument(
+        _ document: Document, of model: TableModel, in collection: CollectionPath, parentRowId: Int64?,
+        waitingFor target: String, serverId: String, _ db: Database
+    ) throws {
+        try db.cachedStatement(
+            sql: """
+                INSERT OR REPLACE INTO tandem_deferred
+                    (collection, serverId, tableName, parentRowId, document, waitingTable, waitingServerId)
+                VALUES (?, ?, ?, ?, ?, ?, ?)
+                """
+        ).execute(arguments: [
+            collection.rawValue, document.id.rawValue, model.name, parentRowId,
+            String(decoding: Wire.encode(document), as: UTF8.self), target, serverId,
+        ])
+    }
+
+    /// Whether any reference or document waits for a row to arrive (usually not: then a row
+    /// that gets its server id need not look for what waited for it).
+    func anythingWaits(_ db: Database) throws -> Bool {
+        try Bool.fetchOne(
+            db.cachedStatement(
+                sql: "SELECT EXISTS (SELECT 1 FROM tandem_reference) OR EXISTS (SELECT 1 FROM tandem_deferred)"))
+            ?? true
+    }
+
+    /// What waited for the row of `model` with `serverId`, taken out of the ledger: the
+    /// reference columns to fill in, and the deferred documents to apply now.
+    func takeWaiting(_ model: TableModel, serverId: String, _ db: Database) throws
+        -> (references: [(table: String, rowId: Int64, column: String)], documents: [DeferredDocument])
+    {
+        let references = try Row.fetchAll(
+            db.cachedStatement(
+                sql:
+                    "SELECT tableName, rowId, columnName FROM tandem_reference WHERE targetTable = ? AND targetServerId = ?"
+            ),
+            arguments: [model.name, serverId]
+        ).map { row in (table: row[0] as String, rowId: row[1] as Int64, column: row[2] as String) }
+        try db.cachedStatement(sql: "DELETE FROM tandem_reference WHERE targetTable = ? AND targetServerId = ?")
+            .execute(arguments: [model.name, serverId])
+
+        var documents: [DeferredDocument] = []
+        let rows = try Row.fetchAll(
+            db.cachedStatement(
+                sql: """
+                    SELECT collection, serverId, tableName, parentRowId, document FROM tandem_deferred
+                    WHERE waitingTable = ? AND waitingServerId = ?
+                    """),
+            arguments: [model.name, serverId])
+        for row in rows {
+            try db.cachedStatement(sql: "DELETE FROM tandem_deferred WHERE collection = ? AND serverId = ?")
+                .execute(arguments: [row[0] as String, row[1] as String])
+            guard let collection = try? CollectionPath(row[0] as String),
+                let document = try? Wire.decode(Document.self, from: Array((row[4] as String).utf8))
+            else { continue }
+            documents.append(
+                DeferredDocument(table: row[2], collection: collection, parentRowId: row[3], document: document))
+        }
+        return (references, documents)
+    }
+
+    struct DeferredDocument {
+        var table: String
+        var collection: CollectionPath
+        var parentRowId: Int64?
+        var document: Document
+    }
+
+    // MARK: - Field times
+
+    /// When each field of the row was last written here (the row's time for tables that do
+    /// not keep field times).
+    func localFieldTimes(_ model: TableModel, rowId: Int64, updatedAt: Int64, _ db: Database) throws -> [String: Int64]
+    {
+        var times = Dictionary(uniqueKeysWithValues: model.fieldColumns.map { ($0, updatedAt) })
+        times["updatedAt"] = updatedAt
+        guard model.mergesFields else { return times }
+        let rows = try Row.fetchAll(
+            db.cachedStatement(sql: "SELECT field, time FROM tandem_field WHERE tableName = ? AND rowId = ?"),
+            arguments: [model.name, rowId])
+        for row in rows { times[row[0]] = row[1] }
+        return times
+    }
+
+    func storeFieldTimes(_ model: TableModel, rowId: Int64, _ times: [String: Int64], _ db: Database) throws {
+        guard model.mergesFields else { return }
+        for (field, time) in times where field != "updatedAt" {
+            try db.cachedStatement(
+                sql: "INSERT OR REPLACE INTO tandem_field (tableName, rowId, field, time) VALUES (?, ?, ?, ?)"
+            ).execute(arguments: [model.name, rowId, field, time])
+        }
+    }
+
+    // MARK: - Conflicts kept for the app
+
+    func isInConflict(_ model: TableModel, rowId: Int64, _ db: Database) throws -> Bool {
+        try Bool.fetchOne(
+            db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_conflict WHERE tableName = ? AND rowId = ?)"),
+            arguments: [model.name, rowId]) ?? false
+    }
+
+    /// → in conflict, or a newer server side for a conflict already open.
+    func recordConflict(
+        _ model: TableModel, rowId: Int64, serverId: DocumentID, collection: CollectionPath, local: JSONObject,
+        server: Document, base: JSONObject?, fields: Set<String>, detectedAt: Int64, _ db: Database
+    ) throws {
+        try db.cachedStatement(
+            sql: """
+                INSERT INTO tandem_conflict (tableName, rowId, serverId, collection, local, server, base, fields, detectedAt)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+                ON CONFLICT (tableName, rowId) DO UPDATE SET server = excluded.server, fields = excluded.fields,
+                    local = excluded.local
+                """
+        ).execute(arguments: [
+            model.name, rowId, serverId.rawValue, collection.rawValue, Self.fieldsText(local),
+            String(decoding: Wire.encode(server), as: UTF8.self), base.map(Self.fieldsText),
+            String(decoding: Wire.encode(fields.sorted()), as: UTF8.self), detectedAt,
+        ])
+    }
+
+    func conflicts(_ db: Database) throws -> [ConflictRecord] {
+        try Row.fetchAll(
+            db,
+            sql: """
+                SELECT tableName, rowId, serverId, local, server, base, fields, detectedAt FROM tandem_conflict
+                ORDER BY detectedAt, tableName, rowId
+                """
+        ).map { row in
+            ConflictRecord(
+                table: row[0], rowId: row[1], serverId: row[2],
+                local: try Wire.decodeFields(Array((row[3] as String).utf8)),
+                server: try Wire.decode(Document.self, from: Array((row[4] as String).utf8)),
+                base: try (row[5] as String?).map { try Wire.decodeFields(Array($0.utf8)) },
+                fields: try Wire.decodeStrings(Array((row[6] as String).utf8)), detectedAt: row[7])
+        }
+    }
+
+    /// in conflict → as it was: the open conflict of the row is taken out, with the server's
+    /// latest document (which may be newer than the one the app looked at) and its collection.
+    func takeConflict(_ table: String, rowId: Int64, _ db: Database) throws
+        -> (server: Document, collection: CollectionPath)?
+    {
+        guard
+            let row = try Row.fetchOne(
+                db, sql: "SELECT server, collection FROM tandem_conflict WHERE tableName = ? AND rowId = ?",
+                arguments: [table, rowId])
+        else { return nil }
+        let server = try Wire.decode(Document.self, from: Array((row[0] as String).utf8))
+        let collection = try CollectionPath(row[1] as String)
+        try db.execute(sql: "DELETE FROM tandem_conflict WHERE tableName = ? AND rowId = ?", arguments: [table, rowId])
+        return (server, collection)
+    }
+
+    static func fieldsText(_ fields: JSONObject) -> String {
+        String(decoding: Wire.encodeCanonical(fields), as: UTF8.self)
+    }
+}
+
+/// What a snapshot's changes need not look for: most snapshots meet no unanswered creates, no
+/// filed deletes and nothing waiting.
+struct ApplyContext {
+    /// Some row's create was sent and not answered (its document may be in the snapshot).
+    var unansweredCreates: Bool
+    /// Some local delete is filed and not pushed yet.
+    var filedDeletes: Bool
+    /// Some reference or document waits for a row to arrive. Set once a change adds one.
+    var waiting: Bool
+    /// Some document is known to be deleted and its tombstone has not arrived yet.
+    var gone: Bool
+
+    /// For changes applied outside a snapshot (a deferred document): look for everything.
+    static let everything = ApplyContext(unansweredCreates: true, filedDeletes: true, waiting: true, gone: true)
+}
