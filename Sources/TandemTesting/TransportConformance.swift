@@ -132,20 +132,27 @@ public enum TransportConformance {
             let connection = try transport.connect(to: peer.url, handler: events.handler)
             try connection.send(text: Array("stop-reading".utf8))
             try await events.waitForTexts(1)  // the server's "stopped"
-            let chunk = [UInt8](repeating: UInt8(ascii: "z"), count: 64 << 10)
-            var sent = 0
-            var refusal: TransportError?
-            // 1 GiB at most: a transport that buffers all of it has no bound.
-            while sent < 1 << 30 && events.closeEvent == nil {
-                do throws(TransportError) {
-                    try connection.send(text: chunk)
-                    sent += chunk.count
-                } catch {
-                    refusal = error
-                    break
+            // On a thread of its own: a send that blocks holds that thread, not the test's, and
+            // the check fails at its deadline instead of hanging.
+            let flood = OwnThread { () -> TransportError? in
+                let chunk = [UInt8](repeating: UInt8(ascii: "z"), count: 64 << 10)
+                var sent = 0
+                // 1 GiB at most: a transport that buffers all of it has no bound.
+                while sent < 1 << 30 && events.closeEvent == nil {
+                    do throws(TransportError) {
+                        try connection.send(text: chunk)
+                        sent += chunk.count
+                    } catch {
+                        return error
+                    }
+                    if sent % (4 << 20) == 0 { usleep(1000) }
                 }
-                if sent % (4 << 20) == 0 { try await Task.sleep(for: .milliseconds(1)) }
+                return nil
             }
+            try await waitUntil("send returned each time (a send that blocks never does)", timeout: .seconds(120)) {
+                flood.isFinished
+            }
+            let refusal = try await flood.value
             if let refusal {
                 try expect(
                     refusal.code == .backpressure || refusal.code == .notOpen,

@@ -37,6 +37,13 @@ public final class OwnThread<T: Sendable>: Sendable {
         }
     }
 
+    /// Whether the body has returned or thrown.
+    public var isFinished: Bool {
+        state.withLock { state in
+            if case .finished = state { true } else { false }
+        }
+    }
+
     /// The body's result, once it returned or threw.
     public var value: T {
         get async throws {
