@@ -26,8 +26,8 @@ public enum Bench {
         let p99 = latencies.milliseconds(at: 99)
         let echoP50 = echo.roundTrip.milliseconds(at: 50)
         return BenchResult(
-            scenario: "propagation", metric: "p50", value: p50, unit: "ms", goal: "p50 ≤ 2 ms, p99 ≤ 10 ms",
-            met: p50 <= 2 && p99 <= 10, details: ["p50 ms": p50, "p99 ms": p99, "documents": Double(count)],
+            scenario: "propagation", metric: "p50", value: p50, unit: "ms", goal: "p50 ≤ 1 ms, p99 ≤ 5 ms",
+            met: p50 <= 1 && p99 <= 5, details: ["p50 ms": p50, "p99 ms": p99, "documents": Double(count)],
             floor: "raw libwebsockets echo round trip, p50 ms", floorValue: echoP50, floorRatio: echoP50 / p50)
     }
 
