@@ -118,6 +118,24 @@ extension SyncLedger {
         return migrator
     }
 
+    /// Makes the triggers that record the app's own writes of `model`'s table.
+    ///
+    /// Why triggers: they run inside the app's own transaction, whatever API wrote the row
+    /// (records, raw SQL, another library), so a local change can never commit without being
+    /// marked for sync, and nothing has to be remembered by the app.
+    ///
+    /// - An insert by the app (no `serverId` yet) marks the row dirty and stamps `updatedAt`.
+    /// - An update by the app of a synced column marks the row dirty, stamps `updatedAt` and
+    ///   bumps `localRevision`; a failed row becomes pending again. Tandem's own updates bump
+    ///   `localRevision` themselves, which is how the trigger tells them apart: an update that
+    ///   leaves `localRevision` alone is the app's.
+    /// - A delete by the app of a row known to the server files the delete in `tandem_row`, so
+    ///   that it is pushed; the row itself is gone at once, as the app expects. Tandem's own
+    ///   deletes set `isDeleted` first and are not filed.
+    /// - An update that would put back a stale `localRevision` or `serverId` (a record type
+    ///   that encodes Tandem's columns and saved an old copy) is refused with an explanation.
+    ///
+    /// `updatedAt` comes from `tandem_now()`, a SQL function that reads the sync service's clock.
     static func installTriggers(_ db: Database, _ model: TableModel) throws {
         let table = model.quotedName
         let name = model.name

@@ -1,24 +1,10 @@
 import GRDB
 import TandemWire
 
-/// Installs what Tandem needs in the app's database: its sync columns on each synced table,
-/// the triggers that notice local writes, and its own metadata tables.
-///
-/// Why triggers: they run inside the app's own transaction, whatever API wrote the row
-/// (records, raw SQL, another library), so a local change can never commit without being
-/// marked for sync, and nothing has to be remembered by the app.
-///
-/// - An insert by the app (no `serverId` yet) marks the row dirty and stamps `updatedAt`.
-/// - An update by the app of a synced column marks the row dirty, stamps `updatedAt` and
-///   bumps `localRevision`. Tandem's own updates bump `localRevision` themselves, which is how
-///   the trigger tells them apart: an update that leaves `localRevision` alone is the app's.
-/// - A delete by the app of a row known to the server files the delete in `tandem_row`,
-///   so that it is pushed; the row itself is gone at once, as the app expects. Tandem's own
-///   deletes set `isDeleted` first and are not filed.
-/// - An update that would put back a stale `localRevision` or `serverId` (a record type that
-///   encodes Tandem's columns and saved an old copy) is refused with an explanation.
-///
-/// `updatedAt` comes from `tandem_now()`, a SQL function that reads the sync service's clock.
+/// Checks the registered tables against the app's schema and adds Tandem's sync columns and
+/// indexes to them. Tandem's own tables come from ``SyncLedger/migrator``, and the triggers
+/// that record the app's writes from ``SyncLedger/installTriggers(_:_:)``, which says what each
+/// of them does.
 enum SyncSchema {
     static let syncColumns: [(name: String, definition: String)] = [
         ("serverId", "TEXT"),
