@@ -74,7 +74,8 @@ public final class ServerConnection: Sendable {
     ///   - clientId: Stable for this device: idempotency keys are remembered per client id.
     ///   - token: A bearer token, for servers with access control.
     ///   - transport: The WebSocket client to connect with; by default
-    ///     ``LibWebSocketsTransport``, on an event loop shared by the whole process.
+    ///     `LibWebSocketsTransport`, on an event loop shared by the whole process. Required
+    ///     where no target links libwebsockets (iOS): without it this throws `.invalidArgument`.
     ///   - trustedCertificates: For `wss://` over the default transport: a PEM file of the
     ///     certificate authorities the server's certificate must chain to (nil: the system's).
     ///   - timeout: How long to wait for `welcome`.

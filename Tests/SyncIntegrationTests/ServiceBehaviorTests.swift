@@ -74,15 +74,10 @@ struct ServiceBehaviorTests {
     @Test("a row whose push keeps failing becomes failed after the configured attempts, then retries on demand")
     func attemptsExhausted() async throws {
         let server = try await TestServer()
-        let drops = Mutex(2)
+        let drops = AcknowledgementDropper(dropping: 2)
         let phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
             configuration.maxAttempts = 2
-            configuration.hooks.dropAcknowledgement = {
-                drops.withLock { remaining in
-                    defer { remaining = max(0, remaining - 1) }
-                    return remaining > 0
-                }
-            }
+            configuration.hooks.dropAcknowledgement = drops.dropsThis
         }
         // The server's echo of the create is held: once applied, it shows the row reached the
         // server after all, and the row is synced, not failed. A poll could miss the failed
@@ -95,7 +90,7 @@ struct ServiceBehaviorTests {
                 try phone.service.failedRecords().first?.attempts == 2
             }
         } catch {
-            throw TestFailure("\(error); status: \(phone.service.status); drops left: \(drops.withLock { $0 })")
+            throw TestFailure("\(error); status: \(phone.service.status); drops left: \(drops.remainingDrops)")
         }
         #expect(phone.service.status.lastError?.code == .disconnected, "\(phone.service.status)")
         server.server.releaseDeliveries()

@@ -14,6 +14,28 @@ final class Seen<Value: Sendable>: Sendable {
     var count: Int { values.withLock { $0.count } }
 }
 
+/// Loses acknowledgements on purpose, as a network failure after the server's commit would:
+/// give ``dropsThis`` to `SyncHooks.dropAcknowledgement`.
+final class AcknowledgementDropper: Sendable {
+    private let remaining: Mutex<Int>
+
+    init(dropping count: Int) { remaining = Mutex(count) }
+
+    /// How many more acknowledgements will be lost.
+    var remainingDrops: Int { remaining.withLock { $0 } }
+
+    /// Loses the next `count` acknowledgements.
+    func drop(next count: Int) { remaining.withLock { $0 = count } }
+
+    /// Whether to lose this acknowledgement (counts it).
+    @Sendable func dropsThis() -> Bool {
+        remaining.withLock { remaining in
+            defer { remaining = max(0, remaining - 1) }
+            return remaining > 0
+        }
+    }
+}
+
 extension TestDevice {
     /// Waits until the service is connected and its listeners are up to date.
     func waitUntilConnected() async throws {

@@ -41,9 +41,10 @@ import TandemWire
 /// - ``fail(_:_:_:_:)`` (a refusal resending cannot fix) and ``countFailedAttempt(_:_:maxAttempts:_:)``
 ///   (a failure that may pass: failed after `maxAttempts`) → failed; ``retryFailed(_:)`` → dirty.
 /// - ``recordSynced(_:rowId:_:_:)`` (a listener's document written into the row, or the
-///   server's side taken in a conflict) → synced. ``adoptOwnCreate(_:rowId:serverId:collection:version:keepsLocal:_:)``
+///   server's side taken in a conflict) → synced. ``adoptOwnCreate(_:rowId:serverId:collection:keepsLocal:_:)``
 ///   (a document carrying the key of one of this device's unanswered creates) → synced, or
-///   dirty when the row changed since.
+///   dirty when the row changed since; ``fileDeleteOfOwnCreate(_:rowId:serverId:collection:version:_:)``
+///   when that row was deleted here meanwhile.
 /// - ``removeRow(_:id:_:)`` (a remote delete, a reset): any state → gone, bookkeeping and all.
 /// - ``recordConflict(_:rowId:serverId:collection:local:server:base:fields:detectedAt:_:)`` (manual
 ///   tables): → in conflict; ``takeConflict(_:rowId:_:)`` when the app resolves it.
@@ -520,31 +521,29 @@ struct SyncLedger: Sendable {
         ).map { row in (row[0], row[1]) }
     }
 
+    /// One of this device's unanswered creates was applied by the server, and its row was
+    /// deleted here meanwhile: sent → deleted, not pushed, a delete of the document at `version`.
+    func fileDeleteOfOwnCreate(
+        _ model: TableModel, rowId: Int64, serverId: String, collection: CollectionPath, version: Int64,
+        _ db: Database
+    ) throws {
+        try db.cachedStatement(
+            sql: """
+                UPDATE tandem_row SET serverId = ?, collection = ?, serverVersion = ?, pendingOp = 'delete',
+                    idempotencyKey = NULL, pushedRevision = NULL, state = 'pending'
+                WHERE tableName = ? AND rowId = ?
+                """
+        ).execute(arguments: [serverId, collection.rawValue, version, model.name, rowId])
+    }
+
     /// One of this device's unanswered creates was applied by the server: the row takes the
     /// document's server id. Then the caller writes the document into the row (→ synced), or,
     /// with `keepsLocal` (the row changed since the create went out), the row is dirty with no
     /// base known to both sides, and the conflict policy settles it.
-    ///
-    /// - Returns: false when the row was deleted here meanwhile: it is a filed delete of the
-    ///   document now.
     func adoptOwnCreate(
-        _ model: TableModel, rowId: Int64, serverId: String, collection: CollectionPath, version: Int64,
-        keepsLocal: Bool, _ db: Database
-    ) throws -> Bool {
-        let exists =
-            try Bool.fetchOne(
-                db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM \(model.quotedName) WHERE id = ?)"),
-                arguments: [rowId]) ?? false
-        guard exists else {
-            try db.cachedStatement(
-                sql: """
-                    UPDATE tandem_row SET serverId = ?, collection = ?, serverVersion = ?, pendingOp = 'delete',
-                        idempotencyKey = NULL, pushedRevision = NULL, state = 'pending'
-                    WHERE tableName = ? AND rowId = ?
-                    """
-            ).execute(arguments: [serverId, collection.rawValue, version, model.name, rowId])
-            return false
-        }
+        _ model: TableModel, rowId: Int64, serverId: String, collection: CollectionPath, keepsLocal: Bool,
+        _ db: Database
+    ) throws {
         try db.cachedStatement(
             sql: "UPDATE \(model.quotedName) SET serverId = ?, localRevision = localRevision + 1 WHERE id = ?"
         ).execute(arguments: [serverId, rowId])
@@ -558,7 +557,6 @@ struct SyncLedger: Sendable {
                     """
             ).execute(arguments: [serverId, collection.rawValue, model.name, rowId])
         }
-        return true
     }
 
     /// The row's `localRevision`; nil when the row is gone.

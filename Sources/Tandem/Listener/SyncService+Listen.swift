@@ -266,6 +266,7 @@ extension SyncService {
                 }
             }
             if parentsChanged { refreshListeners() }
+            if outcomes.contains(where: \.leftWorkToPush) { schedulePush(after: configuration.pushDelay) }
         } catch {
             let paths = Set(snapshots.map { $0.1.rawValue }).sorted().joined(separator: ", ")
             noteError(TandemError("cannot apply a snapshot of \(paths)", error, otherwise: .database))

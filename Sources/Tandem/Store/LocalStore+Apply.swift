@@ -12,6 +12,10 @@ struct ApplyOutcome: Sendable {
     /// Changes that could not be applied (a value the table refuses), with the reason. The
     /// rest of the snapshot is applied and its token stored.
     var failures: [String] = []
+    /// Applying left something to push: a conflict settled for the local side or merged, a
+    /// filed delete (at a newer version). The service pushes it at once, not at the next
+    /// periodic push, since no local commit announces it.
+    var leftWorkToPush = false
 }
 
 extension LocalStore {
@@ -103,9 +107,9 @@ extension LocalStore {
             guard document.version > (try ledger.serverVersion(model, rowId: rowId, db)) else { return }
             if try local.isDirty || ledger.isInConflict(model, rowId: rowId, db) {
                 // Unpushed local changes: the table's policy decides.
-                if try settle(model, rowId: rowId, remote: document, collection: collection, db) != .recorded {
-                    outcome.conflicts += 1
-                }
+                let settlement = try settle(model, rowId: rowId, remote: document, collection: collection, db)
+                if settlement != .recorded { outcome.conflicts += 1 }
+                if settlement == .keptLocal || settlement == .merged { outcome.leftWorkToPush = true }
             } else {
                 try overwrite(model, rowId: rowId, with: document, collection: collection, db)
             }
@@ -119,6 +123,7 @@ extension LocalStore {
 
         // Deleted here and not pushed yet: the delete wins; it goes out at this version.
         if context.filedDeletes, try ledger.raiseFiledDelete(model, serverId: serverId, to: document.version, db) {
+            outcome.leftWorkToPush = true
             return
         }
         if try insert(document, into: model, parentRowId: parentRowId, collection: collection, &context, db) {
@@ -139,20 +144,21 @@ extension LocalStore {
         guard let create = try unansweredCreate(of: document, model, db) else { return false }
         let rowId = create.rowId
         let serverId = document.id.rawValue
-        // Changed since the create went out: both sides changed, with no base known to both.
-        let revision = try ledger.revision(model, rowId: rowId, db)
-        let keepsLocal = revision != nil && revision != create.pushedRevision
-        guard
-            try ledger.adoptOwnCreate(
-                model, rowId: rowId, serverId: serverId, collection: collection, version: document.version,
-                keepsLocal: keepsLocal, db)
-        else {
+        guard let revision = try ledger.revision(model, rowId: rowId, db) else {
             // Deleted here meanwhile: the document must go.
+            try ledger.fileDeleteOfOwnCreate(
+                model, rowId: rowId, serverId: serverId, collection: collection, version: document.version, db)
             context.filedDeletes = true
+            outcome.leftWorkToPush = true
             return true
         }
+        // Changed since the create went out: both sides changed, with no base known to both.
+        let keepsLocal = revision != create.pushedRevision
+        try ledger.adoptOwnCreate(
+            model, rowId: rowId, serverId: serverId, collection: collection, keepsLocal: keepsLocal, db)
         if keepsLocal {
-            _ = try settle(model, rowId: rowId, remote: document, collection: collection, db)
+            let settlement = try settle(model, rowId: rowId, remote: document, collection: collection, db)
+            if settlement == .keptLocal || settlement == .merged { outcome.leftWorkToPush = true }
         } else {
             // Unchanged since the create went out: the server's document is the truth.
             try overwrite(model, rowId: rowId, with: document, collection: collection, db)

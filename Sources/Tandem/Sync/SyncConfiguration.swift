@@ -44,7 +44,8 @@ public struct SyncConfiguration: Sendable {
     /// `Testing` SPI (`@_spi(Testing) import Tandem`, as TandemTesting does).
     @_spi(Testing) public var hooks = SyncHooks()
     /// The WebSocket client the service connects with (see `WebSocketTransport`); by default
-    /// `LibWebSocketsTransport`, on an event loop shared by the process.
+    /// `LibWebSocketsTransport`, on an event loop shared by the process. Required where no
+    /// target links libwebsockets (iOS): without it, connecting fails with `.invalidArgument`.
     public var transport: (any WebSocketTransport)?
     /// A bearer token for servers with access control.
     public var token: String?
