@@ -150,52 +150,8 @@ public enum Bench {
         raiseOpenFilesLimit()
         let server = try await benchServer()
         defer { server.stop() }
-        let items = try CollectionPath("items")
-        final class Tally: Sendable {
-            let received = Mutex<[String: (count: Int, last: ContinuousClock.Instant)]>([:])
-            let current = Atomic<Int>(0)
-        }
-        let tally = Tally()
-        var connections: [ServerConnection] = []
-        for index in 0..<listeners {
-            let connection = try await ServerConnection.connect(to: server.url, clientId: "listener-\(index)")
-            connection.listen(to: items) { event in
-                guard case .snapshot(let snapshot) = event else { return }
-                if snapshot.initial {
-                    tally.current.add(1, ordering: .relaxed)
-                    return
-                }
-                let now = ContinuousClock.now
-                tally.received.withLock { received in
-                    for change in snapshot.changes {
-                        let id = change.document.id.rawValue
-                        let count = (received[id]?.count ?? 0) + 1
-                        received[id] = (count, now)
-                    }
-                }
-            }
-            connections.append(connection)
-            if index % 100 == 0 { progress("fanout: \(index)/\(listeners) listeners connected") }
-        }
-        try await poll("every listener is current") { tally.current.load(ordering: .relaxed) >= listeners }
-        let writer = try await ServerConnection.connect(to: server.url, clientId: "writer")
-        var latencies = Latencies()
-        for index in 0..<writes {
-            let start = ContinuousClock.now
-            guard
-                case .ack(let results) = try await writer.write([
-                    .create(in: items, fields: BenchModel.fields(index), idempotencyKey: try ClientName("w\(index)"))
-                ])
-            else { throw ScenarioError("the fan-out write was refused") }
-            let id = results[0].id.rawValue
-            try await poll("every listener has write \(index)", interval: .microseconds(100)) {
-                (tally.received.withLock { $0[id]?.count } ?? 0) >= listeners
-            }
-            latencies.record(tally.received.withLock { $0[id]!.last } - start)
-            progress("fanout: \(index + 1)/\(writes) writes delivered to \(listeners) listeners")
-        }
-        for connection in connections { connection.close() }
-        writer.close()
+        let latencies = try await fanoutLatencies(
+            url: server.url, listeners: listeners, writes: writes, scenario: "fanout", progress: progress)
         let echo = try Floors.echo(messages: quick ? 20_000 : 100_000)
         let p99 = latencies.milliseconds(at: 99)
         let deliveriesPerSecond = Double(listeners) / (latencies.milliseconds(at: 50) / 1000)

@@ -13,8 +13,10 @@ struct BenchCommand: AsyncParsableCommand {
             raw SQLite inserts, or JSON coding. Build in release mode first \
             (swift build -c release).
 
-            Scenarios: propagation, throughput, snapshot, fanout, apply, connections, cluster \
-            (three nodes over PostgreSQL: a throwaway cluster, or --postgres URL), or all.
+            Scenarios: propagation, throughput, snapshot, fanout (1,000 listeners), fanout-10k \
+            (10,000 listeners, the server in a process of its own), server (the server alone, \
+            driven by plain protocol writes), apply, connections, cluster (three nodes over \
+            PostgreSQL: a throwaway cluster, or --postgres URL), or all.
 
             Examples:
               tandem bench all
@@ -38,7 +40,9 @@ struct BenchCommand: AsyncParsableCommand {
     var postgres: String?
 
     enum Scenario: String, CaseIterable {
-        case propagation, throughput, snapshot, fanout, apply, connections, cluster
+        case propagation, throughput, snapshot, fanout
+        case wideFanout = "fanout-10k"
+        case server, apply, connections, cluster
     }
 
     func validate() throws {
@@ -69,6 +73,8 @@ struct BenchCommand: AsyncParsableCommand {
             case .throughput: result = try await Bench.throughput(quick: quick, progress: progress.show)
             case .snapshot: result = try await Bench.snapshot(quick: quick, progress: progress.show)
             case .fanout: result = try await Bench.fanout(quick: quick, progress: progress.show)
+            case .wideFanout: result = try await Bench.wideFanout(quick: quick, progress: progress.show)
+            case .server: result = try await Bench.serverAlone(quick: quick, progress: progress.show)
             case .apply: result = try await Bench.apply(quick: quick, progress: progress.show)
             case .connections: result = try await Bench.connections(quick: quick, progress: progress.show)
             case .cluster: result = try await Bench.cluster(quick: quick, postgres: postgres, progress: progress.show)

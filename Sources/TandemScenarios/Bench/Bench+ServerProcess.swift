@@ -1,0 +1,190 @@
+import Foundation
+import Synchronization
+import TandemClient
+import TandemWire
+
+/// The scenarios whose server runs as `tandem serve` in a process of its own: the server's
+/// CPU is then its own to count, and each process has its own open-files limit (10,000
+/// listeners need 10,000 descriptors on each side).
+extension Bench {
+    // MARK: server
+
+    /// The server alone, driven by plain protocol connections instead of the sync engine: a
+    /// writer sends creates in writes of 100, eight writes in flight; one listener hears them.
+    /// Documents per second, acknowledged and delivered.
+    public static func serverAlone(quick: Bool, progress: Progress) async throws -> BenchResult {
+        let count = quick ? 10_000 : 100_000
+        let perWrite = 100
+        let inFlight = 8
+        let folder = try TemporaryDirectory(prefix: "tandem-bench-server")
+        let process = try await ServerProcess(dataDirectory: folder.url, executable: Executable.current)
+        defer { process.send(SIGTERM) }
+        let items = try CollectionPath("items")
+
+        let delivered = Atomic<Int>(0)
+        let listening = Atomic<Bool>(false)
+        let listener = try await ServerConnection.connect(to: process.url, clientId: "listener")
+        defer { listener.close() }
+        listener.listen(to: items) { event in
+            guard case .snapshot(let snapshot) = event else { return }
+            if snapshot.initial { listening.store(true, ordering: .releasing) }
+            delivered.add(snapshot.changes.count, ordering: .relaxed)
+        }
+        try await poll("the listener is current") { listening.load(ordering: .acquiring) }
+        let writer = try await ServerConnection.connect(to: process.url, clientId: "writer")
+        defer { writer.close() }
+        // The writes, encoded before the clock starts: the client's own costs are not the
+        // server's.
+        let writes = try stride(from: 0, to: count, by: perWrite).map { first in
+            try (first..<min(count, first + perWrite)).map { index in
+                WriteOp.create(
+                    in: items, fields: BenchModel.fields(index),
+                    idempotencyKey: try ClientName("w" + String(index + 10_000_000)))
+            }
+        }
+
+        let cpuBefore = try cpuSeconds(of: process.processIdentifier)
+        let start = ContinuousClock.now
+        var acknowledged = 0
+        try await withThrowingTaskGroup(of: Int.self) { group in
+            var next = 0
+            func send() {
+                let ops = writes[next]
+                next += 1
+                group.addTask {
+                    guard case .ack(let results) = try await writer.write(ops, timeout: .seconds(120)) else {
+                        throw ScenarioError("a write of the server benchmark met a conflict")
+                    }
+                    return results.count
+                }
+            }
+            while next < min(inFlight, writes.count) { send() }
+            while let done = try await group.next() {
+                acknowledged += done
+                if next < writes.count { send() }
+                if acknowledged % 10_000 == 0 { progress("server: \(acknowledged)/\(count) documents acknowledged") }
+            }
+        }
+        let acknowledgedAfter = ContinuousClock.now - start
+        try await poll("the listener has every document", interval: .milliseconds(1)) {
+            delivered.load(ordering: .relaxed) >= count
+        }
+        let elapsed = ContinuousClock.now - start
+        let serverCPU = try cpuSeconds(of: process.processIdentifier) - cpuBefore
+        let rate = Double(count) / elapsed.seconds
+        let sqlite = try Floors.sqliteInserts(rows: count)
+        return BenchResult(
+            scenario: "server", metric: "documents/s", value: rate, unit: "docs/s",
+            goal: "≥ 40,000 docs/s (writes of 100, acknowledged and delivered)", met: quick ? nil : rate >= 40_000,
+            details: [
+                "documents": Double(count), "seconds": elapsed.seconds,
+                "all acknowledged, s": acknowledgedAfter.seconds, "server CPU, s": serverCPU,
+                "server CPU per document, µs": serverCPU / Double(count) * 1_000_000,
+            ],
+            floor: "raw SQLite inserts, rows/s", floorValue: sqlite, floorRatio: rate / sqlite)
+    }
+
+    // MARK: fanout-10k
+
+    /// As ``fanout(quick:progress:)``, at 10,000 listener connections, to a server in its own
+    /// process.
+    public static func wideFanout(quick: Bool, progress: Progress) async throws -> BenchResult {
+        let listeners = quick ? 1000 : 10_000
+        let writes = quick ? 10 : 50
+        raiseOpenFilesLimit()
+        let folder = try TemporaryDirectory(prefix: "tandem-bench-fanout")
+        let process = try await ServerProcess(dataDirectory: folder.url, executable: Executable.current)
+        defer { process.send(SIGTERM) }
+        let latencies = try await fanoutLatencies(
+            url: process.url, listeners: listeners, writes: writes, scenario: "fanout-10k", progress: progress)
+        let p99 = latencies.milliseconds(at: 99)
+        let p50 = latencies.milliseconds(at: 50)
+        let echo = try Floors.echo(messages: quick ? 20_000 : 100_000)
+        let deliveriesPerSecond = Double(listeners) / (p50 / 1000)
+        return BenchResult(
+            scenario: "fanout-10k", metric: "p99", value: p99, unit: "ms", goal: "p99 ≤ 250 ms (10,000 listeners)",
+            met: quick ? nil : p99 <= 250,
+            details: [
+                "p50 ms": p50, "p99 ms": p99, "listeners": Double(listeners), "writes": Double(writes),
+                "deliveries/s at p50": deliveriesPerSecond,
+            ],
+            floor: "raw libwebsockets echo, messages/s", floorValue: echo.perSecond,
+            floorRatio: deliveriesPerSecond / echo.perSecond)
+    }
+
+    /// Opens `listeners` connections listening on one collection, then writes one document at
+    /// a time; for each, the time from sending the write until the last listener has it.
+    static func fanoutLatencies(
+        url: String, listeners: Int, writes: Int, scenario: String, progress: Progress
+    ) async throws -> Latencies {
+        let items = try CollectionPath("items")
+        final class Tally: Sendable {
+            let received = Mutex<[String: (count: Int, last: ContinuousClock.Instant)]>([:])
+            let current = Atomic<Int>(0)
+        }
+        let tally = Tally()
+        var connections: [ServerConnection] = []
+        defer { for connection in connections { connection.close() } }
+        // Connected a hundred at a time: one by one, 10,000 handshakes take long.
+        for first in stride(from: 0, to: listeners, by: 100) {
+            let opened = try await withThrowingTaskGroup(of: ServerConnection.self) { group in
+                for index in first..<min(listeners, first + 100) {
+                    group.addTask {
+                        let connection = try await ServerConnection.connect(
+                            to: url, clientId: "listener-\(index)", timeout: .seconds(60))
+                        connection.listen(to: items) { event in
+                            guard case .snapshot(let snapshot) = event else { return }
+                            if snapshot.initial {
+                                tally.current.add(1, ordering: .relaxed)
+                                return
+                            }
+                            let now = ContinuousClock.now
+                            tally.received.withLock { received in
+                                for change in snapshot.changes {
+                                    let id = change.document.id.rawValue
+                                    received[id] = ((received[id]?.count ?? 0) + 1, now)
+                                }
+                            }
+                        }
+                        return connection
+                    }
+                }
+                return try await group.reduce(into: []) { $0.append($1) }
+            }
+            connections += opened
+            progress("\(scenario): \(connections.count)/\(listeners) listeners connected")
+        }
+        try await poll("every listener is current") { tally.current.load(ordering: .relaxed) >= listeners }
+        let writer = try await ServerConnection.connect(to: url, clientId: "writer")
+        defer { writer.close() }
+        var latencies = Latencies()
+        for index in 0..<writes {
+            let start = ContinuousClock.now
+            guard
+                case .ack(let results) = try await writer.write([
+                    .create(in: items, fields: BenchModel.fields(index), idempotencyKey: try ClientName("w\(index)"))
+                ])
+            else { throw ScenarioError("the fan-out write was refused") }
+            let id = results[0].id.rawValue
+            try await poll("every listener has write \(index)", interval: .microseconds(100)) {
+                (tally.received.withLock { $0[id]?.count } ?? 0) >= listeners
+            }
+            latencies.record(tally.received.withLock { $0[id]!.last } - start)
+            progress("\(scenario): \(index + 1)/\(writes) writes delivered to \(listeners) listeners")
+        }
+        return latencies
+    }
+
+    /// The user and system CPU time a process has used, in seconds (from /proc).
+    static func cpuSeconds(of pid: Int32) throws -> Double {
+        let stat = try String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)
+        // The fields after the command name, which is in parentheses and may hold spaces.
+        guard let close = stat.lastIndex(of: ")") else { throw ScenarioError("cannot read /proc/\(pid)/stat") }
+        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        // utime and stime are the 14th and 15th fields; the name was the 2nd, the state the 3rd.
+        guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else {
+            throw ScenarioError("cannot read the CPU times in /proc/\(pid)/stat")
+        }
+        return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+    }
+}
