@@ -60,6 +60,7 @@ public struct CollectionPath: Hashable, Sendable, Comparable, CustomStringConver
     }
 
     static func problem(with path: String) -> String? {
+        if isValid(path) { return nil }
         if path.isEmpty { return "is empty" }
         let segments = path.split(separator: "/", omittingEmptySubsequences: false)
         if segments.count > maxSegments { return "has more than \(maxSegments) segments" }
@@ -70,6 +71,28 @@ public struct CollectionPath: Hashable, Sendable, Comparable, CustomStringConver
             if let problem = Name.problem(with: segment) { return "has a segment \(index + 1) that \(problem)" }
         }
         return nil
+    }
+
+    /// Whether the path keeps every rule, in one pass over its bytes that allocates nothing
+    /// (paths arrive with every op); ``problem(with:)`` says which rule a path breaks.
+    private static func isValid(_ path: String) -> Bool {
+        var segments = 1
+        var length = 0
+        var dots = 0
+        func segmentIsValid() -> Bool { length > 0 && length <= Name.maxBytes && !(dots == length && length <= 2) }
+        for byte in path.utf8 {
+            if byte == UInt8(ascii: "/") {
+                guard segmentIsValid() else { return false }
+                segments += 1
+                length = 0
+                dots = 0
+                continue
+            }
+            guard Name.isAllowed(byte) else { return false }
+            length += 1
+            if byte == UInt8(ascii: ".") { dots += 1 }
+        }
+        return segmentIsValid() && segments <= maxSegments && segments % 2 == 1
     }
 
     /// The path's segments.

@@ -8,6 +8,8 @@ struct JSONParser {
     private var index = 0
     private var depth = 0
     private let maxDepth: Int
+    /// The members of the objects being read, innermost last (see ``object()``).
+    private var members: [(key: String, value: JSONValue, offset: Int)] = []
 
     /// Parses one JSON value that makes up the whole of `bytes` (surrounding whitespace aside).
     static func parse(_ bytes: UnsafeBufferPointer<UInt8>, maxDepth: Int) throws(JSONError) -> JSONValue {
@@ -76,13 +78,15 @@ struct JSONParser {
     private mutating func object() throws(JSONError) -> JSONValue {
         try enter()
         index += 1
-        var object: JSONObject = [:]
         skipWhitespace()
         if index < bytes.count && bytes[index] == UInt8(ascii: "}") {
             index += 1
             depth -= 1
-            return .object(object)
+            return .object([:])
         }
+        // The members go on the shared stack first, so that the dictionary is made once at its
+        // final size instead of growing member by member.
+        let first = members.count
         while true {
             skipWhitespace()
             guard index < bytes.count, bytes[index] == UInt8(ascii: "\"") else { throw error("expected a string key") }
@@ -94,12 +98,8 @@ struct JSONParser {
             }
             index += 1
             skipWhitespace()
-            if object.updateValue(try value(), forKey: key) != nil {
-                // RFC 8259 leaves duplicate names undefined; two readers of one message must
-                // never disagree on what it says.
-                index = keyStart
-                throw error("the key '\(key.prefix(40))' appears twice in one object")
-            }
+            let value = try value()
+            members.append((key, value, keyStart))
             skipWhitespace()
             guard index < bytes.count else { throw error("unexpected end of input in an object") }
             if bytes[index] == UInt8(ascii: ",") {
@@ -109,8 +109,20 @@ struct JSONParser {
             guard bytes[index] == UInt8(ascii: "}") else { throw error("expected ',' or '}' in an object") }
             index += 1
             depth -= 1
-            return .object(object)
+            break
         }
+        var object = JSONObject(minimumCapacity: members.count - first)
+        for position in first..<members.count {
+            let (key, value, keyStart) = members[position]
+            if object.updateValue(value, forKey: key) != nil {
+                // RFC 8259 leaves duplicate names undefined; two readers of one message must
+                // never disagree on what it says.
+                index = keyStart
+                throw error("the key '\(key.prefix(40))' appears twice in one object")
+            }
+        }
+        members.removeSubrange(first...)
+        return .object(object)
     }
 
     private mutating func array() throws(JSONError) -> JSONValue {
@@ -143,13 +155,17 @@ struct JSONParser {
         index += 1  // the opening quote
         let start = index
         // Fast path: no escapes.
+        var highBits: UInt8 = 0
         while index < bytes.count {
             let byte = bytes[index]
             if byte == UInt8(ascii: "\"") {
-                let text = try Self.text(UnsafeBufferPointer(rebasing: bytes[start..<index]), at: start)
+                let raw = UnsafeBufferPointer(rebasing: bytes[start..<index])
+                // ASCII is valid UTF-8 as it stands: no need for the validating decoder.
+                let text = highBits < 0x80 ? String(decoding: raw, as: UTF8.self) : try Self.text(raw, at: start)
                 index += 1
                 return text
             }
+            highBits |= byte
             if byte == UInt8(ascii: "\\") { break }
             if byte < 0x20 { throw error("control character in a string; escape it") }
             index += 1

@@ -5,7 +5,12 @@ import Testing
 
 @Suite("Collection paths and document ids")
 struct NamingTests {
-    @Test("valid collection paths are accepted", arguments: ["accounts", "accounts/A1/transactions", "a.b/c~d/e:f"])
+    @Test(
+        "valid collection paths are accepted",
+        arguments: [
+            "accounts", "accounts/A1/transactions", "a.b/c~d/e:f", "...", "a/.x/b",
+            String(repeating: "x", count: 256), "a/b/c/d/e/f/g/h/i/j/k/l/m/n/o",
+        ])
     func validPaths(path: String) throws {
         #expect(try CollectionPath(path).rawValue == path)
     }
@@ -14,7 +19,8 @@ struct NamingTests {
         "invalid collection paths are refused with invalid-path",
         arguments: [
             "", "accounts/A1", "/accounts", "accounts/", "a//b", "accounts/../x", "accounts/A 1/t", "ac'counts",
-            "a/b/c/d/e/f/g/h/i/j/k/l/m/n/o/p/q", "accounts;DROP TABLE", "é",
+            "a/b/c/d/e/f/g/h/i/j/k/l/m/n/o/p/q", "accounts;DROP TABLE", "é", ".", "a/b/..", "a/./b",
+            String(repeating: "x", count: 257), "a/b/" + String(repeating: "x", count: 257),
         ])
     func invalidPaths(path: String) {
         #expect {
@@ -198,6 +204,35 @@ struct MessageCodingTests {
         } catch {
             #expect(error.code == code, "\(json) → \(error)")
             #expect(fragment.isEmpty || error.message.contains(fragment), "\(json) → \(error.message)")
+        }
+    }
+
+    @Test("a key twice in one object is refused at the second, at any depth")
+    func duplicateKeys() throws {
+        for (json, offset) in [(#"{"a":1,"b":2,"a":3}"#, 13), (#"{"x":{"a":{"b":1},"a":2},"y":1}"#, 18)] {
+            do {
+                _ = try Wire.parse(Array(json.utf8))
+                Issue.record("accepted \(json)")
+            } catch {
+                #expect(error.message.contains("the key 'a' appears twice"), "\(json) → \(error.message)")
+                #expect(error.message.contains("at byte \(offset)"), "\(json) → \(error.message)")
+            }
+        }
+        // The same keys in sibling and nested objects are not duplicates.
+        let nested = try Wire.decodeFields(Array(#"{"a":{"a":{"a":1},"b":[{"a":2},{"a":3}]},"b":"é\u00e9 ✓"}"#.utf8))
+        #expect(nested["a"]?.objectValue?["b"] == .array([.object(["a": .int(2)]), .object(["a": .int(3)])]))
+        #expect(nested["a"]?.objectValue?["a"] == .object(["a": .int(1)]))
+        #expect(nested["b"] == .string("éé ✓"))
+    }
+
+    @Test("a string that is not valid UTF-8 is refused, ASCII or not around it")
+    func invalidUTF8() {
+        for bytes: [UInt8] in [
+            Array(#"{"a":""#.utf8) + [0xC3] + Array(#""}"#.utf8),
+            Array(#"{"a":"abc"#.utf8) + [0xFF, 0x41] + Array(#""}"#.utf8),
+            Array(#"{""#.utf8) + [0xE2, 0x82] + Array(#"":1}"#.utf8),
+        ] {
+            #expect(throws: WireError.self) { try Wire.decodeFields(bytes) }
         }
     }
 

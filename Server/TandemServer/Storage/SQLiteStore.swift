@@ -259,17 +259,18 @@ final class SQLiteStore: DocumentStore {
         }
 
         func recordedResults(user: String, client: String, keys: [String]) throws -> [String: WriteResult] {
+            // One query for all the keys of a group (a JSON array of them), instead of one per key.
             let statement = try db.cachedStatement(
                 sql: """
-                    SELECT id, version, updateTime, document FROM idempotency
-                    WHERE user = ? AND clientId = ? AND key = ?
+                    SELECT key, id, version, updateTime, document FROM idempotency
+                    WHERE user = ? AND clientId = ? AND key IN (SELECT value FROM json_each(?))
                     """)
+            let list = String(decoding: Wire.encode(JSONValue.array(keys.map(JSONValue.string))), as: UTF8.self)
+            let rows = try Row.fetchCursor(statement, arguments: [user, client, list])
             var found: [String: WriteResult] = [:]
-            for key in keys where found[key] == nil {
-                let result = try statement.firstRow(arguments: [user, client, key]) { row in
-                    try SQLiteStore.writeResult(id: row[0], version: row[1], updateTime: row[2], document: row[3])
-                }
-                if let result { found[key] = result }
+            while let row = try rows.next() {
+                found[row[0]] = try SQLiteStore.writeResult(
+                    id: row[1], version: row[2], updateTime: row[3], document: row[4])
             }
             return found
         }
@@ -286,12 +287,20 @@ final class SQLiteStore: DocumentStore {
                     WHERE collection = ?1 AND id = ?2
                     """)
             for document in documents {
-                let arguments: StatementArguments = [
-                    document.collection.rawValue, document.id.rawValue, document.fieldsJSON, document.version,
-                    document.createTime, document.updateTime, document.deleted, document.sequence,
-                    document.createSequence, document.createKey, document.createClient, document.fieldTimesJSON,
-                ]
-                try (document.isNew ? insert : update).execute(arguments: arguments)
+                try (document.isNew ? insert : update).executeBinding { values in
+                    values.bind(document.collection.rawValue)
+                    values.bind(document.id.rawValue)
+                    values.bind(document.fieldsJSON)
+                    values.bind(document.version)
+                    values.bind(document.createTime)
+                    values.bind(document.updateTime)
+                    values.bind(document.deleted)
+                    values.bind(document.sequence)
+                    values.bind(document.createSequence)
+                    values.bind(document.createKey)
+                    values.bind(document.createClient)
+                    values.bind(document.fieldTimesJSON)
+                }
             }
             let record = try db.cachedStatement(
                 sql: """
@@ -299,11 +308,16 @@ final class SQLiteStore: DocumentStore {
                     VALUES (?, ?, ?, ?, ?, ?, ?, ?)
                     """)
             for entry in records {
-                try record.execute(arguments: [
-                    entry.user, entry.client, entry.key, entry.result.id.rawValue, entry.result.version,
-                    entry.result.updateTime, entry.recordedAt,
-                    entry.result.document.map { String(decoding: Wire.encode($0), as: UTF8.self) },
-                ])
+                try record.executeBinding { values in
+                    values.bind(entry.user)
+                    values.bind(entry.client)
+                    values.bind(entry.key)
+                    values.bind(entry.result.id.rawValue)
+                    values.bind(entry.result.version)
+                    values.bind(entry.result.updateTime)
+                    values.bind(entry.recordedAt)
+                    values.bind(entry.result.document.map { String(decoding: Wire.encode($0), as: UTF8.self) })
+                }
             }
             let sequence = try db.cachedStatement(
                 sql: """
