@@ -118,9 +118,26 @@ extension Bench {
         url: String, listeners: Int, writes: Int, scenario: String, progress: Progress
     ) async throws -> Latencies {
         let items = try CollectionPath("items")
+        /// Arrivals per document, in shards by listener: thousands of listeners' queues
+        /// recording into one lock spend more time waiting for it than the server takes.
         final class Tally: Sendable {
-            let received = Mutex<[String: (count: Int, last: ContinuousClock.Instant)]>([:])
+            final class Shard: Sendable {
+                let arrivals = Mutex<[String: (count: Int, last: ContinuousClock.Instant)]>([:])
+            }
+            let shards = (0..<16).map { _ in Shard() }
             let current = Atomic<Int>(0)
+
+            func record(_ id: String, by listener: Int, at now: ContinuousClock.Instant) {
+                shards[listener % shards.count].arrivals.withLock { $0[id] = (($0[id]?.count ?? 0) + 1, now) }
+            }
+
+            /// How many listeners have the document, and when the last of them got it.
+            func arrivals(of id: String) -> (count: Int, last: ContinuousClock.Instant?) {
+                shards.reduce((0, nil)) { total, shard in
+                    guard let mine = shard.arrivals.withLock({ $0[id] }) else { return total }
+                    return (total.0 + mine.count, max(total.1 ?? mine.last, mine.last))
+                }
+            }
         }
         let tally = Tally()
         var connections: [ServerConnection] = []
@@ -139,11 +156,8 @@ extension Bench {
                                 return
                             }
                             let now = ContinuousClock.now
-                            tally.received.withLock { received in
-                                for change in snapshot.changes {
-                                    let id = change.document.id.rawValue
-                                    received[id] = ((received[id]?.count ?? 0) + 1, now)
-                                }
+                            for change in snapshot.changes {
+                                tally.record(change.document.id.rawValue, by: index, at: now)
                             }
                         }
                         return connection
@@ -167,9 +181,9 @@ extension Bench {
             else { throw ScenarioError("the fan-out write was refused") }
             let id = results[0].id.rawValue
             try await poll("every listener has write \(index)", interval: .microseconds(100)) {
-                (tally.received.withLock { $0[id]?.count } ?? 0) >= listeners
+                tally.arrivals(of: id).count >= listeners
             }
-            latencies.record(tally.received.withLock { $0[id]!.last } - start)
+            latencies.record(tally.arrivals(of: id).last! - start)
             progress("\(scenario): \(index + 1)/\(writes) writes delivered to \(listeners) listeners")
         }
         return latencies
