@@ -139,7 +139,11 @@ struct CommandLineTests {
             try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
         }
         let scenarios = results.compactMap { $0["scenario"] as? String }
-        #expect(scenarios == ["propagation", "throughput", "snapshot", "fanout", "apply", "connections", "cluster"])
+        #expect(
+            scenarios == [
+                "propagation", "throughput", "snapshot", "fanout", "fanout-10k", "server", "apply", "connections",
+                "cluster",
+            ])
         for result in results {
             let value = try #require(result["value"] as? Double)
             #expect(value > 0, "\(result)")
