@@ -42,6 +42,9 @@ extension Statement {
     /// Runs this statement (an INSERT, UPDATE or DELETE, inside a transaction of GRDB's) with
     /// the values `bind` binds, in order.
     ///
+    /// It steps the statement itself, so GRDB's transaction observers do not hear of it: right
+    /// for the server's store, which has none (its listeners are fed from the feed tables).
+    ///
     /// - Throws: `DatabaseError`, as GRDB's `execute(arguments:)` would.
     func executeBinding(_ bind: (inout RawBinder) -> Void) throws {
         sqlite3_reset(sqliteStatement)
