@@ -129,7 +129,10 @@ let package = Package(
         .testTarget(name: "TandemSocketTests", dependencies: ["TandemSocket", "TandemTesting"]),
         .testTarget(
             name: "TandemServerTests",
-            dependencies: ["TandemServer", "TandemWire", "TandemSocket", "TandemClient", "TandemTesting", "TandemFuzzing"]
+            dependencies: [
+                "TandemServer", "TandemWire", "TandemSocket", "TandemClient", "TandemTesting", "TandemFuzzing",
+                .product(name: "GRDB", package: "GRDB.swift"),
+            ]
         ),
         .testTarget(
             name: "TandemTests",

@@ -8,6 +8,9 @@ import GRDBSQLite
 struct RawBinder {
     fileprivate let handle: OpaquePointer
     fileprivate var index: Int32 = 0
+    /// The first bind that SQLite refused (`SQLITE_TOOBIG`, …): the statement must not run,
+    /// since a refused parameter keeps the value of the row bound before.
+    fileprivate var failure: (index: Int32, code: Int32)?
 
     /// SQLite copies the bytes (its "transient" destructor), so the string need not outlive
     /// the call.
@@ -16,15 +19,16 @@ struct RawBinder {
     mutating func bind(_ value: String) {
         index += 1
         var value = value
-        value.withUTF8 { bytes in
-            _ = sqlite3_bind_text(handle, index, bytes.baseAddress, Int32(bytes.count), Self.transient)
+        let code = value.withUTF8 { bytes in
+            sqlite3_bind_text(handle, index, bytes.baseAddress, Int32(clamping: bytes.count), Self.transient)
         }
+        check(code)
     }
 
     mutating func bind(_ value: String?) {
         guard let value else {
             index += 1
-            sqlite3_bind_null(handle, index)
+            check(sqlite3_bind_null(handle, index))
             return
         }
         bind(value)
@@ -32,10 +36,14 @@ struct RawBinder {
 
     mutating func bind(_ value: Int64) {
         index += 1
-        sqlite3_bind_int64(handle, index, value)
+        check(sqlite3_bind_int64(handle, index, value))
     }
 
     mutating func bind(_ value: Bool) { bind(value ? 1 as Int64 : 0) }
+
+    private mutating func check(_ code: Int32) {
+        if code != SQLITE_OK && failure == nil { failure = (index, code) }
+    }
 }
 
 extension Statement {
@@ -54,11 +62,17 @@ extension Statement {
             binder.index == sqlite3_bind_parameter_count(sqliteStatement),
             "\(sql): bound \(binder.index) values, the statement takes \(sqlite3_bind_parameter_count(sqliteStatement))"
         )
+        let connection = sqlite3_db_handle(sqliteStatement)
+        if let failure = binder.failure {
+            throw DatabaseError(
+                resultCode: ResultCode(rawValue: failure.code),
+                message: "value \(failure.index) not bound: \(String(cString: sqlite3_errmsg(connection)))", sql: sql)
+        }
         let code = sqlite3_step(sqliteStatement)
         defer { sqlite3_reset(sqliteStatement) }
         guard code == SQLITE_DONE else {
-            let message = String(cString: sqlite3_errmsg(sqlite3_db_handle(sqliteStatement)))
-            throw DatabaseError(resultCode: ResultCode(rawValue: code), message: message, sql: sql)
+            throw DatabaseError(
+                resultCode: ResultCode(rawValue: code), message: String(cString: sqlite3_errmsg(connection)), sql: sql)
         }
     }
 }

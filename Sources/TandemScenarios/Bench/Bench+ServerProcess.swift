@@ -33,7 +33,7 @@ extension Bench {
         try await poll("the listener is current") { listening.load(ordering: .acquiring) }
         let writer = try await ServerConnection.connect(to: process.url, clientId: "writer")
         defer { writer.close() }
-        // The writes, encoded before the clock starts: the client's own costs are not the
+        // The writes, built before the clock starts: the client's own costs are not the
         // server's.
         let writes = try stride(from: 0, to: count, by: perWrite).map { first in
             try (first..<min(count, first + perWrite)).map { index in
