@@ -27,6 +27,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.2.0"),
+        .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
     ],
     targets: [
         .systemLibrary(
@@ -79,6 +81,8 @@ let package = Package(
                 "CLibPQ",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
             ],
             path: "Server/TandemServer"
         ),
@@ -115,7 +119,7 @@ let package = Package(
         // libFuzzer's with scripts/fuzz, a corpus replay otherwise.
         .target(
             name: "TandemFuzzing",
-            dependencies: ["TandemServer", "TandemTesting", "TandemWire"],
+            dependencies: ["TandemClient", "TandemServer", "TandemTesting", "TandemWire"],
             path: "Fuzz/Harness"
         ),
         .executableTarget(name: "tandem-fuzz", dependencies: ["TandemFuzzing"], path: "Fuzz/Entry"),
@@ -132,6 +136,7 @@ let package = Package(
             dependencies: [
                 "TandemServer", "TandemWire", "TandemSocket", "TandemClient", "TandemTesting", "TandemFuzzing",
                 .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "MetricsTestKit", package: "swift-metrics"),
             ]
         ),
         .testTarget(

@@ -1,4 +1,5 @@
 import Foundation
+import TandemClient
 import TandemServer
 import TandemTesting
 import TandemWire

@@ -1,3 +1,4 @@
+import CoreMetrics
 import Foundation
 import Logging
 import TandemSocket
@@ -70,9 +71,13 @@ public struct ServerConfiguration: Sendable {
         /// A PostgreSQL database, shared by every server node given the same URL, like
         /// `postgresql://tandem@/tandem?host=/run/postgresql&port=5432`.
         case postgres(url: String)
+        /// SQLite in memory, gone when the server stops: for tests that need no files.
+        /// Nothing is durable, whatever an `ack` says.
+        case memory
 
         public var description: String {
             switch self {
+            case .memory: "SQLite in memory (gone on exit)"
             case .sqlite(let directory): "SQLite in \(directory.path)"
             case .postgres(let url): "PostgreSQL at \(Self.withoutPassword(url))"
             }
@@ -91,6 +96,16 @@ public struct ServerConfiguration: Sendable {
 
     /// Test seams: points where a test can hold the server to force an interleaving.
     public var hooks = ServerHooks()
+
+    /// The token that opens the admin API (`/admin/…`: reset, export, import, clients,
+    /// faults), sent as `Authorization: Bearer TOKEN`. Without one, the admin API answers
+    /// requests from loopback addresses only. Default: nil.
+    public var adminToken: String?
+
+    /// Where the server's metrics go besides its own `/metrics` page: an app embedding the
+    /// server passes its swift-metrics factory (StatsD, OpenTelemetry, …). The server never
+    /// bootstraps `MetricsSystem` itself. Default: nil.
+    public var metricsFactory: (any MetricsFactory)?
 
     /// A TLS certificate chain and private key (PEM files): the server speaks `wss://`.
     public var tls: TLSFiles?

@@ -56,6 +56,8 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
 
     /// What `/healthz` reports; read by the socket's service thread.
     let health: NodeHealth
+    /// What `/metrics` reports.
+    let metrics: ServerMetrics
 
     init(configuration: ServerConfiguration, store: any DocumentStore) {
         self.configuration = configuration
@@ -64,6 +66,7 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
         health = NodeHealth(
             node: configuration.nodeName ?? "\(configuration.host):\(configuration.port)", store: store.kind)
         faults = configuration.faults.map(FaultInjector.init)
+        metrics = ServerMetrics(extra: configuration.metricsFactory)
     }
 
     func startMaintenance() {
@@ -125,7 +128,7 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
     // MARK: - Socket events (service thread)
 
     func webSocketDidOpen(_ connection: WebSocketConnection) {
-        let session = Session(connection: connection)
+        let session = Session(connection: connection, metrics: metrics)
         connection.userData = session
         queue.async { [self] in
             guard !isStopped else { return }

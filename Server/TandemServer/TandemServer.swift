@@ -73,6 +73,8 @@ public final class TandemServer: Sendable {
             switch configuration.storage {
             case .sqlite(let directory):
                 store = try SQLiteStore(directory: directory, logger: configuration.logger)
+            case .memory:
+                store = try SQLiteStore(inMemoryWith: configuration.logger)
             case .postgres(let url):
                 store = try PostgresStore(
                     url: url, logger: configuration.logger, onNews: { relay.news($0) },
@@ -168,7 +170,7 @@ public final class TandemServer: Sendable {
 
     /// Every collection holding at least one live document.
     public func collections() throws -> [CollectionPath] {
-        try core.queue.sync { try core.store.collections() }
+        try core.queue.sync { try core.store.collections().map(\.path) }
     }
 
     /// Every document, tombstones included, with its collection: for checks and exports.
@@ -178,6 +180,31 @@ public final class TandemServer: Sendable {
             try core.store.forEachDocument { stored in all.append((stored.collection, try stored.document)) }
             return all
         }
+    }
+
+    /// Removes every document of `collection`, or everything when nil (the admin API's
+    /// `POST /admin/reset`). Listeners of what was removed get a `reset` and the empty snapshot.
+    ///
+    /// - Returns: How many documents (tombstones included) were removed.
+    @discardableResult
+    public func reset(collection: CollectionPath?) throws -> Int {
+        try core.queue.sync { try core.reset(collection) }
+    }
+
+    /// Every document, tombstones included, in the export format (NDJSON, docs/ADMIN.md):
+    /// what `GET /admin/export` and `tandem export` give.
+    public func exportDocuments() throws -> [UInt8] {
+        try core.queue.sync { try core.export() }
+    }
+
+    /// Stores the documents of an export, all or none (`POST /admin/import`, `tandem import`,
+    /// `tandem serve --import`).
+    ///
+    /// - Throws: ``ImportError`` for a malformed line (naming it) or a document that exists
+    ///   already; nothing is stored then.
+    @discardableResult
+    public func importDocuments(_ export: [UInt8]) throws -> ImportSummary {
+        try core.queue.sync { try core.importDocuments(export) }
     }
 
     /// Every live document of the collection, in the order of their last write.

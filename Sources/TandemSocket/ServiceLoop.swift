@@ -425,7 +425,10 @@ final class ServiceLoop: @unchecked Sendable {
             authorization: Self.header(wsi, WSI_TOKEN_HTTP_AUTHORIZATION), body: [], peer: Self.peerAddress(wsi))
         let exchange = HTTPExchange(wsi: wsi, request: request)
         exchanges[wsi] = exchange
-        if method != "POST" { dispatch(exchange) }
+        // A POST's body arrives in LWS_CALLBACK_HTTP_BODY; one without a body (no
+        // Content-Length, or 0) gets no body callbacks at all, so it is answered now.
+        let length = Self.header(wsi, WSI_TOKEN_HTTP_CONTENT_LENGTH).flatMap { Int($0) } ?? 0
+        if method != "POST" || length == 0 { dispatch(exchange) }
         return 0
     }
 

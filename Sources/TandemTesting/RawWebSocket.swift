@@ -1,4 +1,5 @@
 import Foundation
+import TandemClient
 import TandemWire
 
 #if canImport(Glibc)
@@ -58,12 +59,12 @@ public final class RawWebSocket: @unchecked Sendable {
     ///   between the server's accept and the hello there is then no wait for a thread of the
     ///   cooperative pool, which on a loaded machine can outlast the server's hello timeout.
     public static func open(
-        host: String = "127.0.0.1", port: Int, receiveBufferSize: Int? = nil, resetOnClose: Bool = false,
-        hello: String? = nil
+        host: String = "127.0.0.1", port: Int, path: String = "/", receiveBufferSize: Int? = nil,
+        resetOnClose: Bool = false, hello: String? = nil
     ) async throws -> RawWebSocket {
         try await onOwnThread {
             let raw = try RawWebSocket(
-                host: host, port: port, receiveBufferSize: receiveBufferSize, resetOnClose: resetOnClose)
+                host: host, port: port, path: path, receiveBufferSize: receiveBufferSize, resetOnClose: resetOnClose)
             if let hello { try raw.send(text: hello) }
             return raw
         }
@@ -77,8 +78,11 @@ public final class RawWebSocket: @unchecked Sendable {
     ///     (SO_RCVBUF).
     ///   - resetOnClose: Closing resets the connection (no TIME_WAIT), for harnesses that open
     ///     many.
-    public init(host: String = "127.0.0.1", port: Int, receiveBufferSize: Int? = nil, resetOnClose: Bool = false) throws
-    {
+    ///   - path: The path of the upgrade request (a DevTools page's, for instance).
+    public init(
+        host: String = "127.0.0.1", port: Int, path: String = "/", receiveBufferSize: Int? = nil,
+        resetOnClose: Bool = false
+    ) throws {
         do {
             fd = try PlainSocket.connect(host: host, port: port, receiveBufferSize: receiveBufferSize)
             if resetOnClose { PlainSocket.resetOnClose(fd) }
@@ -86,7 +90,7 @@ public final class RawWebSocket: @unchecked Sendable {
             throw Failure(description: "\(error)")
         }
         let request =
-            "GET / HTTP/1.1\r\nHost: \(host):\(port)\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            "GET \(path) HTTP/1.1\r\nHost: \(host):\(port)\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
         try writeAll(Array(request.utf8))
         let head = try readHTTPHead(timeout: 30)

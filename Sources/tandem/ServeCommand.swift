@@ -14,9 +14,14 @@ struct ServeCommand: AsyncParsableCommand {
             access control the server only listens on loopback. With --tokens and/or --rules, clients present a token and \
             everything the rules do not allow is denied (file formats in the README).
 
+            The same port serves the live console (open http://HOST:PORT/ in a browser), /healthz, \
+            /metrics (Prometheus) and the admin API (/admin/…, docs/ADMIN.md), which answers the \
+            admin token (--admin-token, or TANDEM_ADMIN_TOKEN) or, without one, loopback only.
+
             Examples:
               tandem serve
               tandem serve --port 0 --data /tmp/tandem     (any free port)
+              tandem serve --memory --import seed.ndjson    (a throwaway server with seed data)
               tandem serve --host 0.0.0.0 --tokens tokens.json --rules rules.json
               tandem serve --port 7001 --postgres 'postgresql://tandem@/tandem?host=/run/postgresql'
               tandem serve --host 0.0.0.0 --tls-cert cert.pem --tls-key key.pem --tokens tokens.json --rules rules.json
@@ -30,6 +35,20 @@ struct ServeCommand: AsyncParsableCommand {
 
     @Option(help: "The data folder of the SQLite store, created if missing (default: ./tandem-data).")
     var data: String?
+
+    @Flag(help: "Keep documents in memory, gone on exit (for tests; nothing is durable).")
+    var memory = false
+
+    @Option(
+        name: .customLong("import"),
+        help: ArgumentHelp("Seed the store with an export (NDJSON, from tandem export) at start.", valueName: "file"))
+    var importFile: String?
+
+    @Option(
+        help: ArgumentHelp(
+            "The token of the admin API (/admin/…); also read from TANDEM_ADMIN_TOKEN. Without one, loopback only.",
+            valueName: "token"))
+    var adminToken: String?
 
     @Option(
         help: ArgumentHelp(
@@ -111,9 +130,13 @@ struct ServeCommand: AsyncParsableCommand {
         if (tlsCert == nil) != (tlsKey == nil) {
             throw ValidationError("--tls-cert and --tls-key go together: give both, or neither")
         }
-        if postgres != nil && data != nil {
-            throw ValidationError("--data and --postgres choose the store: give one of them, not both")
+        if [postgres != nil, data != nil, memory].filter({ $0 }).count > 1 {
+            throw ValidationError("--data, --postgres and --memory choose the store: give one of them at most")
         }
+        if let importFile, !FileManager.default.isReadableFile(atPath: importFile) {
+            throw ValidationError("--import: cannot read \(importFile)")
+        }
+        if adminToken?.isEmpty == true { throw ValidationError("--admin-token must not be empty") }
         if let postgres,
             !(postgres.hasPrefix("postgresql://") || postgres.hasPrefix("postgres://") || postgres.contains("="))
         {
@@ -159,6 +182,8 @@ struct ServeCommand: AsyncParsableCommand {
         var configuration =
             if let postgres {
                 ServerConfiguration(storage: .postgres(url: postgres))
+            } else if memory {
+                ServerConfiguration(storage: .memory)
             } else {
                 ServerConfiguration(dataDirectory: URL(fileURLWithPath: data ?? "./tandem-data").standardizedFileURL)
             }
@@ -166,6 +191,7 @@ struct ServeCommand: AsyncParsableCommand {
         configuration.port = port
         configuration.nodeName = nodeName
         configuration.allowsPlaintext = allowPlaintext
+        configuration.adminToken = adminToken ?? ProcessInfo.processInfo.environment["TANDEM_ADMIN_TOKEN"]
         if let tlsCert, let tlsKey {
             configuration.tls = .init(
                 certificate: URL(fileURLWithPath: tlsCert), privateKey: URL(fileURLWithPath: tlsKey))
@@ -204,6 +230,25 @@ struct ServeCommand: AsyncParsableCommand {
         }
         emit("listening on \(server.url)")
         emit("store: \(configuration.storage)")
+        if let importFile {
+            do {
+                let bytes = try [UInt8](Data(contentsOf: URL(fileURLWithPath: importFile)))
+                note("importing \(importFile) (\(bytes.count) bytes)…")
+                let summary = try server.importDocuments(bytes)
+                emit(
+                    "imported \(summary.documents) documents into \(summary.collections) collections from \(importFile)"
+                )
+            } catch {
+                server.shutdown()
+                throw CLIError("--import \(importFile): \(error)")
+            }
+        }
+        emit(
+            "console: http\(configuration.tls == nil ? "" : "s")://\(server.url.dropFirst(configuration.tls == nil ? 5 : 6))/"
+        )
+        emit(
+            "admin API: "
+                + (configuration.adminToken == nil ? "loopback only (no admin token)" : "for the admin token"))
         if configuration.access == nil {
             emit("access: open, no access control, so the server accepts connections from this machine only")
         } else {

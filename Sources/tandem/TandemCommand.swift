@@ -15,7 +15,8 @@ struct TandemCommand: AsyncParsableCommand {
             """,
         subcommands: [
             DemoCommand.self, ServeCommand.self, PutCommand.self, GetCommand.self, DeleteCommand.self,
-            WatchCommand.self, BenchCommand.self, SoakCommand.self, EchoServerCommand.self, DeviceCommand.self,
+            WatchCommand.self, ExportCommand.self, ImportCommand.self, BenchCommand.self, SoakCommand.self,
+            EchoServerCommand.self, DeviceCommand.self,
         ]
     )
 }

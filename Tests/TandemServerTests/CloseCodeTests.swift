@@ -91,6 +91,8 @@ struct CloseCodeTests {
         let close = try await stalled.readClose(timeout: .seconds(20))
         #expect(close.closeCode == 1008, "\(close.closeReason)")
         #expect(close.closeReason.hasPrefix("send queue overflow"), "\(close.closeReason)")
+        let metrics = try await HTTPGet.fetch(port: server.port, path: "/metrics").body
+        #expect(metrics.contains("\ntandem_slow_consumers_closed_total 1\n"), "\(metrics)")
     }
 
     @Test("a connection dropped by an injected fault gets 1011")

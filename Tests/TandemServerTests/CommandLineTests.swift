@@ -130,6 +130,43 @@ struct CommandLineTests {
         #expect(result.error.contains(message), "\(result.error)")
     }
 
+    @Test("tandem export and import move a server's documents; serve --memory --import seeds a throwaway server")
+    func exportImport() async throws {
+        let folder = try TemporaryDirectory()
+        let source = try await ServerProcess(dataDirectory: folder.url.appendingPathComponent("source"))
+        defer { source.send(SIGTERM) }
+        for title in ["Rent", "Food"] {
+            let put = try await runTandem(["put", "notes", #"{"title":"\#(title)"}"#, "--server", source.url])
+            #expect(put.status == 0, "\(put.error)")
+        }
+        let file = folder.url.appendingPathComponent("export.ndjson")
+        let exported = try await runTandem(["export", "--server", source.url, "--output", file.path])
+        #expect(exported.status == 0, "\(exported.error)")
+        #expect(exported.error.contains("exported"), "\(exported.error)")
+        let original = try String(contentsOf: file, encoding: .utf8).split(separator: "\n")
+        #expect(original.count == 4)  // the header, the collection, two documents
+
+        let seeded = try await ServerProcess(
+            arguments: ["serve", "--port", "0", "--memory", "--import", file.path, "--log-level", "warning"])
+        defer { seeded.send(SIGTERM) }
+        let copy = try await runTandem(["export", "--server", seeded.url])
+        #expect(copy.status == 0, "\(copy.error)")
+        // The same documents at the same places in the feed; only the header (epoch, time) differs.
+        #expect(Array(copy.output.split(separator: "\n").dropFirst()) == Array(original.dropFirst()))
+
+        let again = try await runTandem(["import", file.path, "--server", seeded.url])
+        #expect(again.status != 0)
+        #expect(
+            again.error.contains("nothing was imported") && again.error.contains("exists on this server"),
+            "\(again.error)")
+
+        let empty = try await ServerProcess(dataDirectory: folder.url.appendingPathComponent("empty"))
+        defer { empty.send(SIGTERM) }
+        let loaded = try await runTandem(["import", file.path, "--server", empty.url])
+        #expect(loaded.status == 0, "\(loaded.error)")
+        #expect(loaded.output == "imported 2 documents into 1 collections\n")
+    }
+
     @Test("tandem bench --quick runs every scenario and prints a figure, a goal and a floor ratio for each")
     func benchSmoke() async throws {
         // Correctness only: a debug build's figures say nothing about speed.

@@ -129,16 +129,10 @@ extension ServerCore {
             listener.session.send(internalError(error, target: listener.target))
             return
         }
-        if listener.isResuming && listener.position < page.bounds.horizon {
-            // Tombstones this client needs were purged while it caught up: start over.
-            listener.session.send(
-                .reset(
-                    .init(
-                        target: listener.target,
-                        reason: "deletes were purged while catching up; the full snapshot follows")))
-            listener.position = 0
-            listener.isResuming = false
-            advance(listener)
+        if listener.position > 0 && listener.position < page.bounds.horizon {
+            // Deletes this client needs were purged (expired tombstones, or a reset) while it
+            // caught up: start over.
+            restart(listener, reason: "deletes were purged while catching up; the full snapshot follows")
             return
         }
         let follower = followed[listener.collection]
@@ -158,6 +152,15 @@ extension ServerCore {
         } else {
             queue.async { [self] in advance(listener) }
         }
+    }
+
+    /// Sends `reset` and catches the listener up again from the start of the feed.
+    func restart(_ listener: Listener, reason: String) {
+        listener.session.send(.reset(.init(target: listener.target, reason: reason)))
+        listener.position = 0
+        listener.isResuming = false
+        listener.isLive = false
+        advance(listener)
     }
 
     // MARK: - Feed rounds
@@ -214,11 +217,22 @@ extension ServerCore {
     /// Listeners at the same position hear the same changes, so those are encoded once per
     /// position (the stored JSON spliced in, not parsed), except for a client that created a
     /// document deleted since: it alone hears of that delete.
+    ///
+    /// A live listener behind the feed's horizon lost documents it holds without hearing of
+    /// their deletes (the collection was reset through the admin API, on any node): it gets a
+    /// `reset` and the full snapshot instead.
     private func deliver(_ page: FeedPage, to follower: FeedFollower) {
         var byPosition: [Int64: [Listener]] = [:]
         for listener in follower.listeners where listener.isLive && !listener.session.isClosed {
+            if listener.position < page.bounds.horizon {
+                restart(
+                    listener, reason: "the collection was reset (its documents were removed); the full snapshot follows"
+                )
+                continue
+            }
             byPosition[listener.position, default: []].append(listener)
         }
+        let committed = page.rows.last?.updateTime
         for (position, listeners) in byPosition {
             let rows = page.rows.filter { $0.sequence > position }
             let creators = Set(
@@ -229,7 +243,11 @@ extension ServerCore {
                     listener.clientId.map(creators.contains) == true
                     ? encodeChanges(rows, after: position, for: listener.clientId) : shared
                 listener.position = max(listener.position, page.position)
-                for chunk in changes.chunks(lastPosition: page.position) {
+                let chunks = changes.chunks(lastPosition: page.position)
+                if let committed, !chunks.isEmpty {
+                    metrics.delivered(afterMilliseconds: configuration.clock() - committed)
+                }
+                for chunk in chunks {
                     delayIfInjected(listener.session)
                     listener.session.send(
                         frame: snapshotFrame(

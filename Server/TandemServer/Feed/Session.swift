@@ -8,6 +8,7 @@ import TandemWire
 /// thread increments as messages arrive.
 final class Session: @unchecked Sendable {
     let connection: WebSocketConnection
+    let metrics: ServerMetrics
     let id = DocumentID.random().rawValue
     /// Set by `hello`; nothing else is accepted before it.
     var clientId: ClientName?
@@ -23,8 +24,9 @@ final class Session: @unchecked Sendable {
     /// Outgoing frames held back by an injected delay, in order; nil when not holding.
     private var held: [OutboundMessage]?
 
-    init(connection: WebSocketConnection) {
+    init(connection: WebSocketConnection, metrics: ServerMetrics) {
         self.connection = connection
+        self.metrics = metrics
     }
 
     /// Encodes and queues a message (or holds it, during an injected delay). A connection that
@@ -41,7 +43,14 @@ final class Session: @unchecked Sendable {
             held!.append(frame)
             return
         }
-        try? connection.send(frame)
+        do {
+            try connection.send(frame)
+        } catch  where error.code == .sendQueueOverflow {
+            // The connection closed itself (1008); its close event ends the session.
+            metrics.closedSlowConsumer()
+        } catch {
+            // Closing already: the session is about to go.
+        }
     }
 
     var isHolding: Bool { held != nil }

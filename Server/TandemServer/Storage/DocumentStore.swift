@@ -51,8 +51,23 @@ protocol DocumentStore: AnyObject {
     /// the purged tombstones.
     func purge(tombstonesBefore: Int64, keysBefore: Int64) throws -> (tombstones: Int, keys: Int)
 
-    /// Every collection holding at least one live document. For tests and tools.
-    func collections() throws -> [CollectionPath]
+    /// Removes every document of `collection`, or of every collection (and every idempotency
+    /// record) when nil, for the admin API's reset.
+    ///
+    /// Each emptied collection takes one more sequence and moves its horizon to it, so that
+    /// every listener and resume token from before the reset is behind the horizon and gets a
+    /// `reset`, on every node: its client then drops what it held. Sequences never go back, so
+    /// a token from before the reset is never taken for a position after it.
+    ///
+    /// - Returns: How many documents (tombstones included) were removed.
+    func reset(_ collection: CollectionPath?) throws -> Int
+
+    /// The bytes the store takes (the database file and its log), when it can tell.
+    func sizeInBytes() throws -> Int64?
+
+    /// Every collection holding at least one live document, with how many it holds, in path
+    /// order. For tests and tools.
+    func collections() throws -> [(path: CollectionPath, documents: Int)]
 
     /// Every live document of the collection, in feed order. For tests and tools.
     func documents(in collection: CollectionPath) throws -> [Document]

@@ -23,11 +23,12 @@ final class SQLiteStore: DocumentStore {
     let database: DatabaseQueue
     let epoch: String
     let path: String
-    var kind: String { "sqlite" }
+    var kind: String { path == ":memory:" ? "memory" : "sqlite" }
 
-    init(directory: URL, logger: Logger) throws {
+    /// Opens (or creates) `tandem.sqlite` in `directory`.
+    convenience init(directory: URL, logger: Logger) throws {
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        path = directory.appendingPathComponent("tandem.sqlite").path
+        let path = directory.appendingPathComponent("tandem.sqlite").path
         var configuration = Configuration()
         configuration.label = "tandem.server"
         configuration.prepareDatabase { db in
@@ -39,7 +40,19 @@ final class SQLiteStore: DocumentStore {
             try db.execute(sql: "PRAGMA synchronous = FULL")
             try db.execute(sql: "PRAGMA cache_size = -65536")
         }
-        database = try DatabaseQueue(path: path, configuration: configuration)
+        try self.init(database: try DatabaseQueue(path: path, configuration: configuration), path: path, logger: logger)
+    }
+
+    /// A database in memory, gone when the store closes (`tandem serve --memory`).
+    convenience init(inMemoryWith logger: Logger) throws {
+        var configuration = Configuration()
+        configuration.label = "tandem.server"
+        try self.init(database: try DatabaseQueue(configuration: configuration), path: ":memory:", logger: logger)
+    }
+
+    private init(database: DatabaseQueue, path: String, logger: Logger) throws {
+        self.database = database
+        self.path = path
         try Self.migrator.migrate(database)
         epoch = try database.read { db in
             try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'epoch'")!
@@ -167,12 +180,14 @@ final class SQLiteStore: DocumentStore {
         }
     }
 
-    func collections() throws -> [CollectionPath] {
+    func collections() throws -> [(path: CollectionPath, documents: Int)] {
         try read { db in
-            try String.fetchAll(
-                db, sql: "SELECT DISTINCT collection FROM document WHERE deleted = 0 ORDER BY collection"
+            try Row.fetchAll(
+                db,
+                sql:
+                    "SELECT collection, count(*) FROM document WHERE deleted = 0 GROUP BY collection ORDER BY collection"
             )
-            .compactMap { try? CollectionPath($0) }
+            .compactMap { row in (try? CollectionPath(row[0] as String)).map { ($0, row[1] as Int) } }
         }
     }
 
@@ -336,6 +351,35 @@ final class SQLiteStore: DocumentStore {
     }
 
     // MARK: - Maintenance
+
+    func reset(_ collection: CollectionPath?) throws -> Int {
+        try database.write { db in
+            guard let collection else {
+                try db.execute(sql: "DELETE FROM document")
+                let removed = db.changesCount
+                try db.execute(
+                    sql: "UPDATE collection SET lastSequence = lastSequence + 1, horizonSequence = lastSequence + 1")
+                try db.execute(sql: "DELETE FROM idempotency")
+                return removed
+            }
+            try db.execute(sql: "DELETE FROM document WHERE collection = ?", arguments: [collection.rawValue])
+            let removed = db.changesCount
+            try db.execute(
+                sql: """
+                    UPDATE collection SET lastSequence = lastSequence + 1, horizonSequence = lastSequence + 1
+                    WHERE path = ?
+                    """, arguments: [collection.rawValue])
+            return removed
+        }
+    }
+
+    func sizeInBytes() throws -> Int64? {
+        let pages = try read { db in
+            try Int64.fetchOne(db, sql: "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()")
+        }
+        let log = (try? FileManager.default.attributesOfItem(atPath: path + "-wal")[.size] as? Int64) ?? 0
+        return (pages ?? 0) + log
+    }
 
     func purge(tombstonesBefore: Int64, keysBefore: Int64) throws -> (tombstones: Int, keys: Int) {
         try database.write { db in

@@ -85,6 +85,7 @@ extension ServerCore {
 
         for (entry, answer) in zip(waiting, answers) {
             guard let answer else { continue }
+            metrics.answered(entry.write, with: answer)
             if case .ack = answer, let faults, faults.losesAck() {
                 // Committed, but the answer is lost with the connection.
                 drop(entry.session, "injected fault: acknowledgement lost")

@@ -1,4 +1,5 @@
 import Foundation
+import TandemClient
 
 /// `tandem serve` running as a child process, for tests that must kill the server the hard
 /// way (SIGKILL) and start it again on the same data.

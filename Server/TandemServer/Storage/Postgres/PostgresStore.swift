@@ -240,11 +240,13 @@ final class PostgresStore: DocumentStore {
         }
     }
 
-    func collections() throws -> [CollectionPath] {
+    func collections() throws -> [(path: CollectionPath, documents: Int)] {
         try read { connection in
             try connection.query(
-                "SELECT DISTINCT collection FROM tandem_document WHERE NOT deleted ORDER BY collection"
-            ).rows.compactMap { $0[0].flatMap { try? CollectionPath($0) } }
+                "SELECT collection, count(*) FROM tandem_document WHERE NOT deleted GROUP BY collection ORDER BY collection"
+            ).rows.compactMap { row in
+                row[0].flatMap { try? CollectionPath($0) }.map { ($0, Int(PostgresText.int(row[1]))) }
+            }
         }
     }
 
@@ -517,6 +519,48 @@ final class PostgresStore: DocumentStore {
     }
 
     // MARK: - Maintenance
+
+    func reset(_ collection: CollectionPath?) throws -> Int {
+        let paths: [CollectionPath] =
+            try collection.map { [$0] }
+            ?? run { connection in
+                try connection.query("SELECT path FROM tandem_collection").rows.compactMap {
+                    $0[0].flatMap { try? CollectionPath($0) }
+                }
+            }
+        // Under the collections' locks, like a write, so that the new sequence and horizon
+        // follow every commit before them; the notification makes every node read the feeds
+        // and send its listeners their reset.
+        return try write(locking: paths) { transaction in
+            let connection = (transaction as! Transaction).connection
+            let names = PostgresText.array(paths.map(\.rawValue))
+            let row = try connection.query(
+                """
+                WITH removed AS (DELETE FROM tandem_document WHERE collection = ANY($1::text[]) RETURNING 1),
+                moved AS (
+                    UPDATE tandem_collection SET last_sequence = last_sequence + 1,
+                        horizon_sequence = last_sequence + 1
+                    WHERE path = ANY($1::text[]) RETURNING 1)
+                SELECT (SELECT count(*) FROM removed), (SELECT count(*) FROM moved)
+                """, [names]
+            ).rows.first
+            if collection == nil { try connection.query("DELETE FROM tandem_idempotency") }
+            try connection.query("SELECT pg_notify('tandem_feed', p) FROM unnest($1::text[]) AS p", [names])
+            return Int(PostgresText.int(row?[0]))
+        }
+    }
+
+    func sizeInBytes() throws -> Int64? {
+        try read { connection in
+            let row = try connection.query(
+                """
+                SELECT pg_total_relation_size('tandem_document') + pg_total_relation_size('tandem_collection')
+                    + pg_total_relation_size('tandem_idempotency')
+                """
+            ).rows.first
+            return PostgresText.int(row?[0])
+        }
+    }
 
     func purge(tombstonesBefore: Int64, keysBefore: Int64) throws -> (tombstones: Int, keys: Int) {
         let collections = try run { connection in

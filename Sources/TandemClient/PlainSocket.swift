@@ -10,13 +10,13 @@ import TandemWire
 /// Blocking TCP calls for the raw test clients, each retried when a signal interrupts it
 /// (`EINTR`): a fuzzer's timer signal, or a debugger, must not look like a failed connect or
 /// a read that timed out.
-public enum PlainSocket {
-    public struct Failure: Error, CustomStringConvertible {
-        public var description: String
+package enum PlainSocket {
+    package struct Failure: Error, CustomStringConvertible {
+        package var description: String
     }
 
     /// Connects to `host:port` (IPv4) and returns the socket, blocking until it is connected.
-    public static func connect(host: String, port: Int, receiveBufferSize: Int? = nil) throws -> Int32 {
+    package static func connect(host: String, port: Int, receiveBufferSize: Int? = nil) throws -> Int32 {
         #if canImport(Glibc)
             let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         #else
@@ -57,13 +57,13 @@ public enum PlainSocket {
 
     /// Makes `close` reset the connection instead of lingering in TIME_WAIT: a harness that
     /// opens thousands of connections a second would otherwise run out of local ports.
-    public static func resetOnClose(_ fd: Int32) {
+    package static func resetOnClose(_ fd: Int32) {
         var option = linger(l_onoff: 1, l_linger: 0)
         setsockopt(fd, SOL_SOCKET, SO_LINGER, &option, socklen_t(MemoryLayout<linger>.size))
     }
 
     /// Waits until `fd` is ready for `events` (POLLIN, POLLOUT) or the deadline passes.
-    public static func wait(_ fd: Int32, for events: Int16, until deadline: ContinuousClock.Instant) -> Bool {
+    package static func wait(_ fd: Int32, for events: Int16, until deadline: ContinuousClock.Instant) -> Bool {
         while true {
             let remaining = deadline - ContinuousClock.now
             guard remaining > .zero else { return false }
@@ -76,7 +76,7 @@ public enum PlainSocket {
     }
 
     /// Receives what is there (after ``wait(_:for:until:)``); 0 at end of file.
-    public static func receive(_ fd: Int32, into buffer: inout [UInt8]) throws -> Int {
+    package static func receive(_ fd: Int32, into buffer: inout [UInt8]) throws -> Int {
         while true {
             let count = buffer.withUnsafeMutableBytes { systemReceive(fd, $0.baseAddress, $0.count, 0) }
             if count >= 0 { return count }
@@ -85,7 +85,7 @@ public enum PlainSocket {
     }
 
     /// Sends all the bytes.
-    public static func sendAll(_ fd: Int32, _ bytes: [UInt8]) throws {
+    package static func sendAll(_ fd: Int32, _ bytes: [UInt8]) throws {
         var offset = 0
         while offset < bytes.count {
             let written = bytes[offset...].withUnsafeBytes {
