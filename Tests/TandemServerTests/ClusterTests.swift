@@ -35,6 +35,31 @@ struct Nodes {
 
 @Suite("Many nodes over one PostgreSQL database")
 struct ClusterTests {
+    @Test("a reset through one node's admin API resets the live listeners of every node, and imports reach them all")
+    func resetAcrossNodes() async throws {
+        let nodes = try await Nodes.start(2)
+        let writer = try await connect(nodes[0])
+        _ = try await writer.create("shared", ["n": 1])
+        _ = try await writer.create("shared", ["n": 2])
+        let reader = try await connect(nodes[1])
+        let feed = Feed()
+        reader.listen(to: try path("shared"), handler: feed.handler)
+        try await waitUntil("current") { feed.isCurrent && feed.changes.count == 2 }
+        let export = try nodes[0].server.exportDocuments()
+
+        #expect(try nodes[0].server.reset(collection: path("shared")) == 2)
+        try await waitUntil("node B's listener hears of the reset") { !feed.resets.isEmpty }
+        try await waitUntil("and gets the empty snapshot") {
+            feed.snapshots.last.map { $0.initial && !$0.hasMore && $0.changes.isEmpty } == true
+        }
+        let summary = try nodes[0].server.importDocuments(export)
+        #expect(summary.documents == 2 && summary.collections == 1)
+        try await waitUntil("the imported documents reach node B's listener as added") {
+            feed.changes.suffix(2).map(\.kind) == [.added, .added]
+        }
+        #expect(feed.changes.suffix(2).map { $0.document.fields["n"] } == [1, 2])
+    }
+
     @Test("a listener on node B sees writes made through nodes A and C, in commit order, each once")
     func writesThroughOtherNodes() async throws {
         let nodes = try await Nodes.start(3)
