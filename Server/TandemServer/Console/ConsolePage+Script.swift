@@ -610,6 +610,8 @@ extension ConsolePage {
                 view.resumeToken = null;
                 clearView();
                 byId("collection-input").value = path;
+                // The address names the open collection, so that a reload or a link opens it again.
+                if (location.hash !== "#" + path) history.replaceState(null, "", "#" + path);
                 byId("open-collection").textContent = path;
                 byId("documents").dataset.collection = path;
                 markOpenInTree();
@@ -1321,6 +1323,8 @@ extension ConsolePage {
                 byId("reset").addEventListener("click", resetClicked);
                 byId("export").addEventListener("click", exportClicked);
                 editNewDocument(null);
+                const linked = decodeURIComponent(location.hash.slice(1));
+                if (linked) openCollection(linked);
                 connect();
                 pollAdmin();
                 setInterval(pollAdmin, POLL_MS);
