@@ -62,6 +62,41 @@ struct AdminTests {
         #expect(results[0].version == 4)
     }
 
+    @Test(
+        "export, reset, import gives back the same store, tombstones included; a token from before gets a reset and the same documents"
+    )
+    func exportResetImport() async throws {
+        let server = try await TestServer()
+        let writer = try await connect(server)
+        let a = try await writer.create("notes", ["title": "a"])
+        let b = try await writer.create("notes", ["title": "b"])
+        _ = try await writer.delete("notes", b.id, base: 1)
+        _ = try await writer.update("notes", a.id, ["title": "a2"], base: 1)
+        _ = try await writer.create("accounts/A1/transactions", ["amount": 3])
+        let reader = try await connect(server)
+        let feed = Feed()
+        reader.listen(to: try path("notes"), handler: feed.handler)
+        try await waitUntil("current") { feed.isCurrent }
+        let token = try #require(feed.lastToken)
+        reader.close()
+
+        let before = try server.server.everyDocument().map { "\($0.collection) \($0.document)" }
+        let export = try await admin(server, "GET", "/admin/export").body
+        #expect(try await admin(server, "POST", "/admin/reset").status == 200)
+        #expect(try server.server.everyDocument().isEmpty)
+        #expect(try await admin(server, "POST", "/admin/import", body: export).status == 200)
+        let after = try server.server.everyDocument().map { "\($0.collection) \($0.document)" }
+        #expect(after == before)
+
+        // The token is from before the reset: as documented, a reset, then the same documents.
+        let late = try await connect(server)
+        let resumed = Feed()
+        late.listen(to: try path("notes"), resumeToken: token, handler: resumed.handler)
+        try await waitUntil("reset and current") { !resumed.resets.isEmpty && resumed.isCurrent }
+        #expect(resumed.summary == ["added \(a.id) v2"])
+        #expect(resumed.changes.first?.document.fields == ["title": "a2"])
+    }
+
     @Test("an import that meets an existing document stores nothing and names it")
     func importNeverOverwrites() async throws {
         let server = try await TestServer()
