@@ -59,6 +59,9 @@ public final class TandemServer: Sendable {
             throw ServerError(.invalidConfiguration, "port \(configuration.port) is not between 0 and 65535")
         }
         try configuration.faults?.validate()
+        if configuration.adminToken?.isEmpty == true {
+            throw ServerError(.invalidConfiguration, "the admin token must not be empty (it would open the admin API)")
+        }
         let limits = configuration.limits
         guard limits.maxMessageBytes >= 1024, limits.maxOpsPerWrite >= 1, limits.maxListenersPerConnection >= 1,
             limits.maxDocumentBytes >= 2, configuration.snapshotPageSize >= 1, configuration.snapshotPageBytes >= 1024

@@ -26,7 +26,8 @@ package enum PlainHTTP {
     ) throws -> Response {
         let fd = try PlainSocket.connect(host: host == "localhost" ? "127.0.0.1" : host, port: port)
         defer { close(fd) }
-        var head = "\(method) \(path) HTTP/1.1\r\nHost: \(host):\(port)\r\nConnection: close\r\n"
+        var head = "\(method) \(path) HTTP/1.1\r\nConnection: close\r\n"
+        if headers["Host"] == nil { head += "Host: \(host):\(port)\r\n" }
         for (name, value) in headers.sorted(by: { $0.key < $1.key }) { head += "\(name): \(value)\r\n" }
         if !body.isEmpty || method == "POST" { head += "Content-Length: \(body.count)\r\n" }
         head += "\r\n"

@@ -6,22 +6,25 @@ public struct HTTPRequest: Sendable {
     public var method: String
     /// The path, without the query.
     public var path: String
-    /// The query string, without the `?`.
-    public var query: String
+    /// The query's arguments, each `name=value`, percent-decoded by libwebsockets.
+    public var arguments: [String]
     /// The `Authorization` header, if any.
     public var authorization: String?
+    /// The `Host` header, if any.
+    public var host: String?
+    /// The `Origin` header, if any: browsers send it with every POST and every cross-origin
+    /// request, so a server can tell its own pages from other sites'.
+    public var origin: String?
     /// The body of a POST (at most ``WebSocketConfiguration/maxHTTPBodyBytes``).
     public var body: [UInt8]
     /// The peer's address.
     public var peer: String
 
-    /// The value of a query parameter (`?collection=notes`), percent-decoding it.
+    /// The value of a query argument (`?collection=notes`); the first when it is repeated.
     public func parameter(_ name: String) -> String? {
-        for pair in query.split(separator: "&") {
-            let parts = pair.split(separator: "=", maxSplits: 1)
-            if parts.first.map(String.init) == name {
-                return parts.count > 1 ? String(parts[1]).removingPercentEncoding ?? String(parts[1]) : ""
-            }
+        for argument in arguments {
+            if argument == name { return "" }
+            if argument.hasPrefix(name + "=") { return String(argument.dropFirst(name.utf8.count + 1)) }
         }
         return nil
     }
@@ -63,6 +66,9 @@ final class HTTPExchange: @unchecked Sendable {
     nonisolated(unsafe) var wsi: OpaquePointer?
     nonisolated(unsafe) var request: HTTPRequest
     nonisolated(unsafe) var headersSent = false
+    /// Handed to the handler already (a POST without a body is, before libwebsockets' own
+    /// end-of-body callback, which may still come).
+    nonisolated(unsafe) var dispatched = false
     nonisolated(unsafe) var sent = 0
     private let response = Mutex<HTTPResponse?>(nil)
 
@@ -74,7 +80,16 @@ final class HTTPExchange: @unchecked Sendable {
         self.request = request
     }
 
-    func setResponse(_ value: HTTPResponse) { response.withLock { $0 = value } }
+    /// Keeps the first answer; a later one is ignored (it would not match the headers sent).
+    ///
+    /// - Returns: False when an answer was set already.
+    func setResponse(_ value: HTTPResponse) -> Bool {
+        response.withLock { response in
+            guard response == nil else { return false }
+            response = value
+            return true
+        }
+    }
     var readyResponse: HTTPResponse? { response.withLock { $0 } }
 
     /// Writes the headers and as much of the body as the socket takes (service thread).

@@ -338,14 +338,19 @@ final class ServiceLoop: @unchecked Sendable {
             guard let exchange = exchanges[wsi], let input else { return 0 }
             guard exchange.request.body.count + length <= configuration.maxHTTPBodyBytes else {
                 exchange.request.body = []
-                answer(exchange, HTTPResponse(status: 413, contentType: "text/plain", text: "request body too large\n"))
+                answer(
+                    exchange,
+                    HTTPResponse(
+                        status: 413,
+                        text: #"{"error":"too-large","message":"the request body is over "#
+                            + "\(configuration.maxHTTPBodyBytes) bytes\"}\n"))
                 return 0
             }
             exchange.request.body.append(contentsOf: UnsafeRawBufferPointer(start: input, count: length))
             return 0
 
         case LWS_CALLBACK_HTTP_BODY_COMPLETION:
-            guard let exchange = exchanges[wsi], exchange.readyResponse == nil else { return 0 }
+            guard let exchange = exchanges[wsi], !exchange.dispatched, exchange.readyResponse == nil else { return 0 }
             dispatch(exchange)
             return 0
 
@@ -421,18 +426,22 @@ final class ServiceLoop: @unchecked Sendable {
             method = "OTHER"
         }
         let request = HTTPRequest(
-            method: method, path: path, query: Self.header(wsi, WSI_TOKEN_HTTP_URI_ARGS) ?? "",
-            authorization: Self.header(wsi, WSI_TOKEN_HTTP_AUTHORIZATION), body: [], peer: Self.peerAddress(wsi))
+            method: method, path: path, arguments: Self.arguments(wsi),
+            authorization: Self.header(wsi, WSI_TOKEN_HTTP_AUTHORIZATION), host: Self.header(wsi, WSI_TOKEN_HOST),
+            origin: Self.header(wsi, WSI_TOKEN_ORIGIN), body: [], peer: Self.peerAddress(wsi))
         let exchange = HTTPExchange(wsi: wsi, request: request)
         exchanges[wsi] = exchange
-        // A POST's body arrives in LWS_CALLBACK_HTTP_BODY; one without a body (no
-        // Content-Length, or 0) gets no body callbacks at all, so it is answered now.
+        // A POST's body arrives in LWS_CALLBACK_HTTP_BODY, and LWS_CALLBACK_HTTP_BODY_COMPLETION
+        // hands it on. A POST with an empty body is handed on now, and only once (`dispatched`):
+        // libwebsockets may still call the completion for it.
         let length = Self.header(wsi, WSI_TOKEN_HTTP_CONTENT_LENGTH).flatMap { Int($0) } ?? 0
         if method != "POST" || length == 0 { dispatch(exchange) }
         return 0
     }
 
     private func dispatch(_ exchange: HTTPExchange) {
+        guard !exchange.dispatched else { return }
+        exchange.dispatched = true
         guard let httpHandler else {
             answer(exchange, .notFound(exchange.request.path))
             return
@@ -442,13 +451,31 @@ final class ServiceLoop: @unchecked Sendable {
 
     /// Any thread: the answer is ready; the service thread writes it.
     private func answer(_ exchange: HTTPExchange, _ response: HTTPResponse) {
-        exchange.setResponse(response)
+        guard exchange.setResponse(response) else { return }
         let wasIdle = pending.withLock { p -> Bool in
             guard p.context != nil else { return false }
             p.answered.append(exchange)
             return p.answered.count + p.attention.count == 1
         }
         if wasIdle { wake() }
+    }
+
+    /// The query's arguments (`name=value` each): libwebsockets keeps each as a fragment of
+    /// the URI arguments header, percent-decoded.
+    private static func arguments(_ wsi: OpaquePointer) -> [String] {
+        var arguments: [String] = []
+        var buffer = [CChar](repeating: 0, count: 4096)
+        var index: Int32 = 0
+        while true {
+            let copied = buffer.withUnsafeMutableBufferPointer {
+                lws_hdr_copy_fragment(wsi, $0.baseAddress, Int32($0.count), WSI_TOKEN_HTTP_URI_ARGS, index)
+            }
+            guard copied >= 0 else { break }
+            arguments.append(
+                String(decoding: buffer.prefix(Int(copied)).map { UInt8(bitPattern: $0) }, as: UTF8.self))
+            index += 1
+        }
+        return arguments
     }
 
     private static func header(_ wsi: OpaquePointer, _ token: lws_token_indexes) -> String? {

@@ -137,6 +137,9 @@ struct ServeCommand: AsyncParsableCommand {
             throw ValidationError("--import: cannot read \(importFile)")
         }
         if adminToken?.isEmpty == true { throw ValidationError("--admin-token must not be empty") }
+        if adminToken == nil, ProcessInfo.processInfo.environment["TANDEM_ADMIN_TOKEN"]?.isEmpty == true {
+            throw ValidationError("TANDEM_ADMIN_TOKEN is set but empty: give the admin token a value, or unset it")
+        }
         if let postgres,
             !(postgres.hasPrefix("postgresql://") || postgres.hasPrefix("postgres://") || postgres.contains("="))
         {

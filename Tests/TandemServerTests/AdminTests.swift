@@ -138,6 +138,7 @@ struct AdminTests {
                     + "{\"collection\":\"notes\",\"id\":\"x\",\"version\":2}\n", "line 3: notes/x is also on line 2"
             ),
             ("", "the file is empty"),
+            ("{\"format\":\"tandem-export\",\"version\":1}\n{\"collection\":\"notes\",\"version\":1}\n", "line 2: id"),
         ])
     func malformedImport(file: String, expected: String) async throws {
         let server = try await TestServer()
@@ -174,6 +175,7 @@ struct AdminTests {
         // Later writes reach the listener as usual; a token from before the reset gets a reset.
         let c = try await writer.create("notes", ["title": "c"])
         try await waitUntil("the new document arrives") { feed.changes.last?.document.id == c.id }
+        #expect(feed.resets.count == 1, "one reset, not one per callback: \(feed.resets)")
         let late = try await connect(server)
         let resumed = Feed()
         late.listen(to: try path("notes"), resumeToken: oldToken, handler: resumed.handler)
@@ -208,6 +210,40 @@ struct AdminTests {
         let allowed = try await admin(server, "GET", "/admin/collections", token: "s3cret")
         #expect(allowed.status == 200)
         #expect(allowed.body == #"{"collections":[{"path":"notes","documents":1}]}"#)
+    }
+
+    @Test("a page of another site, or a name that is not loopback, cannot use the admin API through the browser")
+    func crossSite() async throws {
+        let server = try await TestServer()
+        let writer = try await connect(server)
+        _ = try await writer.create("notes", ["title": "a"])
+        let fromPage = try await HTTPGet.fetch(
+            port: server.port, path: "/admin/reset", method: "POST", headers: ["Origin": "http://evil.example"])
+        #expect(fromPage.status == 403, "\(fromPage.body)")
+        let rebound = try await HTTPGet.fetch(
+            port: server.port, path: "/admin/reset", method: "POST", headers: ["Host": "evil.example:\(server.port)"])
+        #expect(rebound.status == 403, "\(rebound.body)")
+        #expect(try server.server.documents(in: path("notes")).count == 1)
+        // The console's own requests carry its origin, which is the server's.
+        let own = try await HTTPGet.fetch(
+            port: server.port, path: "/admin/collections", headers: ["Origin": "http://127.0.0.1:\(server.port)"])
+        #expect(own.status == 200, "\(own.body)")
+    }
+
+    @Test("an empty admin token is refused at start: it would open the admin API")
+    func emptyToken() async throws {
+        await #expect(throws: ServerError.self) { _ = try await TestServer { $0.adminToken = "" } }
+    }
+
+    @Test("the collection to reset is found among several query arguments")
+    func queryArguments() async throws {
+        let server = try await TestServer()
+        let writer = try await connect(server)
+        _ = try await writer.create("notes", ["title": "a"])
+        _ = try await writer.create("other", ["title": "b"])
+        let answer = try await admin(server, "POST", "/admin/reset?dry=no&collection=notes&x=1")
+        #expect(try object(answer.body) == ["reset": "notes", "documents": 1], "\(answer.body)")
+        #expect(try server.server.documents(in: path("other")).count == 1)
     }
 
     @Test("the clients endpoint lists each connection with its listens")

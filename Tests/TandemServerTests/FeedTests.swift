@@ -110,6 +110,29 @@ struct FeedTests {
         #expect(resumed.snapshots.allSatisfy { $0.initial })
     }
 
+    @Test("a new listener catches up page by page past a purge horizon left from before, without a reset")
+    func catchUpPastOldHorizon() async throws {
+        let clock = ManualServerClock()
+        let server = try await TestServer { configuration in
+            configuration.clock = clock.read
+            configuration.tombstoneRetention = .seconds(3600)
+            configuration.snapshotPageSize = 2
+        }
+        let writer = try await connect(server)
+        var ids: [DocumentID] = []
+        for n in 0..<5 { ids.append(try await writer.create("notes", ["n": .int(Int64(n))]).id) }
+        _ = try await writer.delete("notes", ids[4])
+        clock.advance(by: 2 * 3600 * 1000)
+        #expect(server.server.purgeExpired().tombstones == 1)  // the horizon is now past every live document
+
+        let reader = try await connect(server)
+        let feed = Feed()
+        reader.listen(to: try path("notes"), handler: feed.handler)
+        try await waitUntil("current") { feed.isCurrent }
+        #expect(feed.resets.isEmpty)
+        #expect(feed.summary == ids.prefix(4).map { "added \($0) v1" })
+    }
+
     @Test("a token from another database gets reset")
     func foreignToken() async throws {
         let server = try await TestServer()

@@ -121,7 +121,7 @@ enum ExportFormat {
                 sawHeader = true
                 continue
             }
-            guard object["id"] != nil else { continue }  // a collection's bounds: advisory
+            if object["lastSequence"] != nil && object["id"] == nil { continue }  // a collection's bounds: advisory
             let document = try Self.document(object, line: number, maxDocumentBytes: maxDocumentBytes)
             if let first = seen.updateValue(number, forKey: document.key) {
                 throw ImportError(line: number, "\(document.key) is also on line \(first)")

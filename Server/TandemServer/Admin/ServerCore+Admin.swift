@@ -5,7 +5,9 @@ import TandemWire
 /// group commit, so that it sees every write acknowledged before it.
 extension ServerCore {
     /// Removes the documents of one collection, or everything, and sends each listener of
-    /// what was removed a `reset` followed by the (now empty) full snapshot.
+    /// what was removed a `reset` followed by the (now empty) full snapshot. The feed round
+    /// that does so also decides again the access of listeners whose rules looked at a
+    /// removed document (the horizon moved: ``runFeedRound(_:measuring:)``).
     func reset(_ collection: CollectionPath?) throws -> Int {
         flushWrites()
         let removed = try store.reset(collection)
@@ -21,21 +23,25 @@ extension ServerCore {
     /// The whole store in the export format, a line per document (see ``ExportFormat``).
     func export() throws -> [UInt8] {
         flushWrites()
-        var documents: [UInt8] = []
+        // A store read page by page (PostgreSQL, where other nodes write meanwhile) can show
+        // a document twice, written again between two pages: the later one is kept.
+        var lines: [[UInt8]?] = []
+        var lineOf: [DocumentKey: Int] = [:]
         var collections: [CollectionPath] = []
-        var count = 0
         try store.forEachDocument { document in
             if collections.last != document.collection { collections.append(document.collection) }
-            documents += ExportFormat.line(document)
-            count += 1
+            if let earlier = lineOf.updateValue(lines.count, forKey: document.key) { lines[earlier] = nil }
+            lines.append(ExportFormat.line(document))
         }
         var output = ExportFormat.header(epoch: store.epoch, at: configuration.clock())
-        for collection in collections {
+        for collection in Set(collections).sorted() {
             output += ExportFormat.line(collection, try store.feedBounds(of: collection))
         }
+        for case let line? in lines { output += line }
         logger.info(
-            "exported", metadata: ["tandem.documents": "\(count)", "tandem.collections": "\(collections.count)"])
-        return output + documents
+            "exported",
+            metadata: ["tandem.documents": "\(lineOf.count)", "tandem.collections": "\(Set(collections).count)"])
+        return output
     }
 
     /// Stores the documents of an export, all or none: a document that exists already (live
@@ -71,7 +77,7 @@ extension ServerCore {
         logger.notice(
             "imported",
             metadata: ["tandem.documents": "\(documents.count)", "tandem.collections": "\(collections.count)"])
-        runFeedRound(collections)
+        runFeedRound(collections, measuring: false)
         return ImportSummary(documents: documents.count, collections: collections.count)
     }
 

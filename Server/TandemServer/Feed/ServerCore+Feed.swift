@@ -129,9 +129,13 @@ extension ServerCore {
             listener.session.send(internalError(error, target: listener.target))
             return
         }
-        if listener.position > 0 && listener.position < page.bounds.horizon {
+        let startHorizon = listener.catchUpHorizon ?? page.bounds.horizon
+        if listener.catchUpHorizon == nil { listener.catchUpHorizon = startHorizon }
+        if listener.position > 0 && page.bounds.horizon > startHorizon && listener.position < page.bounds.horizon {
             // Deletes this client needs were purged (expired tombstones, or a reset) while it
-            // caught up: start over.
+            // caught up: start over. (A horizon that was there from the start is no reason:
+            // a resume token behind it got its reset at `listen`, and a fresh listener
+            // holds nothing from before it.)
             restart(listener, reason: "deletes were purged while catching up; the full snapshot follows")
             return
         }
@@ -145,6 +149,7 @@ extension ServerCore {
                 hasMore: !reachesHead))
         if reachesHead {
             listener.isLive = true
+            listener.catchUpHorizon = nil
             return
         }
         if listener.session.connection.notifyWhenDrained(below: configuration.snapshotPageBytes) {
@@ -160,6 +165,7 @@ extension ServerCore {
         listener.position = 0
         listener.isResuming = false
         listener.isLive = false
+        listener.catchUpHorizon = nil
         advance(listener)
     }
 
@@ -173,7 +179,10 @@ extension ServerCore {
     /// All feeds of a round are read at one moment, and access is decided before anything of
     /// the round is sent: a listener whose permission a commit revoked hears nothing of that
     /// commit or of any later one, whichever collection they touched.
-    func runFeedRound(_ collections: Set<CollectionPath>?) {
+    ///
+    /// - Parameter measuring: Whether the round's deliveries count in the delivery latency
+    ///   (not for an import, whose documents keep the times they were written at elsewhere).
+    func runFeedRound(_ collections: Set<CollectionPath>?, measuring: Bool = true) {
         let targets = collections.map { $0.filter { followed[$0] != nil } } ?? Set(followed.keys)
         guard !targets.isEmpty else { return }
         let positions = Dictionary(uniqueKeysWithValues: targets.map { ($0, followed[$0]!.head) })
@@ -187,11 +196,19 @@ extension ServerCore {
             return
         }
         guard !pages.isEmpty else { return }
-        recheckAccess(after: pages.values.flatMap { $0.rows.map(\.key) })
+        var changed = pages.values.flatMap { $0.rows.map(\.key) }
+        for (collection, page) in pages where page.bounds.horizon > positions[collection] ?? 0 {
+            // Documents went without a tombstone (a reset): whoever's access hung on one of
+            // them is decided again.
+            changed +=
+                (followed[collection]?.watching.keys).map { $0.map { DocumentKey(collection: collection, id: $0) } }
+                ?? []
+        }
+        recheckAccess(after: changed)
         var unfinished: Set<CollectionPath> = []
         for collection in pages.keys.sorted() {
             guard let page = pages[collection], let follower = followed[collection] else { continue }
-            deliver(page, to: follower)
+            deliver(page, to: follower, measuring: measuring)
             follower.head = max(follower.head, page.position)
             if !page.isLast { unfinished.insert(collection) }
         }
@@ -221,7 +238,7 @@ extension ServerCore {
     /// A live listener behind the feed's horizon lost documents it holds without hearing of
     /// their deletes (the collection was reset through the admin API, on any node): it gets a
     /// `reset` and the full snapshot instead.
-    private func deliver(_ page: FeedPage, to follower: FeedFollower) {
+    private func deliver(_ page: FeedPage, to follower: FeedFollower, measuring: Bool) {
         var byPosition: [Int64: [Listener]] = [:]
         for listener in follower.listeners where listener.isLive && !listener.session.isClosed {
             if listener.position < page.bounds.horizon {
@@ -232,7 +249,7 @@ extension ServerCore {
             }
             byPosition[listener.position, default: []].append(listener)
         }
-        let committed = page.rows.last?.updateTime
+        let committed = measuring ? page.rows.last?.updateTime : nil
         for (position, listeners) in byPosition {
             let rows = page.rows.filter { $0.sequence > position }
             let creators = Set(

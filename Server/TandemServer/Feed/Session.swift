@@ -110,6 +110,9 @@ final class Listener: @unchecked Sendable {
     var awaitsDrain = false
     /// Started from a resume token: the client holds documents, so it must see their deletes.
     var isResuming: Bool
+    /// The feed's horizon when this catch-up began: should it move past the listener's
+    /// position before the listener is live, documents the client holds may be gone unseen.
+    var catchUpHorizon: Int64?
     /// The documents its read permission was decided on: a change to one of them decides
     /// again, and may end the listener.
     var accessDependencies: Set<DocumentKey> = []

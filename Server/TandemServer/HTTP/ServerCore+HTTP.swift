@@ -61,12 +61,21 @@ extension ServerCore {
     }
 
     /// Nil when the request may use the admin API: it carries the admin token, or, on a
-    /// server without one, it comes from a loopback address.
+    /// server without one, it comes from a loopback address and names one as its `Host`.
+    ///
+    /// A web page of another site can make the developer's browser send requests to
+    /// 127.0.0.1 (a form's POST needs no CORS preflight), and a DNS name pointed at 127.0.0.1
+    /// makes them same-origin for the browser. So a request whose `Origin` is not this server
+    /// is refused, and without a token the `Host` must be a loopback address as well.
     static func refuseAdmin(_ request: HTTPRequest, token: String?) -> HTTPResponse? {
+        if let origin = request.origin, origin.split(separator: "/").last.map(String.init) != request.host {
+            return adminError(
+                403, "forbidden", "the admin API answers its own console and other clients, not pages of \(origin)")
+        }
         guard let token else {
             let loopback =
                 request.peer.hasPrefix("127.") || request.peer == "::1" || request.peer.hasPrefix("::ffff:127.")
-            return loopback
+            return loopback && isLoopbackHost(request.host)
                 ? nil
                 : adminError(
                     403, "forbidden",
@@ -80,6 +89,18 @@ extension ServerCore {
                 401, "unauthenticated", "the admin API needs the header 'Authorization: Bearer ADMIN_TOKEN'")
         }
         return nil
+    }
+
+    /// Whether a `Host` header names a loopback address (`127.0.0.1:7878`, `localhost`, `[::1]:7878`).
+    private static func isLoopbackHost(_ host: String?) -> Bool {
+        guard let host else { return false }
+        let name: Substring
+        if host.hasPrefix("[") {
+            name = host.dropFirst().prefix { $0 != "]" }
+        } else {
+            name = host.prefix { $0 != ":" }
+        }
+        return name == "localhost" || name == "::1" || name.hasPrefix("127.")
     }
 
     /// Compares without stopping at the first difference, so that the time taken does not
