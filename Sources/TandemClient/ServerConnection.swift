@@ -223,15 +223,18 @@ public final class ServerConnection: Sendable {
     /// - Parameters:
     ///   - target: The listener's name on this connection; by default the collection path.
     ///   - resumeToken: The token of the last snapshot applied, to receive only what changed.
+    ///   - query: Only the documents it selects, in its order, with positioned changes
+    ///     (`added`, `modified`, `removed` with `oldIndex` and `newIndex`); nil for the whole
+    ///     collection.
     /// - Returns: The target, to pass to ``unlisten(_:)``.
     @discardableResult
     public func listen(
-        to collection: CollectionPath, target: String? = nil, resumeToken: String? = nil,
+        to collection: CollectionPath, target: String? = nil, resumeToken: String? = nil, query: Query? = nil,
         handler: @escaping @Sendable (ListenEvent) -> Void
     ) -> String {
         let target = target ?? collection.rawValue
         state.withLock { $0.listeners[target] = handler }
-        sendRaw(.listen(.init(target: target, collection: collection, resumeToken: resumeToken)))
+        sendRaw(.listen(.init(target: target, collection: collection, resumeToken: resumeToken, query: query)))
         return target
     }
 

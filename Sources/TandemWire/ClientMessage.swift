@@ -44,11 +44,14 @@ public enum ClientMessage: Sendable, Hashable {
         public var collection: CollectionPath
         /// Where to resume: the `resumeToken` of the last snapshot applied. Absent: everything.
         public var resumeToken: String?
+        /// Only the documents this query selects, in its order; nil for the whole collection.
+        public var query: Query?
 
-        public init(target: String, collection: CollectionPath, resumeToken: String? = nil) {
+        public init(target: String, collection: CollectionPath, resumeToken: String? = nil, query: Query? = nil) {
             self.target = target
             self.collection = collection
             self.resumeToken = resumeToken
+            self.query = query
         }
 
     }

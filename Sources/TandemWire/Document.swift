@@ -59,10 +59,18 @@ public struct Change: Sendable, Hashable {
         case modified
         /// The document existed at the resume token and was deleted since.
         case deleted
+        /// For a query listener: the document left the view (it no longer matches, was pushed
+        /// out by the limit, or was deleted, with `deleted` true).
+        case removed
     }
 
     public var kind: Kind
     public var document: Document
+    /// For a query listener: the document's place in the view before this change (-1 when
+    /// added) and after it (-1 when removed), each counted in the view as it stands after
+    /// the changes listed before this one.
+    public var oldIndex: Int?
+    public var newIndex: Int?
 
     public init(_ kind: Kind, _ document: Document) {
         self.kind = kind

@@ -39,6 +39,9 @@ struct ObjectReader {
 
     func name(_ key: String) -> String { path.isEmpty ? key : "\(path).\(key)" }
 
+    /// Whether the member is there (and not null).
+    func has(_ key: String) -> Bool { present(key) != nil }
+
     private func present(_ key: String) -> JSONValue? {
         guard let value = object[key], value != .null else { return nil }
         return value
@@ -220,12 +223,20 @@ extension Change: WireCodable {
             throw WireError(.badMessage, "\(reader.name("kind")): unknown kind '\(name.prefix(40))'")
         }
         self.init(kind, try Document(reader))
+        oldIndex = try reader.optionalInt("oldIndex").map { Int(clamping: $0) }
+        newIndex = try reader.optionalInt("newIndex").map { Int(clamping: $0) }
     }
 
     public func write(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.key("kind")
         writer.string(kind.rawValue)
+        if let oldIndex, let newIndex {
+            writer.key("oldIndex")
+            writer.int(Int64(oldIndex))
+            writer.key("newIndex")
+            writer.int(Int64(newIndex))
+        }
         document.writeMembers(to: &writer)
         writer.endObject()
     }
@@ -342,7 +353,8 @@ extension ClientMessage: WireCodable {
                 Listen(
                     target: try reader.label("target"),
                     collection: try reader.read("collection", as: CollectionPath.self),
-                    resumeToken: try reader.optionalString("resumeToken")))
+                    resumeToken: try reader.optionalString("resumeToken"),
+                    query: try reader.optionalRead("query", as: Query.self)))
         case "unlisten":
             self = .unlisten(Unlisten(target: try reader.label("target")))
         case "write":
@@ -391,6 +403,10 @@ extension ClientMessage: WireCodable {
             if let token = listen.resumeToken {
                 writer.key("resumeToken")
                 writer.string(token)
+            }
+            if let query = listen.query {
+                writer.key("query")
+                query.write(to: &writer)
             }
         case .unlisten(let unlisten):
             writer.string("unlisten")

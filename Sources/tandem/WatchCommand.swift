@@ -18,9 +18,17 @@ struct WatchCommand: AsyncParsableCommand {
             once: none missed, none twice. It stops on a permanent error (a refused token, a \
             collection it may not read) or when interrupted.
 
+            With --where, --order-by or --limit the watcher follows a query: it prints the \
+            documents the query selects, in its order, one line per change to that view: \
+            added|modified|removed ID VERSION OLD NEW JSON, where OLD and NEW are the document's \
+            positions before and after the change (-1 for none). A document that stops matching, \
+            or is pushed out by the limit, is removed from the view though it still exists.
+
             Examples:
               tandem watch notes
               tandem watch notes --since Xk29fQ01ab.42
+              tandem watch accounts --where 'members array-contains "alice"' --where 'amount < 0' \
+                --order-by date:desc --limit 20
             """)
 
     @Argument(help: "The collection path.")
@@ -29,9 +37,63 @@ struct WatchCommand: AsyncParsableCommand {
     @Option(help: "A resume token: print only what changed after it.")
     var since: String?
 
+    @Option(
+        name: .customLong("where"),
+        help: ArgumentHelp(
+            "A filter, FIELD OP VALUE, the value in JSON: 'amount < 0', 'members array-contains \"alice\"', "
+                + "'status in [\"open\",\"late\"]'. Repeat for several (all must hold).",
+            valueName: "filter"))
+    var filters: [String] = []
+
+    @Option(help: ArgumentHelp("Order by FIELD or FIELD:desc; repeat for several.", valueName: "field[:desc]"))
+    var orderBy: [String] = []
+
+    @Option(help: "Show at most this many documents.")
+    var limit: Int?
+
     @OptionGroup var options: ClientOptions
 
-    func validate() throws { _ = try parseCollection(collection) }
+    func validate() throws {
+        _ = try parseCollection(collection)
+        _ = try query()
+    }
+
+    /// The query the options describe, or nil when there is none.
+    func query() throws -> Query? {
+        guard !filters.isEmpty || !orderBy.isEmpty || limit != nil else { return nil }
+        if let limit, limit < 1 { throw ValidationError("--limit must be at least 1") }
+        let filters = try self.filters.map { text throws -> Query.Filter in
+            let parts = text.split(separator: " ", maxSplits: 2, omittingEmptySubsequences: true)
+            let operators = Query.Filter.Operator.allCases.map(\.rawValue).joined(separator: ", ")
+            guard parts.count == 3, let op = Query.Filter.Operator(rawValue: String(parts[1])) else {
+                throw ValidationError("--where '\(text)': expected FIELD OP VALUE, with OP one of \(operators)")
+            }
+            let value: JSONValue
+            do { value = try Wire.parse(Array(parts[2].utf8)) } catch {
+                throw ValidationError(
+                    "--where '\(text)': the value must be JSON (strings in double quotes: \"alice\"); \((error as? WireError)?.message ?? "\(error)")"
+                )
+            }
+            if op.takesList, value.arrayValue?.isEmpty != false {
+                throw ValidationError(
+                    "--where '\(text)': \(op.rawValue) takes a non-empty JSON array, like [\"a\",\"b\"]")
+            }
+            do { return Query.Filter(try FieldPath(String(parts[0])), op, value) } catch {
+                throw ValidationError("--where '\(text)': \((error as? WireError)?.message ?? "\(error)")")
+            }
+        }
+        let orders = try orderBy.map { text throws -> Query.Order in
+            let parts = text.split(separator: ":", maxSplits: 1).map(String.init)
+            guard parts.count == 1 || ["asc", "desc"].contains(parts[1]) else {
+                throw ValidationError("--order-by '\(text)': expected FIELD, FIELD:asc or FIELD:desc")
+            }
+            do { return Query.Order(try FieldPath(parts[0]), descending: parts.count == 2 && parts[1] == "desc") } catch
+            {
+                throw ValidationError("--order-by '\(text)': \((error as? WireError)?.message ?? "\(error)")")
+            }
+        }
+        return Query(filters: filters, orderBy: orders, limit: limit)
+    }
 
     /// Why a connection's watch ended. Each connection attempt has its own number, so that
     /// the news of an earlier one is not taken for the current one's.
@@ -45,6 +107,7 @@ struct WatchCommand: AsyncParsableCommand {
 
     func run() async throws {
         let path = try parseCollection(collection)
+        let query = try self.query()
         let progress = WatchProgress(token: since)
         let clientId = "cli-watch-\(DocumentID.random().rawValue.prefix(6))"
         let (endings, ending) = AsyncStream.makeStream(of: Ending.self)
@@ -62,12 +125,18 @@ struct WatchCommand: AsyncParsableCommand {
         var failure: String?
         loop: while true {
             if let current = connection {
-                current.listen(to: path, resumeToken: progress.token) { event in
+                current.listen(to: path, resumeToken: progress.token, query: query) { event in
                     switch event {
                     case .snapshot(let snapshot):
                         for change in snapshot.changes {
                             let document = change.document
-                            emit("\(change.kind) \(document.id) \(document.version) \(json(document.fields))")
+                            if let old = change.oldIndex, let new = change.newIndex {
+                                emit(
+                                    "\(change.kind) \(document.id) \(document.version) \(old) \(new) \(json(document.fields))"
+                                )
+                            } else {
+                                emit("\(change.kind) \(document.id) \(document.version) \(json(document.fields))")
+                            }
                         }
                         progress.token = snapshot.resumeToken
                         if snapshot.initial && !snapshot.hasMore {

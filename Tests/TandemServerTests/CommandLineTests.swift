@@ -112,6 +112,48 @@ struct CommandLineTests {
         #expect(watch.terminationStatus == 0)
     }
 
+    @Test("tandem watch with --where, --order-by and --limit prints the view's changes with their positions")
+    func watchQuery() async throws {
+        let folder = try TemporaryDirectory()
+        let server = try await ServerProcess(dataDirectory: folder.url)
+        defer { server.send(SIGTERM) }
+        for (title, rank) in [("low", 1), ("high", 9)] {
+            let put = try await runTandem([
+                "put", "tasks", #"{"title":"\#(title)","rank":\#(rank)}"#, "--server", server.url,
+            ])
+            #expect(put.status == 0, "\(put.error)")
+        }
+        let watch = ChildProcess()
+        watch.executableURL = server.executable
+        watch.arguments = [
+            "watch", "tasks", "--where", "rank > 0", "--order-by", "rank:desc", "--limit", "2", "--server", server.url,
+        ]
+        let output = Pipe()
+        watch.standardOutput = output
+        watch.standardError = FileHandle.nullDevice
+        try watch.run()
+        let collected = Mutex("")
+        let reader = output.fileHandleForReading
+        Thread.detachNewThread {
+            while case let chunk = reader.availableData, !chunk.isEmpty {
+                collected.withLock { $0 += String(decoding: chunk, as: UTF8.self) }
+            }
+        }
+        try await waitUntil("the view is printed") { collected.withLock { $0.filter { $0 == "\n" }.count >= 2 } }
+        let middle = try await runTandem(["put", "tasks", #"{"title":"middle","rank":5}"#, "--server", server.url])
+        let id = String(middle.output.split(separator: " ")[0])
+        try await waitUntil("the new document pushes the lowest out") {
+            collected.withLock { $0.filter { $0 == "\n" }.count >= 4 }
+        }
+        let lines = collected.withLock { $0 }.split(separator: "\n").map(String.init)
+        #expect(lines[0].hasPrefix("added ") && lines[0].hasSuffix(#" 1 -1 0 {"rank":9,"title":"high"}"#), "\(lines)")
+        #expect(lines[1].hasSuffix(#" 1 -1 1 {"rank":1,"title":"low"}"#), "\(lines)")
+        #expect(lines[2].hasPrefix("removed ") && lines[2].hasSuffix(#" 1 1 -1 {"rank":1,"title":"low"}"#), "\(lines)")
+        #expect(lines[3] == #"added \#(id) 1 -1 1 {"rank":5,"title":"middle"}"#, "\(lines)")
+        kill(watch.processIdentifier, SIGINT)
+        await watch.exited()
+    }
+
     @Test(
         "bad arguments and an unreachable server give one line and a non-zero exit",
         arguments: [
@@ -123,6 +165,13 @@ struct CommandLineTests {
             (["get", "notes/x", "--server", "ws://127.0.0.1:1"], "Is `tandem serve` running?"),
             (["watch", "notes", "--server", "ws://127.0.0.1:1"], "Is `tandem serve` running?"),
             (["watch", "notes", "--server", "http://example.com"], "must be a ws:// or wss:// URL"),
+            (["watch", "notes", "--where", "a has 1"], "expected FIELD OP VALUE"),
+            (["watch", "notes", "--where", "a in 1"], "in takes a non-empty JSON array"),
+            (["watch", "notes", "--where", "a == alice"], "the value must be JSON"),
+            (["watch", "notes", "--order-by", "a:up"], "expected FIELD, FIELD:asc or FIELD:desc"),
+            (["export", "--server", "wss://127.0.0.1:1"], "speaks plain HTTP"),
+            (["import", "/nonexistent.ndjson"], "cannot read /nonexistent.ndjson"),
+            (["serve", "--memory", "--data", "/tmp/x"], "give one of them at most"),
         ])
     func badArguments(arguments: [String], message: String) async throws {
         let result = try await runTandem(arguments)

@@ -36,6 +36,7 @@ extension ServerCore {
         // Access first: a user who may not read the collection learns nothing of it, not even
         // whether a token is current.
         let listener = Listener(session: session, target: target, collection: listen.collection, position: 0)
+        listener.view = listen.query.map(QueryView.init)
         do {
             guard try decideAccess(for: listener) else {
                 session.send(
@@ -43,7 +44,15 @@ extension ServerCore {
                         .permissionDenied, "\(who(session)) may not read \(listen.collection)", target: target))
                 return
             }
-            if let token {
+            if token != nil, listener.view != nil {
+                // The server does not know which documents a query's view held at the token,
+                // so a query listener starts over; its client replaces its view.
+                session.send(
+                    .reset(
+                        .init(
+                            target: target,
+                            reason: "a query listener resumes with its whole view; the full snapshot follows")))
+            } else if let token {
                 let bounds = try store.feedBounds(of: listen.collection)
                 if let reason = Self.resetReason(token, epoch: store.epoch, bounds: bounds) {
                     session.send(.reset(.init(target: target, reason: reason)))
@@ -120,6 +129,10 @@ extension ServerCore {
     /// round sends it what comes after its position, so nothing falls between the two.
     func advance(_ listener: Listener) {
         guard !listener.isCancelled, !listener.isLive, !listener.session.isClosed else { return }
+        if let view = listener.view {
+            catchUp(listener, view)
+            return
+        }
         let page: FeedPage
         do {
             page = try store.page(
@@ -159,6 +172,63 @@ extension ServerCore {
         }
     }
 
+    /// Catches a query listener up at once: reads the whole collection, sends the view as
+    /// additions with their positions (in frames of about a page each), and goes live.
+    private func catchUp(_ listener: Listener, _ view: QueryView) {
+        var rows: [StoredDocument] = []
+        var position: Int64 = 0
+        let changes: [QueryView.Change]
+        do {
+            while true {
+                let page = try store.page(
+                    of: listener.collection, after: position, limit: configuration.snapshotPageSize,
+                    maxBytes: configuration.snapshotPageBytes)
+                rows += page.rows
+                position = page.position
+                if page.isLast { break }
+            }
+            changes = try view.load(rows)
+        } catch {
+            listener.session.send(internalError(error, target: listener.target))
+            return
+        }
+        listener.position = position
+        sendViewChanges(changes, to: listener, initial: true)
+        listener.isLive = true
+        listener.catchUpHorizon = nil
+    }
+
+    /// Sends a query listener the changes to its view, cut into frames of about a page; every
+    /// frame but the last says `hasMore`, and all carry the listener's position.
+    func sendViewChanges(_ changes: [QueryView.Change], to listener: Listener, initial: Bool) {
+        guard initial || !changes.isEmpty else { return }
+        var frames: [[UInt8]] = []
+        var writer = JSONWriter()
+        writer.beginArray()
+        var count = 0
+        for change in changes {
+            if count > 0 && writer.bytes.count + change.document.fieldsBytes + 200 > configuration.snapshotPageBytes {
+                writer.endArray()
+                frames.append(writer.bytes)
+                writer = JSONWriter()
+                writer.beginArray()
+                count = 0
+            }
+            change.document.writeChange(change.kind, indices: (change.oldIndex, change.newIndex), to: &writer)
+            count += 1
+        }
+        writer.endArray()
+        frames.append(writer.bytes)
+        let resumeToken = token(listener.position)
+        for (index, frame) in frames.enumerated() {
+            if !initial { delayIfInjected(listener.session) }
+            listener.session.send(
+                frame: snapshotFrame(
+                    target: listener.target, changes: frame, resumeToken: resumeToken, initial: initial,
+                    hasMore: index < frames.count - 1))
+        }
+    }
+
     /// Sends `reset` and catches the listener up again from the start of the feed.
     func restart(_ listener: Listener, reason: String) {
         listener.session.send(.reset(.init(target: listener.target, reason: reason)))
@@ -166,6 +236,7 @@ extension ServerCore {
         listener.isResuming = false
         listener.isLive = false
         listener.catchUpHorizon = nil
+        if let view = listener.view { listener.view = QueryView(query: view.query) }
         advance(listener)
     }
 
@@ -247,6 +318,10 @@ extension ServerCore {
                 )
                 continue
             }
+            if let view = listener.view {
+                deliver(page, to: listener, view)
+                continue
+            }
             byPosition[listener.position, default: []].append(listener)
         }
         let committed = measuring ? page.rows.last?.updateTime : nil
@@ -272,6 +347,18 @@ extension ServerCore {
                             initial: false, hasMore: false))
                 }
             }
+        }
+    }
+
+    /// Sends a page of new changes to a live query listener: how they change its view.
+    private func deliver(_ page: FeedPage, to listener: Listener, _ view: QueryView) {
+        let rows = page.rows.filter { $0.sequence > listener.position }
+        do {
+            let changes = try view.apply(rows)
+            listener.position = max(listener.position, page.position)
+            sendViewChanges(changes, to: listener, initial: false)
+        } catch {
+            listener.session.send(internalError(error, target: listener.target))
         }
     }
 

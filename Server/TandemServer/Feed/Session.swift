@@ -113,6 +113,8 @@ final class Listener: @unchecked Sendable {
     /// The feed's horizon when this catch-up began: should it move past the listener's
     /// position before the listener is live, documents the client holds may be gone unseen.
     var catchUpHorizon: Int64?
+    /// For a listener on a query: what its client sees (nil for a whole collection).
+    var view: QueryView?
     /// The documents its read permission was decided on: a change to one of them decides
     /// again, and may end the listener.
     var accessDependencies: Set<DocumentKey> = []

@@ -207,11 +207,18 @@ struct StoredDocument {
         return createSequence > position ? .added : .modified
     }
 
-    /// Writes the row as a snapshot change, its stored JSON spliced in without parsing it.
-    func writeChange(_ kind: Change.Kind, to writer: inout JSONWriter) {
+    /// Writes the row as a snapshot change, its stored JSON spliced in without parsing it
+    /// (with its positions in a query listener's view, when given).
+    func writeChange(_ kind: Change.Kind, indices: (old: Int, new: Int)? = nil, to writer: inout JSONWriter) {
         writer.beginObject()
         writer.key("kind")
         writer.string(kind.rawValue)
+        if let indices {
+            writer.key("oldIndex")
+            writer.int(Int64(indices.old))
+            writer.key("newIndex")
+            writer.int(Int64(indices.new))
+        }
         writer.key("id")
         writer.string(id.rawValue)
         writer.key("version")
