@@ -63,25 +63,6 @@ struct QueryTests {
         #expect(!filter.matches(["owner": "member-2000"]))
     }
 
-    @Test(
-        "a malformed query is refused, naming what is wrong",
-        arguments: [
-            (#"{"where":[{"field":"a","op":"~","value":1}]}"#, "query.where[0].op: unknown operator '~'"),
-            (#"{"where":[{"field":"a","op":"in","value":1}]}"#, "query.where[0].value: 'in' takes a non-empty array"),
-            (#"{"where":[{"field":"a..b","op":"==","value":1}]}"#, "query.where[0].field: 'a..b' is not a field path"),
-            (#"{"orderBy":[{"field":"a","direction":"up"}]}"#, "query.orderBy[0].direction: expected asc or desc"),
-            (#"{"limit":0}"#, "query.limit: expected 1 or more, not 0"),
-        ])
-    func badQueries(json: String, expected: String) async throws {
-        let server = try await TestServer()
-        let raw = try await RawWebSocket.open(
-            port: server.port, hello: #"{"type":"hello","protocol":1,"clientId":"q"}"#)
-        _ = try await raw.readText()
-        try raw.send(text: #"{"type":"listen","target":"t","collection":"c","query":\#(json)}"#)
-        let answer = try await raw.readText()
-        #expect(answer.contains(#""code":"bad-message""#) && answer.contains(expected), "\(answer)")
-    }
-
     @Test("a query listener sees the matching documents in order, cut at the limit, and how each commit moves them")
     func liveView() async throws {
         let server = try await TestServer()
@@ -180,5 +161,28 @@ struct QueryTests {
         again.listen(to: try path("notes"), resumeToken: token, query: pinned, handler: resumed.handler)
         try await waitUntil("reset and current") { resumed.resets.count == 1 && resumed.isCurrent }
         #expect(resumed.changes.map(positioned) == ["added \(a.id) -1 0"])
+    }
+}
+
+/// Malformed queries as raw frames (plain TCP, so not in the TLS pass, like BadInputTests).
+@Suite("Listeners on queries: malformed queries")
+struct QueryBadInputTests {
+    @Test(
+        "a malformed query is refused, naming what is wrong",
+        arguments: [
+            (#"{"where":[{"field":"a","op":"~","value":1}]}"#, "query.where[0].op: unknown operator '~'"),
+            (#"{"where":[{"field":"a","op":"in","value":1}]}"#, "query.where[0].value: 'in' takes a non-empty array"),
+            (#"{"where":[{"field":"a..b","op":"==","value":1}]}"#, "query.where[0].field: 'a..b' is not a field path"),
+            (#"{"orderBy":[{"field":"a","direction":"up"}]}"#, "query.orderBy[0].direction: expected asc or desc"),
+            (#"{"limit":0}"#, "query.limit: expected 1 or more, not 0"),
+        ])
+    func badQueries(json: String, expected: String) async throws {
+        let server = try await TestServer()
+        let raw = try await RawWebSocket.open(
+            port: server.port, hello: #"{"type":"hello","protocol":1,"clientId":"q"}"#)
+        _ = try await raw.readText()
+        try raw.send(text: #"{"type":"listen","target":"t","collection":"c","query":\#(json)}"#)
+        let answer = try await raw.readText()
+        #expect(answer.contains(#""code":"bad-message""#) && answer.contains(expected), "\(answer)")
     }
 }

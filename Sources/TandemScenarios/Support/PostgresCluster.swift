@@ -86,7 +86,7 @@ public final class PostgresCluster: Sendable {
             "listen_addresses = '\(tcpAddresses.joined(separator: ","))'",
             "unix_socket_directories = '\(directory.path)'",
             "port = \(port)",
-            "max_connections = 300",
+            "max_connections = 1000",
             "shared_buffers = 32MB",
             "log_min_messages = fatal",
             "logging_collector = off",
