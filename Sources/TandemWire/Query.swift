@@ -148,8 +148,14 @@ extension JSONValue {
         switch (a, b) {
         case (.bool(let x), .bool(let y)): return x == y ? 0 : (x ? 1 : -1)
         case (.int(let x), .int(let y)): return x == y ? 0 : (x < y ? -1 : 1)
+        case (.double(let x), .double(let y)): return x == y ? 0 : (x < y ? -1 : 1)
+        case (.int(let x), .double(let y)): return compare(x, y)
+        case (.double(let x), .int(let y)): return -compare(y, x)
         case (.string(let x), .string(let y)):
-            return x == y ? 0 : (x.utf8.lexicographicallyPrecedes(y.utf8) ? -1 : 1)
+            // By bytes, not by Swift's `==`, which takes canonically equivalent strings ("é"
+            // and "e" + combining accent) for equal: the order must be total and consistent.
+            if x.utf8.elementsEqual(y.utf8) { return 0 }
+            return x.utf8.lexicographicallyPrecedes(y.utf8) ? -1 : 1
         case (.array(let x), .array(let y)):
             for (p, q) in zip(x, y) {
                 let order = queryOrder(p, q)
@@ -167,10 +173,18 @@ extension JSONValue {
             }
             return xKeys.count == yKeys.count ? 0 : (xKeys.count < yKeys.count ? -1 : 1)
         default:
-            // Numbers of two kinds, compared by value.
-            let (x, y) = (a.doubleValue ?? 0, b.doubleValue ?? 0)
-            return x == y ? 0 : (x < y ? -1 : 1)
+            return 0  // the same rank and none of the above: both null
         }
+    }
+
+    /// An integer and a decimal compared exactly (through `Double`, 2^53 + 1 would equal 2^53).
+    private static func compare(_ integer: Int64, _ decimal: Double) -> Int {
+        if decimal < -9_223_372_036_854_775_808.0 { return 1 }
+        if decimal >= 9_223_372_036_854_775_808.0 { return -1 }
+        let whole = decimal.rounded(.down)
+        let truncated = Int64(whole)
+        if integer != truncated { return integer < truncated ? -1 : 1 }
+        return decimal > whole ? -1 : 0
     }
 
     private var typeRank: Int {

@@ -29,6 +29,13 @@ struct QueryTests {
             }
         }
         #expect(JSONValue.queryOrder(1, 1.0) == 0)
+        // Strings by their bytes: canonically equivalent spellings are different values.
+        #expect(JSONValue.queryOrder("e\u{301}", "\u{e9}") == -1)
+        // Integers and decimals by exact value, beyond what a Double holds.
+        #expect(JSONValue.queryOrder(9_007_199_254_740_993, 9_007_199_254_740_992.0) == 1)
+        #expect(JSONValue.queryOrder(.int(.max), 9_223_372_036_854_775_807.0) == -1)
+        #expect(JSONValue.queryOrder(-3, -2.5) == -1)
+        #expect(JSONValue.queryOrder(-2.5, -3) == 1)
     }
 
     @Test(
@@ -140,6 +147,54 @@ struct QueryTests {
         #expect(feed.snapshots.count == 2)
         #expect(feed.changes.suffix(3).map(positioned) == ["removed b 1 -1", "added e -1 0", "modified a 1 1"])
         _ = ids
+    }
+
+    @Test("a reset through the admin API empties a query listener's view; what comes after reaches it")
+    func resetView() async throws {
+        let server = try await TestServer()
+        let writer = try await connect(server)
+        _ = try await writer.create("notes", ["n": 1])
+        let reader = try await connect(server)
+        let feed = Feed()
+        reader.listen(to: try path("notes"), query: try query(#"{"orderBy":[{"field":"n"}]}"#), handler: feed.handler)
+        try await waitUntil("current") { feed.isCurrent }
+        #expect(try server.server.reset(collection: path("notes")) == 1)
+        try await waitUntil("the reset and the empty view") {
+            feed.resets.count == 1 && feed.snapshots.last.map { $0.initial && $0.changes.isEmpty } == true
+        }
+        let b = try await writer.create("notes", ["n": 2])
+        try await waitUntil("the new document") { feed.changes.last.map(positioned) == "added \(b.id) -1 0" }
+    }
+
+    @Test("a first view larger than a connection's send queue arrives whole, frame by frame as the client reads")
+    func largeView() async throws {
+        // Frames of 64 KiB and a send queue of 256 KiB: the 1.5 MB view overflows the queue
+        // unless the frames wait for it to drain.
+        let server = try await TestServer { configuration in
+            configuration.snapshotPageBytes = 64 << 10
+            configuration.maxQueuedBytesPerConnection = 256 << 10
+        }
+        let writer = try await connect(server)
+        let blob = String(repeating: "x", count: 1000)
+        for start in stride(from: 0, to: 1500, by: 100) {
+            let ops = (start..<start + 100).map { n in
+                WriteOp.create(
+                    in: try! CollectionPath("big"), fields: ["n": .int(Int64(n)), "blob": .string(blob)],
+                    idempotencyKey: key())
+            }
+            guard case .ack = try await writer.write(ops) else { throw TestFailure("a write was refused") }
+        }
+        let reader = try await connect(server)
+        let feed = Feed()
+        reader.listen(
+            to: try path("big"),
+            query: try query(#"{"where":[{"field":"n","op":">=","value":0}],"orderBy":[{"field":"n"}]}"#),
+            handler: feed.handler)
+        try await waitUntil("the whole view", timeout: .seconds(120)) { feed.isCurrent }
+        #expect(feed.changes.count == 1500)
+        #expect(feed.changes.map(\.newIndex) == Array(0..<1500))
+        #expect(feed.snapshots.count > 1 && feed.snapshots.dropLast().allSatisfy(\.hasMore))
+        #expect(reader.isOpen)
     }
 
     @Test("a query listener that resumes gets a reset and its whole view")

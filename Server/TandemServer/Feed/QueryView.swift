@@ -12,11 +12,19 @@ final class QueryView {
     let query: Query
     /// Every live document that matches, in query order.
     private var matching: [Entry] = []
+    /// The entries of `matching`, by id.
+    private var byID: [DocumentID: Entry] = [:]
 
-    struct Entry {
-        var document: StoredDocument
-        var fields: JSONObject
+    /// A class, so that moving entries in `matching` moves pointers, not documents.
+    final class Entry {
+        let document: StoredDocument
+        let fields: JSONObject
         var id: DocumentID { document.id }
+
+        init(document: StoredDocument, fields: JSONObject) {
+            self.document = document
+            self.fields = fields
+        }
     }
 
     /// A change to the view: its kind, the document as stored now, and its positions.
@@ -32,13 +40,19 @@ final class QueryView {
     private var view: ArraySlice<Entry> { matching.prefix(query.limit ?? .max) }
 
     /// The whole view as additions, for a listener's first snapshot.
-    func load(_ rows: [StoredDocument]) throws -> [Change] {
+    ///
+    /// - Parameter rows: Each document's latest row, tombstones included.
+    func load(_ rows: some Sequence<StoredDocument>) throws -> [Change] {
         matching = []
+        byID = [:]
         for row in rows where !row.deleted {
             let fields = try row.fields
-            if query.matches(fields) { matching.append(Entry(document: row, fields: fields)) }
+            guard query.matches(fields) else { continue }
+            let entry = Entry(document: row, fields: fields)
+            matching.append(entry)
+            byID[row.id] = entry
         }
-        matching.sort { query.precedes(($0.id, $0.fields), ($1.id, $1.fields)) }
+        matching.sort(by: precedes)
         return view.enumerated().map {
             Change(kind: .added, document: $0.element.document, oldIndex: -1, newIndex: $0.offset)
         }
@@ -51,21 +65,26 @@ final class QueryView {
         var written: [DocumentID: StoredDocument] = [:]
         for row in rows {
             written[row.id] = row
-            matching.removeAll { $0.id == row.id }
+            if let old = byID.removeValue(forKey: row.id) {
+                matching.remove(at: insertionIndex(of: old, in: matching))
+            }
             guard !row.deleted else { continue }
             let fields = try row.fields
             guard query.matches(fields) else { continue }
             let entry = Entry(document: row, fields: fields)
             matching.insert(entry, at: insertionIndex(of: entry, in: matching))
+            byID[row.id] = entry
         }
         let after = Array(view)
         let beforeIDs = Set(before.map(\.id))
         let afterIDs = Set(after.map(\.id))
 
+        // Firestore's docChanges order, each index in the view as the changes before it left
+        // it: `running` starts as the old view and ends as the new one.
         var changes: [Change] = []
         var running = before
         for entry in before where !afterIDs.contains(entry.id) {
-            let index = running.firstIndex { $0.id == entry.id }!
+            let index = running.firstIndex { $0 === entry }!
             running.remove(at: index)
             changes.append(
                 Change(kind: .removed, document: written[entry.id] ?? entry.document, oldIndex: index, newIndex: -1))
@@ -85,13 +104,18 @@ final class QueryView {
         return changes
     }
 
+    private func precedes(_ a: Entry, _ b: Entry) -> Bool {
+        query.precedes((a.id, a.fields), (b.id, b.fields))
+    }
+
     /// Where `entry` goes among `entries` (kept in query order): after every one before it.
+    /// For an entry that is there, its index: the order is total, and ids are unique.
     private func insertionIndex(of entry: Entry, in entries: [Entry]) -> Int {
         var low = 0
         var high = entries.count
         while low < high {
             let middle = (low + high) / 2
-            if query.precedes((entries[middle].id, entries[middle].fields), (entry.id, entry.fields)) {
+            if precedes(entries[middle], entry) {
                 low = middle + 1
             } else {
                 high = middle

@@ -172,44 +172,92 @@ extension ServerCore {
         }
     }
 
-    /// Catches a query listener up at once: reads the whole collection, sends the view as
-    /// additions with their positions (in frames of about a page each), and goes live.
+    /// Catches a query listener up: reads each document's latest row, sends the view as
+    /// additions in frames of about a page (waiting for the connection to drain between them,
+    /// as a collection's catch-up does), then what was committed meanwhile, and goes live.
     private func catchUp(_ listener: Listener, _ view: QueryView) {
-        var rows: [StoredDocument] = []
-        var position: Int64 = 0
-        let changes: [QueryView.Change]
+        if !listener.viewLoaded {
+            do {
+                let (rows, position) = try latestRows(of: listener.collection)
+                let changes = try view.load(rows)
+                listener.position = position
+                listener.pendingFrames = viewFrames(changes, for: listener, initial: true)
+                listener.viewLoaded = true
+            } catch {
+                listener.session.send(internalError(error, target: listener.target))
+                return
+            }
+        }
+        while !listener.pendingFrames.isEmpty {
+            listener.session.send(frame: listener.pendingFrames.removeFirst())
+            if !listener.pendingFrames.isEmpty
+                && listener.session.connection.notifyWhenDrained(below: configuration.snapshotPageBytes)
+            {
+                listener.awaitsDrain = true
+                return
+            }
+        }
+        // What was committed while the frames drained; then live, with nothing between.
         do {
             while true {
                 let page = try store.page(
-                    of: listener.collection, after: position, limit: configuration.snapshotPageSize,
+                    of: listener.collection, after: listener.position, limit: configuration.snapshotPageSize,
                     maxBytes: configuration.snapshotPageBytes)
-                rows += page.rows
-                position = page.position
+                if listener.position < page.bounds.horizon {
+                    restart(
+                        listener,
+                        reason: "the collection was reset (its documents were removed); the full snapshot follows")
+                    return
+                }
+                let changes = try view.apply(page.rows)
+                listener.position = page.position
+                for frame in viewFrames(changes, for: listener, initial: false) { listener.session.send(frame: frame) }
                 if page.isLast { break }
             }
-            changes = try view.load(rows)
         } catch {
             listener.session.send(internalError(error, target: listener.target))
             return
         }
-        listener.position = position
-        sendViewChanges(changes, to: listener, initial: true)
         listener.isLive = true
         listener.catchUpHorizon = nil
     }
 
-    /// Sends a query listener the changes to its view, cut into frames of about a page; every
-    /// frame but the last says `hasMore`, and all carry the listener's position.
-    func sendViewChanges(_ changes: [QueryView.Change], to listener: Listener, initial: Bool) {
-        guard initial || !changes.isEmpty else { return }
-        var frames: [[UInt8]] = []
+    /// Each document's latest row in a collection (tombstones included) and the feed position
+    /// they reach. Read page by page: a document written again between two pages (by another
+    /// node) shows up twice, and the later row is kept; a horizon that moves meanwhile (a
+    /// reset) starts the reading over.
+    private func latestRows(of collection: CollectionPath) throws -> (some Sequence<StoredDocument>, Int64) {
+        var latest: [DocumentID: StoredDocument] = [:]
+        var position: Int64 = 0
+        var horizon: Int64?
+        while true {
+            let page = try store.page(
+                of: collection, after: position, limit: configuration.snapshotPageSize,
+                maxBytes: configuration.snapshotPageBytes)
+            if let horizon, page.bounds.horizon > horizon {
+                (latest, position) = ([:], 0)
+                continue
+            }
+            horizon = horizon ?? page.bounds.horizon
+            for row in page.rows { latest[row.id] = row }
+            position = page.position
+            if page.isLast { return (latest.values, position) }
+        }
+    }
+
+    /// A query listener's changes as snapshot frames of about a page each, all carrying its
+    /// position; every frame but the last says `hasMore`. Nothing when a live commit left the
+    /// view as it was.
+    func viewFrames(_ changes: [QueryView.Change], for listener: Listener, initial: Bool) -> [OutboundMessage] {
+        guard initial || !changes.isEmpty else { return [] }
+        var arrays: [[UInt8]] = []
         var writer = JSONWriter()
         writer.beginArray()
         var count = 0
         for change in changes {
             if count > 0 && writer.bytes.count + change.document.fieldsBytes + 200 > configuration.snapshotPageBytes {
                 writer.endArray()
-                frames.append(writer.bytes)
+                arrays.append(writer.bytes)
                 writer = JSONWriter()
                 writer.beginArray()
                 count = 0
@@ -218,14 +266,12 @@ extension ServerCore {
             count += 1
         }
         writer.endArray()
-        frames.append(writer.bytes)
+        arrays.append(writer.bytes)
         let resumeToken = token(listener.position)
-        for (index, frame) in frames.enumerated() {
-            if !initial { delayIfInjected(listener.session) }
-            listener.session.send(
-                frame: snapshotFrame(
-                    target: listener.target, changes: frame, resumeToken: resumeToken, initial: initial,
-                    hasMore: index < frames.count - 1))
+        return arrays.enumerated().map { index, changes in
+            snapshotFrame(
+                target: listener.target, changes: changes, resumeToken: resumeToken, initial: initial,
+                hasMore: index < arrays.count - 1)
         }
     }
 
@@ -236,7 +282,11 @@ extension ServerCore {
         listener.isResuming = false
         listener.isLive = false
         listener.catchUpHorizon = nil
-        if let view = listener.view { listener.view = QueryView(query: view.query) }
+        if let view = listener.view {
+            listener.view = QueryView(query: view.query)
+            listener.viewLoaded = false
+            listener.pendingFrames = []
+        }
         advance(listener)
     }
 
@@ -310,6 +360,7 @@ extension ServerCore {
     /// their deletes (the collection was reset through the admin API, on any node): it gets a
     /// `reset` and the full snapshot instead.
     private func deliver(_ page: FeedPage, to follower: FeedFollower, measuring: Bool) {
+        let committed = measuring ? page.rows.last?.updateTime : nil
         var byPosition: [Int64: [Listener]] = [:]
         for listener in follower.listeners where listener.isLive && !listener.session.isClosed {
             if listener.position < page.bounds.horizon {
@@ -319,12 +370,11 @@ extension ServerCore {
                 continue
             }
             if let view = listener.view {
-                deliver(page, to: listener, view)
+                deliver(page, to: listener, view, committed: committed)
                 continue
             }
             byPosition[listener.position, default: []].append(listener)
         }
-        let committed = measuring ? page.rows.last?.updateTime : nil
         for (position, listeners) in byPosition {
             let rows = page.rows.filter { $0.sequence > position }
             let creators = Set(
@@ -351,12 +401,19 @@ extension ServerCore {
     }
 
     /// Sends a page of new changes to a live query listener: how they change its view.
-    private func deliver(_ page: FeedPage, to listener: Listener, _ view: QueryView) {
+    private func deliver(_ page: FeedPage, to listener: Listener, _ view: QueryView, committed: Int64?) {
         let rows = page.rows.filter { $0.sequence > listener.position }
         do {
             let changes = try view.apply(rows)
             listener.position = max(listener.position, page.position)
-            sendViewChanges(changes, to: listener, initial: false)
+            let frames = viewFrames(changes, for: listener, initial: false)
+            if let committed, !frames.isEmpty {
+                metrics.delivered(afterMilliseconds: configuration.clock() - committed)
+            }
+            for frame in frames {
+                delayIfInjected(listener.session)
+                listener.session.send(frame: frame)
+            }
         } catch {
             listener.session.send(internalError(error, target: listener.target))
         }

@@ -115,6 +115,10 @@ final class Listener: @unchecked Sendable {
     var catchUpHorizon: Int64?
     /// For a listener on a query: what its client sees (nil for a whole collection).
     var view: QueryView?
+    /// For a query listener catching up: whether its view was read, and the frames of its
+    /// first snapshot not yet queued (they go out as the connection drains).
+    var viewLoaded = false
+    var pendingFrames: [OutboundMessage] = []
     /// The documents its read permission was decided on: a change to one of them decides
     /// again, and may end the listener.
     var accessDependencies: Set<DocumentKey> = []
