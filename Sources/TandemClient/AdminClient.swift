@@ -76,19 +76,10 @@ public struct AdminClient: Sendable {
     /// Sends one request on a thread of its own and turns an error answer into a
     /// ``TandemError`` carrying the server's message.
     private func call(_ method: String, _ path: String, body: [UInt8] = []) async throws -> PlainHTTP.Response {
-        let (host, port, timeout) = (host, port, timeout)
         var headers: [String: String] = [:]
         if let token { headers["Authorization"] = "Bearer \(token)" }
-        let response: PlainHTTP.Response = try await withCheckedThrowingContinuation { continuation in
-            Thread.detachNewThread { [headers] in
-                continuation.resume(
-                    with: Result {
-                        try PlainHTTP.exchange(
-                            host: host, port: port, method: method, path: path, headers: headers, body: body,
-                            timeout: timeout)
-                    })
-            }
-        }
+        let response = try await PlainHTTP.exchange(
+            host: host, port: port, method: method, path: path, headers: headers, body: body, timeout: timeout)
         guard response.status == 200 else {
             var message = response.text.trimmingCharacters(in: .whitespacesAndNewlines)
             if case .object(let object)? = try? Wire.parse(response.body), let text = object["message"]?.stringValue {

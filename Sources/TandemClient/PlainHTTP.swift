@@ -47,6 +47,24 @@ package enum PlainHTTP {
         return parse(received)
     }
 
+    /// ``exchange(host:port:method:path:headers:body:timeout:)`` on a thread of its own, so
+    /// that the blocking socket calls hold no thread of Swift concurrency's pool.
+    package static func exchange(
+        host: String, port: Int, method: String, path: String, headers: [String: String] = [:], body: [UInt8] = [],
+        timeout: Duration
+    ) async throws -> Response {
+        try await withCheckedThrowingContinuation { continuation in
+            Thread.detachNewThread {
+                continuation.resume(
+                    with: Result {
+                        try exchange(
+                            host: host, port: port, method: method, path: path, headers: headers, body: body,
+                            timeout: timeout) as Response
+                    })
+            }
+        }
+    }
+
     /// The length of a complete response (headers and `Content-Length` bytes), once it is in.
     private static func completeLength(_ bytes: [UInt8]) -> Int? {
         guard let end = bytes.firstRange(of: Array("\r\n\r\n".utf8)) else { return nil }

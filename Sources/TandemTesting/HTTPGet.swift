@@ -14,10 +14,8 @@ public enum HTTPGet {
         host: String = "127.0.0.1", port: Int, path: String, method: String = "GET", body: [UInt8] = [],
         headers: [String: String] = [:], timeout: Duration = .seconds(10)
     ) async throws -> (status: Int, body: String) {
-        try await onOwnThread {
-            let response = try PlainHTTP.exchange(
-                host: host, port: port, method: method, path: path, headers: headers, body: body, timeout: timeout)
-            return (response.status, response.text)
-        }
+        let response = try await PlainHTTP.exchange(
+            host: host, port: port, method: method, path: path, headers: headers, body: body, timeout: timeout)
+        return (response.status, response.text)
     }
 }

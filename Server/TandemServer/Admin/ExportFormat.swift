@@ -173,13 +173,22 @@ enum ExportFormat {
 
 /// Why an import was refused. Nothing of it was stored.
 public struct ImportError: Error, Sendable, CustomStringConvertible {
+    public enum Reason: Sendable {
+        /// The file is not a valid export (``line`` says where).
+        case malformed
+        /// A document of the file exists on the server already: an import never overwrites.
+        case exists
+    }
+
+    public var reason: Reason
     /// The line of the file at fault (1 is the header), or nil when the whole file is.
     public var line: Int?
     public var message: String
 
-    init(line: Int?, _ message: String) {
+    init(line: Int?, _ message: String, reason: Reason = .malformed) {
         self.line = line
         self.message = message
+        self.reason = reason
     }
 
     public var description: String { line.map { "line \($0): \(message)" } ?? message }

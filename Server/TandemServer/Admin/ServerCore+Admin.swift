@@ -59,7 +59,8 @@ extension ServerCore {
                 throw ImportError(
                     line: nil,
                     "\(clash.key) exists on this server already (\(existing.count) of the file's documents do); "
-                        + "an import never overwrites: reset the collection first, or import into an empty server")
+                        + "an import never overwrites: reset the collection first, or import into an empty server",
+                    reason: .exists)
             }
             var sequences: [CollectionPath: Int64] = [:]
             var stored: [StoredDocument] = []

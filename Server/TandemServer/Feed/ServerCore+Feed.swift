@@ -58,7 +58,6 @@ extension ServerCore {
                     session.send(.reset(.init(target: target, reason: reason)))
                 } else {
                     listener.position = token.sequence
-                    listener.isResuming = token.sequence > 0
                 }
             }
             try follow(listener.collection)
@@ -206,7 +205,7 @@ extension ServerCore {
                 if listener.position < page.bounds.horizon {
                     restart(
                         listener,
-                        reason: "the collection was reset (its documents were removed); the full snapshot follows")
+                        reason: Self.resetByAdmin)
                     return
                 }
                 let changes = try view.apply(page.rows)
@@ -249,24 +248,16 @@ extension ServerCore {
     /// position; every frame but the last says `hasMore`. Nothing when a live commit left the
     /// view as it was.
     func viewFrames(_ changes: [QueryView.Change], for listener: Listener, initial: Bool) -> [OutboundMessage] {
-        guard initial || !changes.isEmpty else { return [] }
-        var arrays: [[UInt8]] = []
-        var writer = JSONWriter()
-        writer.beginArray()
-        var count = 0
+        var encoded = EncodedChanges(pageBytes: configuration.snapshotPageBytes)
         for change in changes {
-            if count > 0 && writer.bytes.count + change.document.fieldsBytes + 200 > configuration.snapshotPageBytes {
-                writer.endArray()
-                arrays.append(writer.bytes)
-                writer = JSONWriter()
-                writer.beginArray()
-                count = 0
-            }
-            change.document.writeChange(change.kind, indices: (change.oldIndex, change.newIndex), to: &writer)
-            count += 1
+            encoded.append(change.document, change.kind, indices: (change.oldIndex, change.newIndex))
         }
-        writer.endArray()
-        arrays.append(writer.bytes)
+        var arrays = encoded.chunks(lastPosition: listener.position).map(\.json)
+        if arrays.isEmpty {
+            // An empty first view still gets its snapshot: the client learns it is current.
+            guard initial else { return [] }
+            arrays = [Array("[]".utf8)]
+        }
         let resumeToken = token(listener.position)
         return arrays.enumerated().map { index, changes in
             snapshotFrame(
@@ -275,11 +266,13 @@ extension ServerCore {
         }
     }
 
+    /// Why a listener behind a horizon that moved while it was live gets a `reset`.
+    static let resetByAdmin = "the collection was reset (its documents were removed); the full snapshot follows"
+
     /// Sends `reset` and catches the listener up again from the start of the feed.
     func restart(_ listener: Listener, reason: String) {
         listener.session.send(.reset(.init(target: listener.target, reason: reason)))
         listener.position = 0
-        listener.isResuming = false
         listener.isLive = false
         listener.catchUpHorizon = nil
         if let view = listener.view {
@@ -364,9 +357,7 @@ extension ServerCore {
         var byPosition: [Int64: [Listener]] = [:]
         for listener in follower.listeners where listener.isLive && !listener.session.isClosed {
             if listener.position < page.bounds.horizon {
-                restart(
-                    listener, reason: "the collection was reset (its documents were removed); the full snapshot follows"
-                )
+                restart(listener, reason: Self.resetByAdmin)
                 continue
             }
             if let view = listener.view {
@@ -489,11 +480,12 @@ struct EncodedChanges {
         writer.beginArray()
     }
 
-    mutating func append(_ row: StoredDocument, _ kind: Change.Kind) {
-        if count > 0 && writer.bytes.count + row.fieldsBytes + 160 > pageBytes {
+    /// - Parameter indices: For a query listener, the change's positions in its view.
+    mutating func append(_ row: StoredDocument, _ kind: Change.Kind, indices: (old: Int, new: Int)? = nil) {
+        if count > 0 && writer.bytes.count + row.fieldsBytes + 192 > pageBytes {
             closeChunk(at: lastSequence)
         }
-        row.writeChange(kind, to: &writer)
+        row.writeChange(kind, indices: indices, to: &writer)
         count += 1
         lastSequence = row.sequence
     }

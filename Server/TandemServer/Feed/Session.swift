@@ -108,8 +108,6 @@ final class Listener: @unchecked Sendable {
     var isCancelled = false
     /// Waiting for the connection's send queue to drain before the next catch-up page.
     var awaitsDrain = false
-    /// Started from a resume token: the client holds documents, so it must see their deletes.
-    var isResuming: Bool
     /// The feed's horizon when this catch-up began: should it move past the listener's
     /// position before the listener is live, documents the client holds may be gone unseen.
     var catchUpHorizon: Int64?
@@ -130,6 +128,5 @@ final class Listener: @unchecked Sendable {
         self.target = target
         self.collection = collection
         self.position = position
-        self.isResuming = position > 0
     }
 }

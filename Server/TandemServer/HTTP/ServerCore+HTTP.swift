@@ -156,7 +156,8 @@ extension ServerCore {
                 )
             }
         } catch let error as ImportError {
-            return Self.adminError(error.line == nil ? 409 : 400, "import-refused", "nothing was imported: \(error)")
+            return Self.adminError(
+                error.reason == .exists ? 409 : 400, "import-refused", "nothing was imported: \(error)")
         } catch let error as WireError {
             return Self.adminError(400, error.code.rawValue, error.message)
         } catch let error as ServerError {
