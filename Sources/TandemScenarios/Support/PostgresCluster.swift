@@ -88,6 +88,10 @@ public final class PostgresCluster: Sendable {
             "port = \(port)",
             "max_connections = 1000",
             "shared_buffers = 32MB",
+            // Every test's CREATE DATABASE copies its template through the WAL: recycle it
+            // early, or a run's cluster grows by gigabytes of WAL.
+            "max_wal_size = 64MB",
+            "min_wal_size = 32MB",
             "log_min_messages = fatal",
             "logging_collector = off",
         ]
@@ -106,11 +110,17 @@ public final class PostgresCluster: Sendable {
     public func startServer() async throws {
         let data = directory.appendingPathComponent("data").path
         let postgres = try Self.binary("postgres")
-        // The watchdog: stops the server (fast shutdown) once the test process is gone.
+        // The watchdog: stops the server (fast shutdown) once the test process is gone, then
+        // removes the cluster's folder if the test process is gone or stopped it for good. A
+        // test process never runs deinit for the shared cluster, and one that is killed runs
+        // none at all: without this, every run would leave its clusters behind (hundreds of
+        // megabytes each, which filled a CI machine's disk).
+        let test = "/proc/\(ProcessInfo.processInfo.processIdentifier)"
         let script = """
             "\(postgres)" -D "\(data)" & pg=$!
-            while [ -d /proc/\(ProcessInfo.processInfo.processIdentifier) ] && kill -0 $pg 2>/dev/null; do sleep 1; done
+            while [ -d \(test) ] && kill -0 $pg 2>/dev/null; do sleep 1; done
             kill -INT $pg 2>/dev/null; wait $pg
+            if [ ! -d \(test) ] || [ -e "\(directory.path)/\(Self.stoppedMarker)" ]; then rm -rf "\(directory.path)"; fi
             """
         let process = ChildProcess()
         process.executableURL = URL(fileURLWithPath: "/bin/sh")
@@ -187,6 +197,7 @@ public final class PostgresCluster: Sendable {
     /// holds the data folder until the server has exited, then lets it go. To wait, use
     /// ``stopServer()``.
     public func stop() {
+        FileManager.default.createFile(atPath: directory.appendingPathComponent(Self.stoppedMarker).path, contents: nil)
         if let pid = serverPID { kill(pid, SIGINT) }
         let (server, folder) = (takeServer(), folder)
         Thread.detachNewThread {
@@ -194,6 +205,10 @@ public final class PostgresCluster: Sendable {
             withExtendedLifetime(folder) {}
         }
     }
+
+    /// The file ``stop()`` leaves in the cluster's folder for the watchdog: remove the folder
+    /// once the server is down, whether or not the test process is still there to do it.
+    private static let stoppedMarker = "stopped"
 
     // MARK: - Databases
 
