@@ -266,13 +266,18 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
 
     private func get(_ session: Session, _ get: ClientMessage.Get) {
         do {
-            guard try mayRead(get.collection, session).allowed else {
-                session.send(
-                    WireError(
-                        .permissionDenied, "\(who(session)) may not read \(get.collection)", request: get.request))
-                return
+            let refusal = WireError(
+                .permissionDenied, "\(who(session)) may not read \(get.collection)", request: get.request)
+            let scope = try readScope(get.collection, session).scope
+            guard scope != .none else { return session.send(refusal) }
+            let stored = try store.document(in: get.collection, id: get.id).flatMap { $0.deleted ? nil : $0 }
+            // Under rules that look at each document, one the user may not read and one that
+            // does not exist get the same answer.
+            if scope == .perDocument, try !mayRead(stored?.fields ?? [:], in: get.collection, session) || stored == nil
+            {
+                return session.send(refusal)
             }
-            guard let stored = try store.document(in: get.collection, id: get.id), !stored.deleted else {
+            guard let stored else {
                 session.send(
                     WireError(.notFound, "document '\(get.collection)/\(get.id)' does not exist", request: get.request))
                 return

@@ -226,15 +226,19 @@ public final class ServerConnection: Sendable {
     ///   - query: Only the documents it selects, in its order, with positioned changes
     ///     (`added`, `modified`, `removed` with `oldIndex` and `newIndex`); nil for the whole
     ///     collection.
+    ///   - view: With a query and a resume token: the ids of the view the client holds, in
+    ///     order, so that the server sends only how it changed (without them, a `reset` and
+    ///     the whole view).
     /// - Returns: The target, to pass to ``unlisten(_:)``.
     @discardableResult
     public func listen(
         to collection: CollectionPath, target: String? = nil, resumeToken: String? = nil, query: Query? = nil,
-        handler: @escaping @Sendable (ListenEvent) -> Void
+        view: [DocumentID]? = nil, handler: @escaping @Sendable (ListenEvent) -> Void
     ) -> String {
         let target = target ?? collection.rawValue
         state.withLock { $0.listeners[target] = handler }
-        sendRaw(.listen(.init(target: target, collection: collection, resumeToken: resumeToken, query: query)))
+        sendRaw(
+            .listen(.init(target: target, collection: collection, resumeToken: resumeToken, query: query, view: view)))
         return target
     }
 

@@ -46,12 +46,19 @@ public enum ClientMessage: Sendable, Hashable {
         public var resumeToken: String?
         /// Only the documents this query selects, in its order; nil for the whole collection.
         public var query: Query?
+        /// For a query listener that resumes: the ids of the view its client holds, in order.
+        /// The server then sends exactly what changed in it since the token.
+        public var view: [DocumentID]?
 
-        public init(target: String, collection: CollectionPath, resumeToken: String? = nil, query: Query? = nil) {
+        public init(
+            target: String, collection: CollectionPath, resumeToken: String? = nil, query: Query? = nil,
+            view: [DocumentID]? = nil
+        ) {
             self.target = target
             self.collection = collection
             self.resumeToken = resumeToken
             self.query = query
+            self.view = view
         }
 
     }

@@ -349,12 +349,17 @@ extension ClientMessage: WireCodable {
                     clientId: try reader.read("clientId", as: ClientName.self),
                     token: try reader.optionalString("token")))
         case "listen":
-            self = .listen(
-                Listen(
-                    target: try reader.label("target"),
-                    collection: try reader.read("collection", as: CollectionPath.self),
-                    resumeToken: try reader.optionalString("resumeToken"),
-                    query: try reader.optionalRead("query", as: Query.self)))
+            var listen = Listen(
+                target: try reader.label("target"),
+                collection: try reader.read("collection", as: CollectionPath.self),
+                resumeToken: try reader.optionalString("resumeToken"),
+                query: try reader.optionalRead("query", as: Query.self))
+            do throws(WireError) {
+                if reader.has("view") { listen.view = try Self.view(reader, listen) }
+            } catch {
+                throw WireError(error.code, error.message, target: listen.target)
+            }
+            self = .listen(listen)
         case "unlisten":
             self = .unlisten(Unlisten(target: try reader.label("target")))
         case "write":
@@ -378,6 +383,31 @@ extension ClientMessage: WireCodable {
                 .badMessage,
                 "unknown message type '\(type.prefix(40))'; expected \(Self.typeNames.joined(separator: ", "))")
         }
+    }
+
+    /// A resuming query listener's `view`: the ids its client holds, in order, each once.
+    private static func view(_ reader: ObjectReader, _ listen: Listen) throws(WireError) -> [DocumentID] {
+        guard let query = listen.query, listen.resumeToken != nil else {
+            throw WireError(
+                .badMessage,
+                "\(reader.name("view")): only a query listener that resumes (with query and resumeToken) sends its view"
+            )
+        }
+        let values = try reader.array("view")
+        if let limit = query.limit, values.count > limit {
+            throw WireError(
+                .badMessage, "\(reader.name("view")): \(values.count) ids, more than the query's limit of \(limit)")
+        }
+        var ids: [DocumentID] = []
+        var seen: Set<DocumentID> = []
+        for (index, value) in values.enumerated() {
+            let id = try DocumentID(json: value, path: "\(reader.name("view"))[\(index)]")
+            guard seen.insert(id).inserted else {
+                throw WireError(.badMessage, "\(reader.name("view"))[\(index)]: '\(id)' appears twice")
+            }
+            ids.append(id)
+        }
+        return ids
     }
 
     public func write(to writer: inout JSONWriter) {
@@ -407,6 +437,12 @@ extension ClientMessage: WireCodable {
             if let query = listen.query {
                 writer.key("query")
                 query.write(to: &writer)
+            }
+            if let view = listen.view {
+                writer.key("view")
+                writer.beginArray()
+                for id in view { writer.string(id.rawValue) }
+                writer.endArray()
             }
         case .unlisten(let unlisten):
             writer.string("unlisten")

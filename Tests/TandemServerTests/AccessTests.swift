@@ -213,7 +213,7 @@ struct AccessTests {
             (nil, #"{"rules": [{"match": "a", "reed": "true"}]}"#, "unknown key 'reed'"),
             (nil, #"{"rules": [{"match": "a", "read": "user =="}]}"#, "expected a value"),
             (nil, #"{"rules": [{"match": "a", "read": "user == {uid}"}]}"#, "uses {uid}, which a does not define"),
-            (nil, #"{"rules": [{"match": "a", "read": "resource.owner == user"}]}"#, "read cannot use resource"),
+            (nil, #"{"rules": [{"match": "a", "read": "request.owner == user"}]}"#, "read cannot use request"),
             (nil, #"{"rules": [{"match": "a/{x}/b", "read": "user in doc(a).members"}]}"#, "needs a document path"),
             (nil, #"{"rules": [{"match": "a", "read": "(true"}]}"#, "expected ')'"),
         ]

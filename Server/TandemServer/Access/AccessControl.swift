@@ -25,8 +25,12 @@ import TandemWire
 ///
 /// With either file, everything no rule allows is denied. A pattern matches a collection path
 /// of as many segments, `{name}` matching any one segment; when several rules match, one that
-/// allows is enough. The condition language is described on ``Condition``. Read conditions
-/// cannot use `resource` or `request`: a listener reads a whole collection, not one document.
+/// allows is enough. The condition language is described on ``Condition``.
+///
+/// A read condition may look at the document read (`resource.members`): such a rule allows
+/// one document at a time, so it lets a user `get` the documents it allows and listen with a
+/// query, which then sees only those (``readScope(in:user:document:)``). Read conditions cannot
+/// use `request`.
 public struct AccessControl: Sendable {
     /// Bearer token → user id; nil without a token file (every client is anonymous).
     let tokens: [String: String]?
@@ -100,6 +104,53 @@ public struct AccessControl: Sendable {
                 if try condition.evaluate(context) { return true }
             }
             return false
+        }
+    }
+
+    /// How much of a collection a user may read.
+    enum ReadScope: Sendable {
+        /// Nothing: no rule allows it.
+        case none
+        /// Every document: a rule allows it without looking at the documents.
+        case all
+        /// The documents a rule that looks at each one (`resource.…`) allows.
+        case perDocument
+    }
+
+    /// How much of `collection` `user` may read: decided by the rules that do not look at
+    /// documents first (one that allows is enough), then by whether any rule that does
+    /// matches the collection.
+    func readScope(
+        in collection: CollectionPath, user: String?, document: (CollectionPath, DocumentID) throws -> JSONObject?
+    ) throws -> ReadScope {
+        let segments = collection.rawValue.split(separator: "/").map(String.init)
+        var perDocument = false
+        let allowed = try withoutActuallyEscaping(document) { document in
+            for rule in rules {
+                guard let condition = rule.conditions[.read], let variables = Self.match(rule.pattern, segments)
+                else { continue }
+                if condition.readsResource {
+                    perDocument = true
+                    continue
+                }
+                let context = Condition.Context(
+                    user: user, variables: variables, resource: nil, request: nil, document: document)
+                if try condition.evaluate(context) { return true }
+            }
+            return false
+        }
+        return allowed ? .all : perDocument ? .perDocument : .none
+    }
+
+    /// The documents the read rules of `collection` that look at each document read besides
+    /// it (`doc(…)`).
+    func documentsRead(byPerDocumentRulesOf collection: CollectionPath) -> [(CollectionPath, DocumentID)] {
+        let segments = collection.rawValue.split(separator: "/").map(String.init)
+        return rules.flatMap { rule -> [(CollectionPath, DocumentID)] in
+            guard let condition = rule.conditions[.read], condition.readsResource,
+                let variables = Self.match(rule.pattern, segments)
+            else { return [] }
+            return condition.documents(variables)
         }
     }
 
@@ -215,10 +266,8 @@ public struct AccessControl: Sendable {
         for operation in Operation.allCases {
             if let specific = try condition(operation.rawValue) { conditions[operation] = specific }
         }
-        if let read = conditions[.read], read.readsResourceOrRequest {
-            throw AccessError(
-                "\(place).read cannot use resource or request: a listener reads the whole collection, not one document"
-            )
+        if let read = conditions[.read], read.readsRequest {
+            throw AccessError("\(place).read cannot use request: a read writes nothing (resource is the document read)")
         }
         return Rule(pattern: pattern, conditions: conditions)
     }

@@ -9,7 +9,7 @@ import TandemWire
 /// - `x == y`, `x != y`: JSON equality. `x in y`: `y` is an array holding `x`.
 /// - Values: `user` (the caller's user id, `null` without a token), `{name}` (a variable of
 ///   the rule's path pattern), `'text'` or `"text"`, integers, `null`,
-///   `resource.field` (the stored document, for update and delete), `request.field` (the
+///   `resource.field` (the stored document: for read, update and delete), `request.field` (the
 ///   fields written, for create and update), `doc(path).field` (another document, its path
 ///   written with the pattern's variables, like `doc(accounts/{account})`). Fields nest with
 ///   dots; a missing one is `null`.
@@ -62,13 +62,8 @@ indirect enum Condition: Sendable, Equatable {
         case .resource(let field): return lookup(field, in: context.resource)
         case .request(let field): return lookup(field, in: context.request)
         case .document(let segments, let field):
-            let path = segments.map { segment in
-                segment.hasPrefix("{") ? context.variables[String(segment.dropFirst().dropLast())] ?? "" : segment
-            }
             // A variable that makes no valid path names no document: the value is null.
-            guard let collection = try? CollectionPath(path.dropLast().joined(separator: "/")),
-                let id = try? DocumentID(path.last ?? "")
-            else { return .null }
+            guard let (collection, id) = document(segments, context.variables) else { return .null }
             return lookup(field, in: try context.document(collection, id))
         }
     }
@@ -82,20 +77,51 @@ indirect enum Condition: Sendable, Equatable {
         return value
     }
 
-    /// Whether the condition reads the stored document or the written fields.
-    var readsResourceOrRequest: Bool {
+    /// The documents the condition reads with `doc(…)`, with the rule's variables filled in.
+    func documents(_ variables: [String: String]) -> [(CollectionPath, DocumentID)] {
+        switch self {
+        case .constant: []
+        case .not(let condition): condition.documents(variables)
+        case .and(let left, let right), .or(let left, let right): left.documents(variables) + right.documents(variables)
+        case .equal(let left, let right), .contains(let left, let right):
+            [left, right].compactMap { operand in
+                guard case .document(let segments, _) = operand else { return nil }
+                return Self.document(segments, variables)
+            }
+        }
+    }
+
+    /// The document `doc(…)` names, or nil when a variable makes no valid path.
+    private static func document(_ segments: [String], _ variables: [String: String]) -> (CollectionPath, DocumentID)? {
+        let path = segments.map { segment in
+            segment.hasPrefix("{") ? variables[String(segment.dropFirst().dropLast())] ?? "" : segment
+        }
+        guard let collection = try? CollectionPath(path.dropLast().joined(separator: "/")),
+            let id = try? DocumentID(path.last ?? "")
+        else { return nil }
+        return (collection, id)
+    }
+
+    /// Whether the condition reads the document it decides on (`resource.…`).
+    var readsResource: Bool {
+        uses {
+            if case .resource = $0 { true } else { false }
+        }
+    }
+
+    /// Whether the condition reads the fields written (`request.…`).
+    var readsRequest: Bool {
+        uses {
+            if case .request = $0 { true } else { false }
+        }
+    }
+
+    private func uses(_ kind: (Operand) -> Bool) -> Bool {
         switch self {
         case .constant: false
-        case .not(let condition): condition.readsResourceOrRequest
-        case .and(let left, let right), .or(let left, let right):
-            left.readsResourceOrRequest || right.readsResourceOrRequest
-        case .equal(let left, let right), .contains(let left, let right):
-            [left, right].contains { operand in
-                switch operand {
-                case .resource, .request: true
-                default: false
-                }
-            }
+        case .not(let condition): condition.uses(kind)
+        case .and(let left, let right), .or(let left, let right): left.uses(kind) || right.uses(kind)
+        case .equal(let left, let right), .contains(let left, let right): kind(left) || kind(right)
         }
     }
 

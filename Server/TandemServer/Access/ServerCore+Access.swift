@@ -1,35 +1,61 @@
 import TandemWire
 
 extension ServerCore {
-    /// Whether the session's user may read the collection, and the documents that decided it.
-    /// Always allowed on an open server.
-    func mayRead(_ collection: CollectionPath, _ session: Session) throws -> (
-        allowed: Bool, dependencies: Set<DocumentKey>
+    /// How much of the collection the session's user may read, and the documents that decided
+    /// it. Everything on an open server.
+    func readScope(_ collection: CollectionPath, _ session: Session) throws -> (
+        scope: AccessControl.ReadScope, dependencies: Set<DocumentKey>
     ) {
-        guard let access = configuration.access else { return (true, []) }
+        guard let access = configuration.access else { return (.all, []) }
         var dependencies: Set<DocumentKey> = []
-        let allowed = try access.allows(.read, in: collection, user: session.user) { collection, id in
+        let scope = try access.readScope(in: collection, user: session.user) { collection, id in
             dependencies.insert(DocumentKey(collection: collection, id: id))
-            return try store.document(in: collection, id: id).flatMap { $0.deleted ? nil : try $0.fields }
+            return try liveFields(collection, id)
         }
-        return (allowed, dependencies)
+        if scope == .perDocument {
+            // What the rules that look at each document read besides it (`doc(…)`): a change
+            // to one of those may change which documents the user may read.
+            for (collection, id) in access.documentsRead(byPerDocumentRulesOf: collection) {
+                dependencies.insert(DocumentKey(collection: collection, id: id))
+            }
+        }
+        return (scope, dependencies)
     }
 
-    /// Decides whether the listener may read its collection, and follows the documents the
-    /// decision depends on, so that a change to one of them decides again.
+    /// Whether the session's user may read a live document with these fields, under rules that
+    /// look at each document.
+    func mayRead(_ fields: JSONObject, in collection: CollectionPath, _ session: Session) throws -> Bool {
+        guard let access = configuration.access else { return true }
+        return try access.allows(.read, in: collection, user: session.user, resource: fields, document: liveFields)
+    }
+
+    private func liveFields(_ collection: CollectionPath, _ id: DocumentID) throws -> JSONObject? {
+        try store.document(in: collection, id: id).flatMap { $0.deleted ? nil : try $0.fields }
+    }
+
+    /// Decides how much of its collection the listener may read and follows the documents the
+    /// decision depends on, so that a change to one of them decides again. A listener on a
+    /// query may read a collection document by document: its view then holds only the ones its
+    /// user may read. A listener on a whole collection may not (it has no way to hear that a
+    /// document left it).
     ///
     /// When following a document's collection begins only now, the decision is made once more
     /// after: a change committed between the first decision and the start of following (by
     /// another node) is then either seen by the second decision or read by the feed.
     ///
-    /// - Returns: Whether the listener may read.
-    func decideAccess(for listener: Listener) throws -> Bool {
-        var decision = try mayRead(listener.collection, listener.session)
-        if try track(listener, dependencies: decision.allowed ? decision.dependencies : []) {
-            decision = try mayRead(listener.collection, listener.session)
-            try track(listener, dependencies: decision.allowed ? decision.dependencies : [])
+    /// - Returns: The scope; whether it lets this listener read, ``Listener/may(read:)`` says.
+    func decideAccess(for listener: Listener) throws -> AccessControl.ReadScope {
+        func decide() throws -> AccessControl.ReadScope {
+            let (scope, dependencies) = try readScope(listener.collection, listener.session)
+            return try track(listener, dependencies: listener.may(read: scope) ? dependencies : []) ? decide() : scope
         }
-        return decision.allowed
+        let scope = try decide()
+        if let view = listener.view {
+            let (collection, session) = (listener.collection, listener.session)
+            view.readable =
+                scope == .perDocument ? { [unowned self] in try mayRead($0, in: collection, session) } : nil
+        }
+        return scope
     }
 
     /// How errors name the caller.
@@ -69,19 +95,24 @@ extension ServerCore {
             affected.merge(watchers) { first, _ in first }
         }
         for listener in affected.values where !listener.isCancelled {
-            let allowed: Bool
-            do { allowed = try decideAccess(for: listener) } catch {
+            let wasPerDocument = listener.view?.readable != nil
+            let scope: AccessControl.ReadScope
+            do { scope = try decideAccess(for: listener) } catch {
                 listener.session.send(internalError(error, target: listener.target))
-                allowed = false
+                scope = .none
             }
-            if allowed { continue }
-            listener.session.send(
-                WireError(
-                    .permissionDenied,
-                    "\(who(listener.session)) may no longer read \(listener.collection); the listener was stopped",
-                    target: listener.target))
-            listener.session.listeners[listener.target] = nil
-            remove(listener)
+            if !listener.may(read: scope) {
+                listener.session.send(
+                    WireError(
+                        .permissionDenied,
+                        "\(who(listener.session)) may no longer read \(listener.collection); the listener was stopped",
+                        target: listener.target))
+                listener.session.listeners[listener.target] = nil
+                remove(listener)
+            } else if scope == .perDocument || wasPerDocument {
+                // Which documents the user may read may have changed: the view is read again.
+                refreshView(of: listener)
+            }
         }
     }
 }

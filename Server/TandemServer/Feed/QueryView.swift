@@ -1,7 +1,8 @@
 import TandemWire
 
-/// What a query listener's client sees: the documents its query selects, in the query's
-/// order, cut at its limit; and how each commit changes that view, as positioned changes.
+/// What a query listener's client sees: the documents its query selects (and its user may
+/// read), in the query's order, cut at its limit; and how each commit changes that view, as
+/// positioned changes.
 ///
 /// The view keeps every matching document, not only the ones within the limit, so that when
 /// one leaves the view the next one takes its place. The changes of one commit come in
@@ -10,6 +11,13 @@ import TandemWire
 /// (``apply(_:)``). Confined to the core queue, like its listener.
 final class QueryView {
     let query: Query
+    let collection: CollectionPath
+    /// Whether the listener's user may read a live document (nil: every one, the rules allow
+    /// the whole collection). Set when the read rules look at each document.
+    var readable: ((JSONObject) throws -> Bool)?
+    /// Told when a document joins (true) or leaves (false) the matching documents, so that the
+    /// feed knows whose view a write to it may change.
+    var membershipChanged: ((DocumentID, Bool) -> Void)?
     /// Every live document that matches, in query order.
     private var matching: [Entry] = []
     /// The entries of `matching`, by id.
@@ -27,7 +35,7 @@ final class QueryView {
         }
     }
 
-    /// A change to the view: its kind, the document as stored now, and its positions.
+    /// A change to the view: its kind, the document as sent, and its positions.
     struct Change {
         var kind: TandemWire.Change.Kind
         var document: StoredDocument
@@ -35,24 +43,24 @@ final class QueryView {
         var newIndex: Int
     }
 
-    init(query: Query) { self.query = query }
+    init(query: Query, collection: CollectionPath) {
+        self.query = query
+        self.collection = collection
+    }
 
     private var view: ArraySlice<Entry> { matching.prefix(query.limit ?? .max) }
+
+    /// The ids in the view, in order: what its client holds.
+    var ids: [DocumentID] { view.map(\.id) }
+
+    /// The ids of every matching document (in the view or beyond its limit).
+    var matchingIDs: some Collection<DocumentID> { byID.keys }
 
     /// The whole view as additions, for a listener's first snapshot.
     ///
     /// - Parameter rows: Each document's latest row, tombstones included.
-    func load(_ rows: some Sequence<StoredDocument>) throws -> [Change] {
-        matching = []
-        byID = [:]
-        for row in rows where !row.deleted {
-            let fields = try row.fields
-            guard query.matches(fields) else { continue }
-            let entry = Entry(document: row, fields: fields)
-            matching.append(entry)
-            byID[row.id] = entry
-        }
-        matching.sort(by: precedes)
+    func load(_ rows: some Sequence<FeedRow>) throws -> [Change] {
+        try rebuild(from: rows)
         return view.enumerated().map {
             Change(kind: .added, document: $0.element.document, oldIndex: -1, newIndex: $0.offset)
         }
@@ -60,20 +68,19 @@ final class QueryView {
 
     /// Takes in the documents a commit wrote (their latest state, tombstones included) and
     /// returns how the view changed.
-    func apply(_ rows: [StoredDocument]) throws -> [Change] {
+    func apply(_ rows: [FeedRow]) throws -> [Change] {
         let before = Array(view)
-        var written: [DocumentID: StoredDocument] = [:]
+        var written: [DocumentID: FeedRow] = [:]
         for row in rows {
             written[row.id] = row
-            if let old = byID.removeValue(forKey: row.id) {
-                matching.remove(at: insertionIndex(of: old, in: matching))
+            let old = byID.removeValue(forKey: row.id)
+            if let old { matching.remove(at: insertionIndex(of: old, in: matching)) }
+            let entry = try entry(for: row)
+            if let entry {
+                matching.insert(entry, at: insertionIndex(of: entry, in: matching))
+                byID[row.id] = entry
             }
-            guard !row.deleted else { continue }
-            let fields = try row.fields
-            guard query.matches(fields) else { continue }
-            let entry = Entry(document: row, fields: fields)
-            matching.insert(entry, at: insertionIndex(of: entry, in: matching))
-            byID[row.id] = entry
+            if (old == nil) != (entry == nil) { membershipChanged?(row.id, entry != nil) }
         }
         let after = Array(view)
         let beforeIDs = Set(before.map(\.id))
@@ -87,7 +94,9 @@ final class QueryView {
             let index = running.firstIndex { $0 === entry }!
             running.remove(at: index)
             changes.append(
-                Change(kind: .removed, document: written[entry.id] ?? entry.document, oldIndex: index, newIndex: -1))
+                Change(
+                    kind: .removed, document: try removal(written[entry.id]?.row ?? entry.document),
+                    oldIndex: index, newIndex: -1))
         }
         for entry in after where !beforeIDs.contains(entry.id) {
             let index = insertionIndex(of: entry, in: running)
@@ -102,6 +111,103 @@ final class QueryView {
             changes.append(Change(kind: .modified, document: entry.document, oldIndex: oldIndex, newIndex: newIndex))
         }
         return changes
+    }
+
+    /// Replaces the view by the one `rows` make (each document's latest row, tombstones
+    /// included) and returns the changes that turn `old`, the view its client holds, into it:
+    /// for a listener that resumes with the ids of its view, or whose user's reading rights
+    /// changed.
+    ///
+    /// The client's documents that were written since it saw them (`changed`) may have moved,
+    /// and where they were is not known here: the changes place each addition and
+    /// modification right after the last document before it whose place is known, so that
+    /// every step leaves the known documents in order and the last leaves the view.
+    ///
+    /// - Returns: The changes, or nil when the documents of `old` that did not change are not
+    ///   in the query's order (it is not a view this query had): the caller sends the whole
+    ///   view instead.
+    func replace(with rows: [FeedRow], old: [DocumentID], changed: (StoredDocument) -> Bool) throws
+        -> [Change]?
+    {
+        var latest: [DocumentID: FeedRow] = [:]
+        for row in rows { latest[row.id] = row }
+        try rebuild(from: latest.values)
+        let new = Array(view)
+        let newIDs = Set(new.map(\.id))
+        let oldIDs = Set(old)
+
+        /// A place in the client's list: its entry when the document's place is known (it did
+        /// not change and is still in the view), nil while it may have moved.
+        struct Slot {
+            var id: DocumentID
+            var known: Entry?
+        }
+        var running = old.map { id in
+            Slot(id: id, known: byID[id].flatMap { newIDs.contains(id) && !changed($0.document) ? $0 : nil })
+        }
+        let known = running.compactMap(\.known)
+        guard zip(known, known.dropFirst()).allSatisfy({ precedes($0, $1) }) else { return nil }
+
+        func place(_ entry: Entry) -> Int {
+            var index = 0
+            for (offset, slot) in running.enumerated() {
+                guard let other = slot.known else { continue }
+                guard precedes(other, entry) else { break }
+                index = offset + 1
+            }
+            return index
+        }
+        var changes: [Change] = []
+        for id in old where !newIDs.contains(id) {
+            let index = running.firstIndex { $0.id == id }!
+            running.remove(at: index)
+            let document = try latest[id].map { try removal($0.row) } ?? .withheld(id, in: collection)
+            changes.append(Change(kind: .removed, document: document, oldIndex: index, newIndex: -1))
+        }
+        for entry in new where !oldIDs.contains(entry.id) {
+            let index = place(entry)
+            running.insert(Slot(id: entry.id, known: entry), at: index)
+            changes.append(Change(kind: .added, document: entry.document, oldIndex: -1, newIndex: index))
+        }
+        for entry in new where oldIDs.contains(entry.id) {
+            let oldIndex = running.firstIndex { $0.id == entry.id }!
+            guard running[oldIndex].known == nil else { continue }
+            running.remove(at: oldIndex)
+            let newIndex = place(entry)
+            running.insert(Slot(id: entry.id, known: entry), at: newIndex)
+            changes.append(Change(kind: .modified, document: entry.document, oldIndex: oldIndex, newIndex: newIndex))
+        }
+        return changes
+    }
+
+    /// Empties the view and fills it from `rows`, reporting who joined and who left.
+    private func rebuild(from rows: some Sequence<FeedRow>) throws {
+        let previous = byID
+        matching = []
+        byID = [:]
+        for row in rows {
+            guard let entry = try entry(for: row) else { continue }
+            matching.append(entry)
+            byID[row.id] = entry
+        }
+        matching.sort(by: precedes)
+        guard let membershipChanged else { return }
+        for id in previous.keys where byID[id] == nil { membershipChanged(id, false) }
+        for id in byID.keys where previous[id] == nil { membershipChanged(id, true) }
+    }
+
+    /// The row's entry when the document is in the query's result: live, matching and
+    /// readable.
+    private func entry(for row: FeedRow) throws -> Entry? {
+        guard let fields = row.fields, query.matches(fields), try readable?(fields) ?? true else { return nil }
+        return Entry(document: row.row, fields: fields)
+    }
+
+    /// The document a `removed` change carries: as stored now (a tombstone, or one that no
+    /// longer matches), unless its user may not read it now; then nothing of it.
+    private func removal(_ row: StoredDocument) throws -> StoredDocument {
+        guard !row.deleted, let readable else { return row }
+        return try readable(try row.fields) ? row : .withheld(row.id, in: collection)
     }
 
     private func precedes(_ a: Entry, _ b: Entry) -> Bool {
@@ -122,5 +228,28 @@ final class QueryView {
             }
         }
         return low
+    }
+}
+
+/// A row of the feed with its fields parsed once (nil for a tombstone), however many query
+/// listeners look at it.
+struct FeedRow {
+    let row: StoredDocument
+    let fields: JSONObject?
+    var id: DocumentID { row.id }
+
+    init(_ row: StoredDocument) throws {
+        self.row = row
+        fields = row.deleted ? nil : try row.fields
+    }
+}
+
+extension StoredDocument {
+    /// A `removed` change for a document its user may not read (or that does not exist): its
+    /// id and nothing else, the same for both.
+    static func withheld(_ id: DocumentID, in collection: CollectionPath) -> StoredDocument {
+        StoredDocument(
+            collection: collection, id: id, fieldsJSON: "{}", version: 0, createTime: 0, updateTime: 0, deleted: false,
+            sequence: 0, createSequence: 0)
     }
 }

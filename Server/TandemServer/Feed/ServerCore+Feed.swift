@@ -36,32 +36,39 @@ extension ServerCore {
         // Access first: a user who may not read the collection learns nothing of it, not even
         // whether a token is current.
         let listener = Listener(session: session, target: target, collection: listen.collection, position: 0)
-        listener.view = listen.query.map(QueryView.init)
+        listener.view = listen.query.map { QueryView(query: $0, collection: listen.collection) }
         do {
-            guard try decideAccess(for: listener) else {
-                session.send(
-                    WireError(
-                        .permissionDenied, "\(who(session)) may not read \(listen.collection)", target: target))
+            let scope = try decideAccess(for: listener)
+            guard listener.may(read: scope) else {
+                let message =
+                    scope == .perDocument
+                    ? "\(who(session)) may read only some documents of \(listen.collection) (its read rule looks "
+                        + "at each one): listen with a query (\"query\": {} selects every document it may read)"
+                    : "\(who(session)) may not read \(listen.collection)"
+                session.send(WireError(.permissionDenied, message, target: target))
                 return
             }
-            if token != nil, listener.view != nil {
-                // The server does not know which documents a query's view held at the token,
-                // so a query listener starts over; its client replaces its view.
-                session.send(
-                    .reset(
-                        .init(
-                            target: target,
-                            reason: "a query listener resumes with its whole view; the full snapshot follows")))
-            } else if let token {
+            if let token {
                 let bounds = try store.feedBounds(of: listen.collection)
                 if let reason = Self.resetReason(token, epoch: store.epoch, bounds: bounds) {
                     session.send(.reset(.init(target: target, reason: reason)))
-                } else {
+                } else if listener.view == nil {
                     listener.position = token.sequence
+                } else if let view = listen.view {
+                    listener.position = token.sequence
+                    listener.resumedView = view
+                } else {
+                    // Without the ids of its view, the server cannot tell which documents left it.
+                    session.send(
+                        .reset(
+                            .init(
+                                target: target,
+                                reason: "a query listener resumes exactly with the ids of its view (\"view\"); "
+                                    + "the whole view follows")))
                 }
             }
             try follow(listener.collection)
-            followed[listener.collection]!.listeners.append(listener)
+            followed[listener.collection]!.add(listener)
         } catch {
             _ = try? track(listener, dependencies: [])
             session.send(internalError(error, target: target))
@@ -95,9 +102,7 @@ extension ServerCore {
     func remove(_ listener: Listener) {
         listener.isCancelled = true
         _ = try? track(listener, dependencies: [])
-        if let follower = followed[listener.collection] {
-            follower.listeners.removeAll { $0 === listener }
-        }
+        followed[listener.collection]?.remove(listener)
         unfollowIfIdle(listener.collection)
     }
 
@@ -178,9 +183,24 @@ extension ServerCore {
         if !listener.viewLoaded {
             do {
                 let (rows, position) = try latestRows(of: listener.collection)
-                let changes = try view.load(rows)
+                var changes: [QueryView.Change]?
+                if let old = listener.resumedView {
+                    // What changed in the view since the token: documents written after it may
+                    // have moved, left it or come into it.
+                    let since = listener.position
+                    changes = try view.replace(with: rows, old: old, changed: { $0.sequence > since })
+                    if changes == nil {
+                        listener.session.send(
+                            .reset(
+                                .init(
+                                    target: listener.target,
+                                    reason: "the view sent is not in the query's order at the resume token; "
+                                        + "the whole view follows")))
+                    }
+                    listener.resumedView = nil
+                }
                 listener.position = position
-                listener.pendingFrames = viewFrames(changes, for: listener, initial: true)
+                listener.pendingFrames = viewFrames(try changes ?? view.load(rows), for: listener, initial: true)
                 listener.viewLoaded = true
             } catch {
                 listener.session.send(internalError(error, target: listener.target))
@@ -208,7 +228,7 @@ extension ServerCore {
                         reason: Self.resetByAdmin)
                     return
                 }
-                let changes = try view.apply(page.rows)
+                let changes = try view.apply(page.rows.map(FeedRow.init))
                 listener.position = page.position
                 for frame in viewFrames(changes, for: listener, initial: false) { listener.session.send(frame: frame) }
                 if page.isLast { break }
@@ -225,7 +245,7 @@ extension ServerCore {
     /// they reach. Read page by page: a document written again between two pages (by another
     /// node) shows up twice, and the later row is kept; a horizon that moves meanwhile (a
     /// reset) starts the reading over.
-    private func latestRows(of collection: CollectionPath) throws -> (some Sequence<StoredDocument>, Int64) {
+    private func latestRows(of collection: CollectionPath) throws -> ([FeedRow], Int64) {
         var latest: [DocumentID: StoredDocument] = [:]
         var position: Int64 = 0
         var horizon: Int64?
@@ -240,7 +260,7 @@ extension ServerCore {
             horizon = horizon ?? page.bounds.horizon
             for row in page.rows { latest[row.id] = row }
             position = page.position
-            if page.isLast { return (latest.values, position) }
+            if page.isLast { return (try latest.values.map(FeedRow.init), position) }
         }
     }
 
@@ -275,10 +295,10 @@ extension ServerCore {
         listener.position = 0
         listener.isLive = false
         listener.catchUpHorizon = nil
-        if let view = listener.view {
-            listener.view = QueryView(query: view.query)
+        if listener.view != nil {
             listener.viewLoaded = false
             listener.pendingFrames = []
+            listener.resumedView = nil
         }
         advance(listener)
     }
@@ -354,14 +374,11 @@ extension ServerCore {
     /// `reset` and the full snapshot instead.
     private func deliver(_ page: FeedPage, to follower: FeedFollower, measuring: Bool) {
         let committed = measuring ? page.rows.last?.updateTime : nil
+        deliverToQueries(page, follower, committed: committed)
         var byPosition: [Int64: [Listener]] = [:]
         for listener in follower.listeners where listener.isLive && !listener.session.isClosed {
             if listener.position < page.bounds.horizon {
                 restart(listener, reason: Self.resetByAdmin)
-                continue
-            }
-            if let view = listener.view {
-                deliver(page, to: listener, view, committed: committed)
                 continue
             }
             byPosition[listener.position, default: []].append(listener)
@@ -391,17 +408,72 @@ extension ServerCore {
         }
     }
 
-    /// Sends a page of new changes to a live query listener: how they change its view.
-    private func deliver(_ page: FeedPage, to listener: Listener, _ view: QueryView, committed: Int64?) {
-        let rows = page.rows.filter { $0.sequence > listener.position }
+    /// Sends a page of new changes to the live query listeners it concerns (found through the
+    /// collection's ``QueryIndex``): how they change each one's view.
+    ///
+    /// A listener the page does not concern keeps its position: it has seen the feed up to its
+    /// follower's head all the same. When the horizon moved past that head (a reset), every
+    /// live query listener behind it starts over.
+    private func deliverToQueries(_ page: FeedPage, _ follower: FeedFollower, committed: Int64?) {
+        guard !follower.queryListeners.isEmpty else { return }
+        if page.bounds.horizon > follower.head {
+            for listener in follower.queryListeners.values
+            where listener.isLive && !listener.session.isClosed && listener.position < page.bounds.horizon {
+                restart(listener, reason: Self.resetByAdmin)
+            }
+        }
+        let rows: [FeedRow]
+        do { rows = try page.rows.map(FeedRow.init) } catch {
+            logger.error("a stored document is not JSON", metadata: ["tandem.error": "\(error)"])
+            return
+        }
+        for (listener, rows) in follower.queries.candidates(for: rows)
+        where listener.isLive && !listener.session.isClosed {
+            deliver(rows.filter { $0.row.sequence > listener.position }, upTo: page.position, to: listener, committed)
+        }
+    }
+
+    /// Sends a live query listener how rows of the feed change its view.
+    private func deliver(_ rows: [FeedRow], upTo position: Int64, to listener: Listener, _ committed: Int64?) {
+        guard let view = listener.view else { return }
         do {
             let changes = try view.apply(rows)
-            listener.position = max(listener.position, page.position)
+            listener.position = max(listener.position, position)
             let frames = viewFrames(changes, for: listener, initial: false)
             if let committed, !frames.isEmpty {
                 metrics.delivered(afterMilliseconds: configuration.clock() - committed)
             }
             for frame in frames {
+                delayIfInjected(listener.session)
+                listener.session.send(frame: frame)
+            }
+        } catch {
+            listener.session.send(internalError(error, target: listener.target))
+        }
+    }
+
+    /// Reads a query listener's view again and sends how it changed: after what its user may
+    /// read changed. One still catching up starts over once its view was read.
+    func refreshView(of listener: Listener) {
+        guard let view = listener.view, !listener.isCancelled, !listener.session.isClosed else { return }
+        guard listener.isLive else {
+            if listener.viewLoaded {
+                restart(
+                    listener,
+                    reason: "what this listener may read changed while its view loaded; the whole view follows")
+            }
+            return
+        }
+        // A live listener has seen its follower's head, whether or not a write concerned it.
+        let seen = max(listener.position, followed[listener.collection]?.head ?? 0)
+        do {
+            let (rows, position) = try latestRows(of: listener.collection)
+            guard let changes = try view.replace(with: rows, old: view.ids, changed: { $0.sequence > seen }) else {
+                restart(listener, reason: "the view could not be brought up to date; the whole view follows")
+                return
+            }
+            listener.position = max(seen, position)
+            for frame in viewFrames(changes, for: listener, initial: false) {
                 delayIfInjected(listener.session)
                 listener.session.send(frame: frame)
             }

@@ -81,14 +81,35 @@ final class Session: @unchecked Sendable {
 final class FeedFollower {
     /// The feed has been read up to this sequence.
     var head: Int64
-    /// The collection's listeners, catching up or live.
+    /// The collection's listeners without a query, catching up or live.
     var listeners: [Listener] = []
+    /// Its listeners on queries, catching up or live, and their index.
+    var queryListeners: [ObjectIdentifier: Listener] = [:]
+    let queries = QueryIndex()
     /// Listeners by the document of this collection their permission depends on.
     var watching: [DocumentID: [ObjectIdentifier: Listener]] = [:]
 
     init(head: Int64) { self.head = head }
 
-    var isIdle: Bool { listeners.isEmpty && watching.isEmpty }
+    var isIdle: Bool { listeners.isEmpty && queryListeners.isEmpty && watching.isEmpty }
+
+    func add(_ listener: Listener) {
+        if let view = listener.view {
+            queryListeners[ObjectIdentifier(listener)] = listener
+            queries.add(listener, view)
+        } else {
+            listeners.append(listener)
+        }
+    }
+
+    func remove(_ listener: Listener) {
+        if let view = listener.view {
+            guard queryListeners.removeValue(forKey: ObjectIdentifier(listener)) != nil else { return }
+            queries.remove(listener, view)
+        } else {
+            listeners.removeAll { $0 === listener }
+        }
+    }
 }
 
 /// One `listen`: a position in a collection's change feed.
@@ -100,7 +121,8 @@ final class Listener: @unchecked Sendable {
     unowned let session: Session
     let target: String
     let collection: CollectionPath
-    /// The sequence of the last change sent.
+    /// The sequence of the last change sent. (A live query listener's is brought forward only
+    /// when a write concerns it: it has seen its follower's head too.)
     var position: Int64
     /// Caught up: fan-out sends it each commit.
     var isLive = false
@@ -113,6 +135,8 @@ final class Listener: @unchecked Sendable {
     var catchUpHorizon: Int64?
     /// For a listener on a query: what its client sees (nil for a whole collection).
     var view: QueryView?
+    /// For a query listener resuming: the ids of the view its client holds, as of `position`.
+    var resumedView: [DocumentID]?
     /// For a query listener catching up: whether its view was read, and the frames of its
     /// first snapshot not yet queued (they go out as the connection drains).
     var viewLoaded = false
@@ -122,6 +146,12 @@ final class Listener: @unchecked Sendable {
     var accessDependencies: Set<DocumentKey> = []
 
     var clientId: String? { session.clientId?.rawValue }
+
+    /// Whether a read scope lets this listener read: one on a whole collection needs all of it
+    /// (it would have no way to hear that a document left what it may read).
+    func may(read scope: AccessControl.ReadScope) -> Bool {
+        scope == .all || (scope == .perDocument && view != nil)
+    }
 
     init(session: Session, target: String, collection: CollectionPath, position: Int64) {
         self.session = session

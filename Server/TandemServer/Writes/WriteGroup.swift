@@ -299,13 +299,15 @@ final class WriteGroup {
         return current + 1
     }
 
-    /// The document as a user who may not read its collection sees it in a conflict or merge
-    /// answer: its id, version and whether it is deleted, nothing of its content.
+    /// The document as a user who may not read it sees it in a conflict or merge answer: its
+    /// id, version and whether it is deleted, nothing of its content.
     private func redacted(_ document: Document, in collection: CollectionPath, for user: String?, _ draft: Draft)
         throws -> Document
     {
         guard let access else { return document }
-        let readable = try access.allows(.read, in: collection, user: user) { collection, id in
+        let readable = try access.allows(
+            .read, in: collection, user: user, resource: document.deleted ? nil : document.fields
+        ) { collection, id in
             try liveFields(collection, id, draft)
         }
         if readable { return document }

@@ -197,7 +197,8 @@ public final class PostgresCluster: Sendable {
     /// holds the data folder until the server has exited, then lets it go. To wait, use
     /// ``stopServer()``.
     public func stop() {
-        FileManager.default.createFile(atPath: directory.appendingPathComponent(Self.stoppedMarker).path, contents: nil)
+        _ = FileManager.default.createFile(
+            atPath: directory.appendingPathComponent(Self.stoppedMarker).path, contents: nil)
         if let pid = serverPID { kill(pid, SIGINT) }
         let (server, folder) = (takeServer(), folder)
         Thread.detachNewThread {
