@@ -228,7 +228,7 @@ struct CommandLineTests {
         #expect(
             scenarios == [
                 "propagation", "throughput", "snapshot", "fanout", "fanout-10k", "server", "apply", "connections",
-                "cluster",
+                "cluster", "queries", "query-limit",
             ])
         for result in results {
             let value = try #require(result["value"] as? Double)

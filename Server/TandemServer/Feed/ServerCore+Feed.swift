@@ -43,7 +43,7 @@ extension ServerCore {
                 let message =
                     scope == .perDocument
                     ? "\(who(session)) may read only some documents of \(listen.collection) (its read rule looks "
-                        + "at each one): listen with a query (\"query\": {} selects every document it may read)"
+                        + "at each one): listen with a query (\"query\": {} selects every document the user may read)"
                     : "\(who(session)) may not read \(listen.collection)"
                 session.send(WireError(.permissionDenied, message, target: target))
                 return

@@ -16,7 +16,8 @@ struct BenchCommand: AsyncParsableCommand {
             Scenarios: propagation, throughput, snapshot, fanout (1,000 listeners), fanout-10k \
             (10,000 listeners, the server in a process of its own), server (the server alone, \
             driven by plain protocol writes), apply, connections, cluster (three nodes over \
-            PostgreSQL: a throwaway cluster, or --postgres URL), or all.
+            PostgreSQL: a throwaway cluster, or --postgres URL), queries (10,000 query listeners \
+            with equality filters), query-limit (a limit-20 view over 100,000 documents), or all.
 
             Examples:
               tandem bench all
@@ -42,7 +43,8 @@ struct BenchCommand: AsyncParsableCommand {
     enum Scenario: String, CaseIterable {
         case propagation, throughput, snapshot, fanout
         case wideFanout = "fanout-10k"
-        case server, apply, connections, cluster
+        case server, apply, connections, cluster, queries
+        case queryLimit = "query-limit"
     }
 
     func validate() throws {
@@ -78,6 +80,8 @@ struct BenchCommand: AsyncParsableCommand {
             case .apply: result = try await Bench.apply(quick: quick, progress: progress.show)
             case .connections: result = try await Bench.connections(quick: quick, progress: progress.show)
             case .cluster: result = try await Bench.cluster(quick: quick, postgres: postgres, progress: progress.show)
+            case .queries: result = try await Bench.queries(quick: quick, progress: progress.show)
+            case .queryLimit: result = try await Bench.queryLimit(quick: quick, progress: progress.show)
             }
             progress.finish()
             results.append(result)
