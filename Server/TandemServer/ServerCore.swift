@@ -261,7 +261,10 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
         }
         session.clientId = hello.clientId
         session.send(
-            .welcome(.init(sessionId: session.id, serverTime: configuration.clock(), limits: configuration.limits)))
+            .welcome(
+                .init(
+                    sessionId: session.id, serverTime: configuration.clock(), limits: configuration.limits,
+                    user: session.user)))
     }
 
     private func get(_ session: Session, _ get: ClientMessage.Get) {

@@ -23,12 +23,18 @@ public enum ServerMessage: Sendable, Hashable {
         public var serverTime: Int64
         public var protocolVersion: Int
         public var limits: Limits
+        /// The user the `hello` token names (absent for anonymous clients).
+        public var user: String?
 
-        public init(sessionId: String, serverTime: Int64, protocolVersion: Int = Wire.protocolVersion, limits: Limits) {
+        public init(
+            sessionId: String, serverTime: Int64, protocolVersion: Int = Wire.protocolVersion, limits: Limits,
+            user: String? = nil
+        ) {
             self.sessionId = sessionId
             self.serverTime = serverTime
             self.protocolVersion = protocolVersion
             self.limits = limits
+            self.user = user
         }
 
     }

@@ -540,8 +540,9 @@ extension ServerMessage: WireCodable {
             self = .welcome(
                 Welcome(
                     sessionId: try reader.string("sessionId"), serverTime: try reader.int("serverTime"),
-                    protocolVersion: Int(try reader.int("protocol")), limits: try reader.read("limits", as: Limits.self)
-                ))
+                    protocolVersion: Int(try reader.int("protocol")),
+                    limits: try reader.read("limits", as: Limits.self),
+                    user: try reader.optionalString("user")))
         case "snapshot":
             let values = try reader.array("changes")
             var changes: [Change] = []
@@ -594,6 +595,10 @@ extension ServerMessage: WireCodable {
             writer.int(Int64(welcome.protocolVersion))
             writer.key("limits")
             welcome.limits.write(to: &writer)
+            if let user = welcome.user {
+                writer.key("user")
+                writer.string(user)
+            }
         case .snapshot(let snapshot):
             writer.string("snapshot")
             writer.key("target")

@@ -123,6 +123,15 @@ struct SyncLedger: Sendable {
         ).execute(arguments: [collection.rawValue, token])
     }
 
+    /// The device no longer holds anything of this collection (the row it is under left a
+    /// scoped table): its listener's token and reset state go, so that holding it again
+    /// starts from the whole collection, not from where the device left it.
+    func forgetListener(_ collection: CollectionPath, _ db: Database) throws {
+        for table in ["tandem_listener", "tandem_reset_seen", "tandem_gone"] {
+            try db.execute(sql: "DELETE FROM \(table) WHERE collection = ?", arguments: [collection.rawValue])
+        }
+    }
+
     /// The server could not resume this listener: its token goes, and the documents the full
     /// snapshot brings are noted until it ends (``noteSeenInReset(_:_:_:)``).
     func beginReset(_ collection: CollectionPath, _ db: Database) throws {

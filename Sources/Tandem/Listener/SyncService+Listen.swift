@@ -127,13 +127,27 @@ extension SyncService {
     func refreshListeners() {
         guard let connection = state.withLock({ $0.running ? $0.connection : nil }), connection.isOpen else { return }
         let generation = state.withLock { $0.generation }
+        let (user, maxMessageBytes) = (connection.welcome.user, connection.welcome.limits.maxMessageBytes)
         do {
-            let (desired, tokens) = try readState { db in
-                let desired = try store.desiredListeners(db)
+            var problems: [TandemError] = []
+            let (desired, tokens, views) = try readState { db in
+                let desired = try store.desiredListeners(db, user: user) { problems.append($0) }
                 var tokens: [CollectionPath: String] = [:]
-                for path in desired.keys { tokens[path] = try store.ledger.resumeToken(for: path, db) }
-                return (desired, tokens)
+                var views: [CollectionPath: [DocumentID]] = [:]
+                for (path, target) in desired {
+                    tokens[path] = try store.ledger.resumeToken(for: path, db)
+                    // A scoped table resumes with the ids it holds: the server sends only how
+                    // they changed.
+                    // (Too many to send in one message, they are not: the server then sends a
+                    // reset and the whole view.)
+                    if target.query != nil, tokens[path] != nil {
+                        let ids = try store.viewIDs(of: target.table, db)
+                        if ids.count * 24 < maxMessageBytes / 2 { views[path] = ids }
+                    }
+                }
+                return (desired, tokens, views)
             }
+            for problem in problems { noteError(problem) }
             // Opened in path order, so that the order snapshots arrive in is reproducible.
             let (open, close) = state.withLock { state -> ([(CollectionPath, ListenerTarget)], [CollectionPath]) in
                 let open = desired.filter { state.listening[$0.key] == nil }.map { ($0.key, $0.value) }
@@ -145,7 +159,9 @@ extension SyncService {
             }
             for path in close { connection.unlisten(path.rawValue) }
             for (path, target) in open {
-                connection.listen(to: path, target: path.rawValue, resumeToken: tokens[path]) { [weak self] event in
+                connection.listen(
+                    to: path, target: path.rawValue, resumeToken: tokens[path], query: target.query, view: views[path]
+                ) { [weak self] event in
                     self?.listenerEvent(event, path: path, target: target, generation: generation)
                 }
             }

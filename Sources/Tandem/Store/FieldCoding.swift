@@ -8,12 +8,15 @@ import TandemWire
 /// `{"$blob": "<base64>"}`, so that it comes back as a blob. A JSON array or object that is not
 /// a blob (written by another client) is stored as its JSON text.
 enum FieldCoding {
-    static func json(_ value: DatabaseValue) -> JSONValue {
+    /// - Parameter isJSON: The column holds JSON text (``SyncTable/storingJSON(_:)``): text
+    ///   that parses goes as that JSON.
+    static func json(_ value: DatabaseValue, isJSON: Bool = false) -> JSONValue {
         switch value.storage {
         case .null: .null
         case .int64(let int): .int(int)
         case .double(let double): double.isFinite ? .double(double) : .null
-        case .string(let string): .string(string)
+        case .string(let string):
+            if isJSON, let parsed = try? Wire.parse(Array(string.utf8)) { parsed } else { .string(string) }
         case .blob(let data): .object(["$blob": .string(data.base64EncodedString())])
         }
     }

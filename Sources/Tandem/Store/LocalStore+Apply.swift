@@ -81,6 +81,16 @@ extension LocalStore {
             }
         }
 
+        if change.kind == .removed && !document.deleted {
+            // The document left a scoped table's query (it no longer matches, or its user may no
+            // longer read it): the row goes, unless it has unpushed changes, which are pushed
+            // and answered by the server. It is not deleted on the server.
+            if let local, try !ledger.isInConflict(model, rowId: local.id, db) {
+                outcome.deleted += try removeLeavingScope(model, rowId: local.id, db)
+            }
+            return
+        }
+
         if change.kind == .deleted || document.deleted {
             // A remote delete removes the local row, unpushed edits included.
             if let local {
@@ -129,6 +139,45 @@ extension LocalStore {
         if try insert(document, into: model, parentRowId: parentRowId, collection: collection, &context, db) {
             outcome.inserted += 1
         }
+    }
+
+    /// Removes a row whose document left its table's scope, and the rows nested under it
+    /// (the entries of an account the user no longer shares), children first, without filing
+    /// deletes: the documents stay on the server, the device only stops holding them. When the
+    /// row or one under it has unpushed changes, nothing is removed: they are pushed, and the
+    /// server's answer decides.
+    ///
+    /// - Returns: How many rows were removed.
+    private func removeLeavingScope(_ model: TableModel, rowId: Int64, _ db: Database) throws -> Int {
+        var subtree: [(TableModel, Int64)] = []
+        func collect(_ model: TableModel, _ rowId: Int64, isDirty: Bool) throws -> Bool {
+            if isDirty { return false }
+            for child in tables where child.parentTable == model.name {
+                guard let foreignKey = child.foreignKey else { continue }
+                let rows = try Row.fetchAll(
+                    db, sql: "SELECT id, isDirty FROM \(child.quotedName) WHERE \(SQL.quote(foreignKey)) = ?",
+                    arguments: [rowId])
+                for row in rows where try !collect(child, row[0], isDirty: row[1]) { return false }
+            }
+            subtree.append((model, rowId))
+            return true
+        }
+        let isDirty = try Bool.fetchOne(
+            db, sql: "SELECT isDirty FROM \(model.quotedName) WHERE id = ?", arguments: [rowId])
+        guard try collect(model, rowId, isDirty: isDirty ?? false) else { return 0 }
+        // The collections under the rows, while their server ids are still here to name them.
+        var memo: [String: CollectionPath?] = [:]
+        var collections: [CollectionPath] = []
+        for (model, rowId) in subtree {
+            for child in tables where child.parentTable == model.name {
+                if let path = try collection(of: child, parentRowId: rowId, db, memo: &memo) {
+                    collections.append(path)
+                }
+            }
+        }
+        for (model, rowId) in subtree { try ledger.removeRow(model, id: rowId, db) }
+        for collection in collections { try ledger.forgetListener(collection, db) }
+        return subtree.count
     }
 
     /// Recognizes the document of one of this device's own creates whose acknowledgement never

@@ -75,12 +75,23 @@ struct LocalStore: Sendable {
 
     /// The collections that should be listened to now, with the table and parent row each
     /// one fills.
-    func desiredListeners(_ db: Database) throws -> [CollectionPath: ListenerTarget] {
+    ///
+    /// - Parameters:
+    ///   - user: The user the server named, for scopes on the current user.
+    ///   - problems: Told why a scoped table cannot be listened to (then it is not).
+    func desiredListeners(_ db: Database, user: String?, problems: (TandemError) -> Void = { _ in }) throws
+        -> [CollectionPath: ListenerTarget]
+    {
         var result: [CollectionPath: ListenerTarget] = [:]
         var memo: [String: CollectionPath?] = [:]
         for model in tables {
             if let root = model.rootCollection {
-                result[root] = ListenerTarget(table: model.name, parentRowId: nil)
+                do {
+                    let query = try model.definition.scopeQuery(user: user)
+                    result[root] = ListenerTarget(table: model.name, parentRowId: nil, query: query)
+                } catch let error as TandemError {
+                    problems(error)
+                }
                 continue
             }
             guard let parentName = model.parentTable, let parent = byName[parentName] else { continue }
@@ -99,6 +110,14 @@ struct LocalStore: Sendable {
             }
         }
         return result
+    }
+
+    /// The server ids of a table's rows, in the order of a query without `orderBy`: what a
+    /// scoped listener's view holds, sent when it resumes.
+    func viewIDs(of table: String, _ db: Database) throws -> [DocumentID] {
+        guard let model = byName[table] else { return [] }
+        return try String.fetchAll(db, sql: "SELECT serverId FROM \(model.quotedName) WHERE serverId IS NOT NULL")
+            .compactMap { try? DocumentID($0) }.sorted()
     }
 
     // MARK: - Mapping
@@ -144,6 +163,8 @@ struct LocalStore: Sendable {
 struct ListenerTarget: Hashable, Sendable {
     var table: String
     var parentRowId: Int64?
+    /// A scoped root table's query (``SyncTable/where(_:arrayContains:)``).
+    var query: Query?
 }
 
 extension LocalStore {
@@ -203,7 +224,7 @@ extension LocalStore {
         for (index, column) in model.fieldColumns.enumerated() {
             let value = row[offset + index] as DatabaseValue
             guard let target = model.references[column] else {
-                fields[column] = FieldCoding.json(value)
+                fields[column] = FieldCoding.json(value, isJSON: model.definition.jsonColumns.contains(column))
                 continue
             }
             let (reference, targetLocalId) = try outgoingReferenceValue(

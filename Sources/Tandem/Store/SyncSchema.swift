@@ -109,6 +109,11 @@ enum SyncSchema {
         if case .nested(_, _, let name) = table.location, (try? CollectionPath("x/y/\(name)")) == nil {
             throw TandemError(.invalidArgument, "table \(table.name): '\(name)' is not a valid collection name")
         }
+        if table.parentTable != nil, !table.scope.isEmpty {
+            throw TandemError(
+                .invalidArgument, "table \(table.name) is nested: its rows follow their parent's, it takes no scope")
+        }
+        _ = try table.scopeQuery(user: "")
         let excluded = syncColumnNames.union(["id"]).union(table.localColumns).union(
             table.foreignKey.map { [$0] } ?? [])
         let fieldColumns = columns.map(\.name).filter { !excluded.contains($0) }

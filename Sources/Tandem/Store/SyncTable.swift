@@ -46,8 +46,13 @@ public struct SyncTable: Sendable {
     public var references: [Reference] = []
     /// Columns that never leave the device.
     public var localColumns: Set<String> = []
+    /// Columns that hold JSON text (an array, an object): they go to the server as JSON.
+    public var jsonColumns: Set<String> = []
     /// How conflicts on this table are settled; nil for ``SyncConfiguration/conflictPolicy``.
     public var policy: ConflictPolicy?
+    /// For a root table: the filters that say which documents of its collection the device
+    /// syncs (all of them must hold); empty for every document.
+    public var scope: [ScopeFilter] = []
 
     public init(name: String, location: Location) {
         self.name = name
@@ -99,6 +104,16 @@ public struct SyncTable: Sendable {
         return copy
     }
 
+    /// Declares columns that hold JSON text, such as a list of members (`["alice","bob"]`):
+    /// they go to the server as that JSON, so that queries and rules see an array (text that is
+    /// not JSON goes as a string). Arrays and objects that arrive are stored as JSON text in
+    /// any column.
+    public func storingJSON(_ columns: String...) -> SyncTable {
+        var copy = self
+        copy.jsonColumns.formUnion(columns)
+        return copy
+    }
+
     /// Chooses how conflicts on this table are settled.
     ///
     /// For example:
@@ -110,6 +125,65 @@ public struct SyncTable: Sendable {
         var copy = self
         copy.policy = policy
         return copy
+    }
+
+    /// Syncs only the documents of the collection whose `field` is an array holding `value`:
+    /// for example the accounts that list the device's user among their members.
+    ///
+    /// ```swift
+    /// static let syncTable = SyncTable.root(Account.self, collection: "accounts")
+    ///     .where("members", arrayContains: .currentUser)
+    /// ```
+    ///
+    /// The device listens to a query instead of the whole collection. A row whose document
+    /// leaves the scope (an edit on another device, or its user losing access) is removed
+    /// here, unless it has unpushed changes: those are pushed, and the server's answer decides
+    /// (a refusal marks the row failed). Nested tables follow their parent rows. Only root
+    /// tables take a scope.
+    public func `where`(_ field: String, arrayContains value: ScopeValue) -> SyncTable {
+        `where`(field, .arrayContains, value)
+    }
+
+    /// Syncs only the documents of the collection whose `field` equals `value`.
+    public func `where`(_ field: String, isEqualTo value: ScopeValue) -> SyncTable {
+        `where`(field, .equal, value)
+    }
+
+    /// Syncs only the documents of the collection that pass a filter (any operator of the
+    /// protocol's queries; a list for `in`, `not-in` and `array-contains-any`).
+    public func `where`(_ field: String, _ op: Query.Filter.Operator, _ value: ScopeValue) -> SyncTable {
+        var copy = self
+        copy.scope.append(ScopeFilter(field: field, op: op, value: value))
+        return copy
+    }
+
+    /// The scope as a query, with ``ScopeValue/currentUser`` replaced by `user`; nil for a
+    /// table without a scope.
+    ///
+    /// - Throws: ``TandemError`` `.invalidArgument` for a field that is not a path, and when
+    ///   the scope names the current user and the server named none (an anonymous client).
+    func scopeQuery(user: String?) throws -> Query? {
+        guard !scope.isEmpty else { return nil }
+        return Query(
+            filters: try scope.map { filter in
+                let path: FieldPath
+                do throws(WireError) { path = try FieldPath(filter.field) } catch {
+                    throw TandemError(.invalidArgument, "table \(name): scope: \(error.message)")
+                }
+                let value: JSONValue
+                switch filter.value {
+                case .value(let constant): value = constant
+                case .currentUser:
+                    guard let user else {
+                        throw TandemError(
+                            .invalidArgument,
+                            "table \(name) is scoped to the current user, and the server named none: "
+                                + "set SyncConfiguration.token to a token of the server's token file")
+                    }
+                    value = .string(user)
+                }
+                return Query.Filter(path, filter.op, value)
+            })
     }
 
     var parentTable: String? {
@@ -131,4 +205,22 @@ public struct SyncTable: Sendable {
 /// `serverId` or `localRevision`.
 public protocol SyncableRecord: TableRecord {
     static var syncTable: SyncTable { get }
+}
+
+/// A filter of a table's scope (``SyncTable/where(_:arrayContains:)``).
+public struct ScopeFilter: Sendable, Hashable {
+    public var field: String
+    public var op: Query.Filter.Operator
+    public var value: ScopeValue
+}
+
+/// A value in a table's scope.
+public enum ScopeValue: Sendable, Hashable, ExpressibleByStringLiteral {
+    /// The user the server's token file names for ``SyncConfiguration/token``, as the server
+    /// says in its `welcome`.
+    case currentUser
+    /// A constant.
+    case value(JSONValue)
+
+    public init(stringLiteral value: String) { self = .value(.string(value)) }
 }
