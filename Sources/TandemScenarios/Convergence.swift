@@ -125,20 +125,33 @@ public enum Convergence {
         Wire.encodeString(value)
     }
 
-    /// Compares what each device holds with the server's live documents, in the collections
-    /// each device syncs (every collection the server holds that the device also knows of,
-    /// plus the ones it knows of).
-    public static func compare(server: some ServerContents, devices: [(name: String, service: SyncService)]) throws
-        -> ConvergenceReport
-    {
-        var serverDocuments: [CollectionPath: [DocumentID: JSONObject]] = [:]
+    /// Which of the server's documents a device should hold: for devices that sync only what
+    /// their user may read. Given the device's name, the document, and every live document.
+    public typealias Visibility =
+        @Sendable (
+            _ device: String, _ collection: CollectionPath, _ id: DocumentID,
+            _ server: [CollectionPath: [DocumentID: JSONObject]]
+        ) -> Bool
+
+    /// Compares what each device holds with the server's live documents (those it should
+    /// hold, with `visible`).
+    public static func compare(
+        server: some ServerContents, devices: [(name: String, service: SyncService)], visible: Visibility? = nil
+    ) throws -> ConvergenceReport {
+        var everything: [CollectionPath: [DocumentID: JSONObject]] = [:]
         for collection in try server.collections() {
             for document in try server.documents(in: collection) {
-                serverDocuments[collection, default: [:]][document.id] = document.fields
+                everything[collection, default: [:]][document.id] = document.fields
             }
         }
         var comparisons: [DeviceComparison] = []
         for (name, service) in devices {
+            var serverDocuments = everything
+            if let visible {
+                for (collection, documents) in everything {
+                    serverDocuments[collection] = documents.filter { visible(name, collection, $0.key, everything) }
+                }
+            }
             let local = try service.localDocuments()
             let status = service.status
             var comparison = DeviceComparison(
@@ -168,8 +181,7 @@ public enum Convergence {
             }
             comparisons.append(comparison)
         }
-        return ConvergenceReport(
-            devices: comparisons, serverDocuments: serverDocuments.values.map(\.count).reduce(0, +))
+        return ConvergenceReport(devices: comparisons, serverDocuments: everything.values.map(\.count).reduce(0, +))
     }
 
     /// Pushes on every device and waits until they all match the server, up to `timeout`, or
@@ -179,18 +191,18 @@ public enum Convergence {
     /// - Returns: The last comparison, converged or not (check ``ConvergenceReport/isConverged``).
     @discardableResult
     public static func waitUntilQuiet(
-        server: some ServerContents, devices: [(name: String, service: SyncService)], timeout: Duration = .seconds(60),
-        stall: Duration = .seconds(30), progress: ((ConvergenceReport) -> Void)? = nil
+        server: some ServerContents, devices: [(name: String, service: SyncService)], visible: Visibility? = nil,
+        timeout: Duration = .seconds(60), stall: Duration = .seconds(30), progress: ((ConvergenceReport) -> Void)? = nil
     ) async throws -> ConvergenceReport {
         let deadline = ContinuousClock.now + timeout
-        var report = try compare(server: server, devices: devices)
+        var report = try compare(server: server, devices: devices, visible: visible)
         var lastChange = ContinuousClock.now
         while !report.isConverged && ContinuousClock.now < deadline && ContinuousClock.now - lastChange < stall {
             for device in devices {
                 _ = try? await device.service.syncNow()
             }
             try await Task.sleep(for: .milliseconds(20))
-            let next = try compare(server: server, devices: devices)
+            let next = try compare(server: server, devices: devices, visible: visible)
             if next.fingerprint != report.fingerprint { lastChange = ContinuousClock.now }
             report = next
             progress?(report)

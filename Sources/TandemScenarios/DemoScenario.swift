@@ -74,27 +74,12 @@ public enum DemoScenario {
         let round = max(1, options.operations / 10)
         for step in 0..<options.operations {
             if step % round == 0 && step > 0 {
-                for (index, device) in devices.enumerated() {
-                    let offline = Double.random(in: 0..<1, using: &random) < options.offlineFraction
-                    if offline && online[index] {
-                        await device.service.stop()
-                        counts["offline", default: 0] += 1
-                    } else if !offline && !online[index] {
-                        device.service.start()
-                    }
-                    online[index] = !offline
-                }
+                await takeOffline(devices, &online, options.offlineFraction, &random, &counts)
             }
             let device = devices[Int.random(in: 0..<devices.count, using: &random)]
             let kind = try perform(on: device, random: &random)
             counts[kind, default: 0] += 1
-            if step % 5 == 4 { try await Task.sleep(for: .milliseconds(2)) }
-            if step % 10 == 9 || step == options.operations - 1 {
-                progress(
-                    DemoProgress(
-                        phase: "editing", done: step + 1, total: options.operations, online: online.filter { $0 }.count,
-                        pending: devices.map { $0.service.status.pendingCount }.reduce(0, +)))
-            }
+            try await paceAndReport(step, options, devices, online, progress)
         }
 
         for (index, device) in devices.enumerated() where !online[index] { device.service.start() }
@@ -135,6 +120,18 @@ public enum DemoScenario {
         let resolvedConflicts = devices.map { $0.service.status.resolvedConflicts }.reduce(0, +)
         let openConflicts = try devices.map { try $0.service.conflicts().count }.reduce(0, +)
         for device in devices { await device.service.stop() }
+        return try result(
+            report, server, devices, conflicts: (resolvedConflicts, openConflicts, resolvedByHand), counts, started,
+            options)
+    }
+
+    /// The result of a run: the report, and the entries on the server and the devices, each
+    /// counted once per `uid` to find the ones stored twice.
+    static func result(
+        _ report: ConvergenceReport, _ server: TestServer, _ devices: [TestDevice],
+        conflicts: (resolved: Int, open: Int, byHand: Int), _ counts: [String: Int], _ started: ContinuousClock.Instant,
+        _ options: DemoOptions
+    ) throws -> DemoResult {
         let collections = try server.server.collections().filter { $0.rawValue.hasSuffix("/entries") }
         let documents = try collections.flatMap { try server.server.documents(in: $0) }
         let serverDuplicates = documents.count - Set(documents.compactMap { $0.fields["uid"]?.stringValue }).count
@@ -145,9 +142,40 @@ public enum DemoScenario {
         }
         return DemoResult(
             report: report, entries: documents.count, serverDuplicates: serverDuplicates,
-            deviceDuplicates: deviceDuplicates, resolvedConflicts: resolvedConflicts, openConflicts: openConflicts,
-            resolvedByHand: resolvedByHand, operations: counts, elapsed: ContinuousClock.now - started,
+            deviceDuplicates: deviceDuplicates, resolvedConflicts: conflicts.resolved, openConflicts: conflicts.open,
+            resolvedByHand: conflicts.byHand, operations: counts, elapsed: ContinuousClock.now - started,
             options: options)
+    }
+
+    /// Takes each device offline (stops its service) or back online at random.
+    static func takeOffline(
+        _ devices: [TestDevice], _ online: inout [Bool], _ fraction: Double, _ random: inout SeededGenerator,
+        _ counts: inout [String: Int]
+    ) async {
+        for (index, device) in devices.enumerated() {
+            let offline = Double.random(in: 0..<1, using: &random) < fraction
+            if offline && online[index] {
+                await device.service.stop()
+                counts["offline", default: 0] += 1
+            } else if !offline && !online[index] {
+                device.service.start()
+            }
+            online[index] = !offline
+        }
+    }
+
+    /// After an editing step: a short pause now and then (the services get to run), and
+    /// progress every ten steps.
+    static func paceAndReport(
+        _ step: Int, _ options: DemoOptions, _ devices: [TestDevice], _ online: [Bool],
+        _ progress: @Sendable (DemoProgress) -> Void
+    ) async throws {
+        if step % 5 == 4 { try await Task.sleep(for: .milliseconds(2)) }
+        guard step % 10 == 9 || step == options.operations - 1 else { return }
+        progress(
+            DemoProgress(
+                phase: "editing", done: step + 1, total: options.operations, online: online.filter { $0 }.count,
+                pending: devices.map { $0.service.status.pendingCount }.reduce(0, +)))
     }
 
     static func sharedAccounts(_ device: TestDevice) throws -> [Int64] {

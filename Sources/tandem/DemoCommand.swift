@@ -18,7 +18,17 @@ struct DemoCommand: AsyncParsableCommand {
               tandem demo
               tandem demo --devices 5 --ops 1000 --seed 42
               tandem demo --serialization none --ack-delay 20     (shows the duplicate-creation race)
+              tandem demo --shared-accounts                       (each user's devices sync only their accounts)
+
+            With --shared-accounts, the devices belong to alice, bob and carol in turn, the server \
+            has read rules that look at each account's members, and each device syncs only the \
+            accounts that list its user (SyncTable.where("members", arrayContains: .currentUser)) \
+            with their entries; members are added and removed between rounds. Converged means \
+            every device holds exactly what its user may read.
             """)
+
+    @Flag(help: "Devices of three users, each syncing only the accounts it shares (row-level read rules).")
+    var sharedAccounts = false
 
     @Option(help: "How many devices.")
     var devices = 3
@@ -80,12 +90,16 @@ struct DemoCommand: AsyncParsableCommand {
         options.clockSkew = .seconds(clockSkew)
 
         emit(
-            "Tandem demo: \(devices) devices, \(ops) operations, seed \(seed), "
+            "Tandem demo\(sharedAccounts ? " (shared accounts: alice, bob, carol)" : ""): \(devices) devices, "
+                + "\(ops) operations, seed \(seed), "
                 + "\(Int((offlineFraction * 100).rounded()))% offline, serialization \(serialization.rawValue)"
                 + (ackDelay > 0 ? ", \(ackDelay) ms between ack and write-back" : "")
                 + ", policy \(policy.rawValue)" + (clockSkew > 0 ? ", clocks off by up to ±\(clockSkew) s" : ""))
         let progress = ProgressLine()
-        let result = try await DemoScenario.run(options) { progress.show($0.description) }
+        let result =
+            sharedAccounts
+            ? try await SharedAccountsDemo.run(options) { progress.show($0.description) }
+            : try await DemoScenario.run(options) { progress.show($0.description) }
         progress.finish()
 
         emit("")
@@ -104,7 +118,10 @@ struct DemoCommand: AsyncParsableCommand {
         emit(
             "operations: \(counts["create", default: 0]) creates, \(counts["transfer", default: 0]) transfers, "
                 + "\(counts["edit", default: 0]) edits, \(counts["delete", default: 0]) deletes; "
-                + "devices went offline \(counts["offline", default: 0]) times")
+                + "devices went offline \(counts["offline", default: 0]) times"
+                + (sharedAccounts
+                    ? "; members added \(counts["added", default: 0]) times, removed \(counts["removed", default: 0])"
+                    : ""))
         let seconds = String(
             format: "%.1f",
             result.elapsed.seconds)

@@ -34,16 +34,30 @@ struct ConvergenceTests {
         "three devices and two hundred seeded random operations with random disconnects converge",
         arguments: [UInt64(1), 2, 3])
     func randomRun(seed: UInt64) async throws {
-        var options = DemoOptions()
-        options.devices = 3
-        options.operations = 200
-        options.seed = seed
-        options.offlineFraction = 0.3
-        let result = try await DemoScenario.run(options)
+        let result = try await DemoScenario.run(Self.options(devices: 3, operations: 200, seed: seed))
         #expect(result.report.isConverged, "seed \(seed): \(result.report.firstDifferences)")
         #expect(result.duplicates == 0)
         #expect(result.lost == 0)
         #expect((result.operations["offline"] ?? 0) > 0, "the run took devices offline")
         #expect(result.entries > 0)
+    }
+
+    @Test(
+        "tandem demo --shared-accounts: four devices of three users, each syncing only the accounts it shares, converge as members come and go",
+        arguments: [UInt64(1), 2])
+    func sharedAccountsRun(seed: UInt64) async throws {
+        let result = try await SharedAccountsDemo.run(Self.options(devices: 4, operations: 300, seed: seed))
+        #expect(result.isConverged, "seed \(seed): \(result.report.firstDifferences)")
+        #expect(result.lost == 0)
+        #expect((result.operations["added"] ?? 0) + (result.operations["removed"] ?? 0) > 0)
+    }
+
+    static func options(devices: Int, operations: Int, seed: UInt64) -> DemoOptions {
+        var options = DemoOptions()
+        options.devices = devices
+        options.operations = operations
+        options.seed = seed
+        options.offlineFraction = 0.3
+        return options
     }
 }
