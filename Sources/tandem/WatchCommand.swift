@@ -125,7 +125,10 @@ struct WatchCommand: AsyncParsableCommand {
         var failure: String?
         loop: while true {
             if let current = connection {
-                current.listen(to: path, resumeToken: progress.token, query: query) { event in
+                let token = progress.token
+                current.listen(
+                    to: path, resumeToken: token, query: query, view: query != nil && token != nil ? progress.view : nil
+                ) { event in
                     switch event {
                     case .snapshot(let snapshot):
                         for change in snapshot.changes {
@@ -138,11 +141,12 @@ struct WatchCommand: AsyncParsableCommand {
                                 emit("\(change.kind) \(document.id) \(document.version) \(json(document.fields))")
                             }
                         }
-                        progress.token = snapshot.resumeToken
+                        progress.take(snapshot, isQuery: query != nil)
                         if snapshot.initial && !snapshot.hasMore {
                             note("# up to date at token \(snapshot.resumeToken)")
                         }
                     case .reset(let reason):
+                        progress.reset()
                         note("# reset: \(reason)")
                     case .error(let error):
                         ending.yield(.refused("cannot watch \(path): \(error.message)"))
@@ -209,11 +213,36 @@ struct WatchCommand: AsyncParsableCommand {
 }
 
 /// The last resume token seen, written on the connection's queue and read at the end.
+/// Where the watcher is: the last token, and for a query the ids of the view as its changes
+/// placed them (sent when it resumes, so that the server sends only what changed; nil until
+/// the watcher knows the whole view).
 private final class WatchProgress: Sendable {
-    private let state: Mutex<String?>
-    init(token: String?) { state = Mutex(token) }
-    var token: String? {
-        get { state.withLock { $0 } }
-        set { state.withLock { $0 = newValue } }
+    private let state: Mutex<(token: String?, view: [DocumentID]?)>
+    init(token: String?) { state = Mutex((token, nil)) }
+
+    var token: String? { state.withLock { $0.token } }
+    var view: [DocumentID]? { state.withLock { $0.view } }
+
+    /// Takes in a snapshot. A query's token is kept only with its last frame (all frames of
+    /// one snapshot carry the same token): a watcher cut off between frames resumes from the
+    /// token before, with the view as far as it got.
+    func take(_ snapshot: ServerMessage.Snapshot, isQuery: Bool) {
+        state.withLock { state in
+            if isQuery {
+                var view = state.view ?? []
+                for change in snapshot.changes {
+                    if let old = change.oldIndex, old >= 0, old < view.count { view.remove(at: old) }
+                    if let new = change.newIndex, new >= 0, new <= view.count {
+                        view.insert(change.document.id, at: new)
+                    }
+                }
+                state.view = view
+                if snapshot.hasMore { return }
+            }
+            state.token = snapshot.resumeToken
+        }
     }
+
+    /// After a reset, the whole view comes again.
+    func reset() { state.withLock { $0.view = nil } }
 }

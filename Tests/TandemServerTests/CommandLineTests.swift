@@ -239,6 +239,39 @@ struct CommandLineTests {
         }
     }
 
+    @Test(
+        "tandem watch --where resumes across a server SIGKILL with the ids of its view: no reset, each change once, in place"
+    )
+    func watchQueryResumes() async throws {
+        let folder = try TemporaryDirectory()
+        let server = try await ServerProcess.onStablePort(dataDirectory: folder.url)
+        defer { server.send(SIGTERM) }
+        let watch = try RunningTandem([
+            "watch", "notes", "--where", "n >= 0", "--order-by", "n:desc", "--server", server.url,
+        ])
+        defer { watch.interrupt() }
+        var ids: [String] = []
+        func put(_ n: Int) async throws {
+            let put = try await runTandem(["put", "notes", #"{"n":\#(n)}"#, "--server", server.url])
+            #expect(put.status == 0, "\(put.error)")
+            ids.append(String(put.output.split(separator: " ")[0]))
+        }
+        for n in 0..<3 { try await put(n) }
+        try await waitUntil("the watcher printed three changes") { watch.outputLines.count >= 3 }
+        await server.kill(SIGKILL)
+        try await waitUntil("the watcher noticed") { watch.errorLines.contains { $0.contains("connection lost") } }
+        try await server.restart()
+        for n in 3..<6 { try await put(n) }
+        try await waitUntil("the changes after the restart") { watch.outputLines.count >= 6 }
+        // Each new document goes to the top: n descending.
+        #expect(
+            watch.outputLines.suffix(3).map { $0.split(separator: " ").prefix(5).joined(separator: " ") } == [
+                "added \(ids[3]) 1 -1 0", "added \(ids[4]) 1 -1 0", "added \(ids[5]) 1 -1 0",
+            ])
+        #expect(!watch.errorLines.contains { $0.contains("reset") }, "\(watch.errorLines)")
+        #expect(watch.errorLines.contains { $0.contains("reconnected") }, "\(watch.errorLines)")
+    }
+
     @Test("tandem watch keeps running across a server SIGKILL and restart, and prints every change once")
     func watchSurvivesRestarts() async throws {
         let folder = try TemporaryDirectory()
