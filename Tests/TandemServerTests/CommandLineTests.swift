@@ -251,11 +251,7 @@ struct CommandLineTests {
         ])
         defer { watch.interrupt() }
         var ids: [String] = []
-        func put(_ n: Int) async throws {
-            let put = try await runTandem(["put", "notes", #"{"n":\#(n)}"#, "--server", server.url])
-            #expect(put.status == 0, "\(put.error)")
-            ids.append(String(put.output.split(separator: " ")[0]))
-        }
+        func put(_ n: Int) async throws { ids.append(try await putNote(n, server)) }
         for n in 0..<3 { try await put(n) }
         try await waitUntil("the watcher printed three changes") { watch.outputLines.count >= 3 }
         await server.kill(SIGKILL)
@@ -280,11 +276,7 @@ struct CommandLineTests {
         let watch = try RunningTandem(["watch", "notes", "--server", server.url])
         defer { watch.interrupt() }
         var ids: [String] = []
-        func put(_ n: Int) async throws {
-            let put = try await runTandem(["put", "notes", #"{"n":\#(n)}"#, "--server", server.url])
-            #expect(put.status == 0, "\(put.error)")
-            ids.append(String(put.output.split(separator: " ")[0]))
-        }
+        func put(_ n: Int) async throws { ids.append(try await putNote(n, server)) }
         for n in 0..<3 { try await put(n) }
         try await waitUntil("the watcher printed three changes") { watch.outputLines.count >= 3 }
 
@@ -352,4 +344,11 @@ final class RunningTandem: Sendable {
     func interrupt() {
         process.end(with: SIGINT)
     }
+}
+
+/// `tandem put notes {"n":N}` against a server in its own process; the new document's id.
+private func putNote(_ n: Int, _ server: ServerProcess) async throws -> String {
+    let put = try await runTandem(["put", "notes", #"{"n":\#(n)}"#, "--server", server.url])
+    #expect(put.status == 0, "\(put.error)")
+    return String(put.output.split(separator: " ")[0])
 }
