@@ -89,6 +89,14 @@ struct SharedAccountTests {
 
         // Bob adds an entry to Home: alice gets it; carol never hears of Home.
         try await addEntry("Gas", to: "Home", by: "bob")
+        // And in Trip an entry linked to Home's rent (a reference across accounts).
+        try await devices["bob"]!.database.write { db in
+            let trip = try Int64.fetchOne(db, sql: "SELECT id FROM account WHERE name = 'Trip'")!
+            let rent = try Int64.fetchOne(db, sql: "SELECT id FROM entry WHERE title = 'Rent'")!
+            var entry = CashFlow.Entry(accountId: trip, title: "Share of rent", amount: -5, linkedEntryId: rent)
+            try entry.insert(db)
+        }
+        entries["Trip"]!.insert("Share of rent")
         try await quietPoint("bob's entry in Home")
 
         // Alice takes bob out of Home: it leaves his device with its entries, and nothing of
@@ -96,19 +104,28 @@ struct SharedAccountTests {
         try setMembers("Home", by: "alice", to: ["alice"])
         try await quietPoint("bob removed from Home")
         let home = try #require(try serverDocuments(server, "accounts").first { $0.fields["name"] == "Home" })
+        let homeEntries = try serverDocuments(server, "accounts/\(home.id)/entries")
+        #expect(Set(homeEntries.map { $0.fields["title"] }) == ["Rent", "Food", "Gas"])
+        // The link from Trip to Home's rent is kept on the server, though bob's device no
+        // longer holds the rent.
+        let rent = try #require(homeEntries.first { $0.fields["title"] == "Rent" })
+        let trip = try #require(try serverDocuments(server, "accounts").first { $0.fields["name"] == "Trip" })
+        let share = try #require(
+            try serverDocuments(server, "accounts/\(trip.id)/entries").first { $0.fields["title"] == "Share of rent" })
+        #expect(share.fields["linkedEntryId"] == .string(rent.id.rawValue))
         #expect(
-            Set(try serverDocuments(server, "accounts/\(home.id)/entries").map { $0.fields["title"] }) == [
-                "Rent", "Food", "Gas",
-            ])
+            try await devices["bob"]!.database.read { db in
+                try Bool.fetchOne(db, sql: "SELECT isDirty FROM entry WHERE title = 'Share of rent'")
+            } == false)
 
         // Alice brings carol into Private: it arrives on her device, entries and all.
         try setMembers("Private", by: "alice", to: ["alice", "carol"])
         try await quietPoint("carol added to Private")
 
-        // Carol adds an entry to Private; bob leaves Trip himself.
+        // Carol adds an entry to Private, and leaves Trip herself.
         try await addEntry("Gift", to: "Private", by: "carol")
-        try setMembers("Trip", by: "bob", to: ["carol"])
-        try await quietPoint("carol's entry, bob left Trip")
+        try setMembers("Trip", by: "carol", to: ["bob"])
+        try await quietPoint("carol's entry, carol left Trip")
 
         // A device that restarts resumes its scoped listener with the ids it holds, and
         // catches up with what changed while it was away: bob back in Home.
@@ -117,6 +134,16 @@ struct SharedAccountTests {
         try await waitUntil("alice pushed") { devices["alice"]!.service.status.pendingCount == 0 }
         try await devices["bob"]!.restart()
         try await quietPoint("bob back in Home after a restart")
+        // His Trip entry points at Home's rent again.
+        let relinked = try await devices["bob"]!.database.read { db in
+            try Bool.fetchOne(
+                db,
+                sql: """
+                    SELECT s.linkedEntryId = r.id FROM entry s, entry r
+                    WHERE s.title = 'Share of rent' AND r.title = 'Rent'
+                    """)
+        }
+        #expect(relinked == true)
         #expect(devices.values.allSatisfy { $0.service.status.failedCount == 0 })
     }
 }

@@ -19,8 +19,9 @@ final class QueryIndex {
     private var membership: [FieldPath: [IndexKey: Listeners]] = [:]
     /// Listeners whose query has no clause the index can use.
     private var unindexed: Listeners = [:]
-    /// Listeners by the documents their query matches now.
+    /// Listeners by the documents their query matches now, and the other way round.
     private var holders: [DocumentID: Listeners] = [:]
+    private var held: [ObjectIdentifier: Set<DocumentID>] = [:]
 
     var isEmpty: Bool { unindexed.isEmpty && equality.isEmpty && membership.isEmpty }
 
@@ -29,9 +30,9 @@ final class QueryIndex {
         view.membershipChanged = { [unowned self, unowned listener] document, isMember in
             if isMember {
                 holders[document, default: [:]][id] = listener
+                held[id, default: []].insert(document)
             } else {
-                holders[document]?[id] = nil
-                if holders[document]?.isEmpty == true { holders[document] = nil }
+                release(document, from: id)
             }
         }
         switch Self.clause(of: view.query) {
@@ -46,10 +47,7 @@ final class QueryIndex {
 
     func remove(_ listener: Listener, _ view: QueryView) {
         let id = ObjectIdentifier(listener)
-        for document in view.matchingIDs {
-            holders[document]?[id] = nil
-            if holders[document]?.isEmpty == true { holders[document] = nil }
-        }
+        for document in held[id] ?? [] { release(document, from: id) }
         view.membershipChanged = nil
         func drop(_ index: inout [FieldPath: [IndexKey: Listeners]], _ field: FieldPath, _ values: [JSONValue]) {
             for key in values.map(IndexKey.init) {
@@ -63,6 +61,13 @@ final class QueryIndex {
         case (let field, .membership, let values)?: drop(&membership, field, values)
         case nil: unindexed[id] = nil
         }
+    }
+
+    private func release(_ document: DocumentID, from id: ObjectIdentifier) {
+        holders[document]?[id] = nil
+        if holders[document]?.isEmpty == true { holders[document] = nil }
+        held[id]?.remove(document)
+        if held[id]?.isEmpty == true { held[id] = nil }
     }
 
     /// The listeners `rows` may concern, each with the rows that concern it, in feed order.

@@ -53,9 +53,6 @@ final class QueryView {
     /// The ids in the view, in order: what its client holds.
     var ids: [DocumentID] { view.map(\.id) }
 
-    /// The ids of every matching document (in the view or beyond its limit).
-    var matchingIDs: some Collection<DocumentID> { byID.keys }
-
     /// The whole view as additions, for a listener's first snapshot.
     ///
     /// - Parameter rows: Each document's latest row, tombstones included.
@@ -71,11 +68,12 @@ final class QueryView {
     func apply(_ rows: [FeedRow]) throws -> [Change] {
         let before = Array(view)
         var written: [DocumentID: FeedRow] = [:]
-        for row in rows {
+        // Decided first (readability may throw): the view changes all at once or not at all.
+        let entries = try rows.map(entry(for:))
+        for (row, entry) in zip(rows, entries) {
             written[row.id] = row
             let old = byID.removeValue(forKey: row.id)
             if let old { matching.remove(at: insertionIndex(of: old, in: matching)) }
-            let entry = try entry(for: row)
             if let entry {
                 matching.insert(entry, at: insertionIndex(of: entry, in: matching))
                 byID[row.id] = entry
@@ -161,7 +159,13 @@ final class QueryView {
         for id in old where !newIDs.contains(id) {
             let index = running.firstIndex { $0.id == id }!
             running.remove(at: index)
-            let document = try latest[id].map { try removal($0.row) } ?? .withheld(id, in: collection)
+            // A tombstone says nothing to a client that may not have seen the document: under
+            // rules that look at each document, it goes withheld too.
+            let document =
+                try latest[id].map {
+                    $0.row.deleted && readable != nil ? .withheld(id, in: collection) : try removal($0.row)
+                }
+                ?? .withheld(id, in: collection)
             changes.append(Change(kind: .removed, document: document, oldIndex: index, newIndex: -1))
         }
         for entry in new where !oldIDs.contains(entry.id) {
@@ -182,15 +186,10 @@ final class QueryView {
 
     /// Empties the view and fills it from `rows`, reporting who joined and who left.
     private func rebuild(from rows: some Sequence<FeedRow>) throws {
+        let entries = try rows.compactMap(entry(for:)).sorted(by: precedes)
         let previous = byID
-        matching = []
-        byID = [:]
-        for row in rows {
-            guard let entry = try entry(for: row) else { continue }
-            matching.append(entry)
-            byID[row.id] = entry
-        }
-        matching.sort(by: precedes)
+        matching = entries
+        byID = Dictionary(uniqueKeysWithValues: entries.map { ($0.id, $0) })
         guard let membershipChanged else { return }
         for id in previous.keys where byID[id] == nil { membershipChanged(id, false) }
         for id in byID.keys where previous[id] == nil { membershipChanged(id, true) }

@@ -50,7 +50,12 @@ extension ServerCore {
             }
             if let token {
                 let bounds = try store.feedBounds(of: listen.collection)
-                if let reason = Self.resetReason(token, epoch: store.epoch, bounds: bounds) {
+                // A query listener that sends its view needs no tombstones: a document of the
+                // view that is gone altogether is removed from it all the same.
+                let needsTombstones = listener.view == nil || listen.view == nil
+                if let reason = Self.resetReason(
+                    token, epoch: store.epoch, bounds: bounds, needsTombstones: needsTombstones)
+                {
                     session.send(.reset(.init(target: target, reason: reason)))
                 } else if listener.view == nil {
                     listener.position = token.sequence
@@ -79,7 +84,9 @@ extension ServerCore {
     }
 
     /// Why a token cannot resume, or nil when it can.
-    static func resetReason(_ token: ResumeToken, epoch: String, bounds: FeedBounds) -> String? {
+    static func resetReason(_ token: ResumeToken, epoch: String, bounds: FeedBounds, needsTombstones: Bool = true)
+        -> String?
+    {
         if token.epoch != epoch {
             return "the resume token is from another database; the full snapshot follows"
         }
@@ -87,7 +94,7 @@ extension ServerCore {
             return
                 "the resume token is ahead of this collection (was the database restored?); the full snapshot follows"
         }
-        if token.sequence < bounds.horizon {
+        if needsTombstones && token.sequence < bounds.horizon {
             return
                 "deletes after the resume token were purged (past the tombstone retention); the full snapshot follows"
         }
@@ -143,7 +150,7 @@ extension ServerCore {
                 of: listener.collection, after: listener.position, limit: configuration.snapshotPageSize,
                 maxBytes: configuration.snapshotPageBytes)
         } catch {
-            listener.session.send(internalError(error, target: listener.target))
+            fail(listener, error)
             return
         }
         let startHorizon = listener.catchUpHorizon ?? page.bounds.horizon
@@ -199,11 +206,13 @@ extension ServerCore {
                     }
                     listener.resumedView = nil
                 }
+                let since = changes == nil ? 0 : listener.position
                 listener.position = position
-                listener.pendingFrames = viewFrames(try changes ?? view.load(rows), for: listener, initial: true)
+                listener.pendingFrames = viewFrames(
+                    try changes ?? view.load(rows), for: listener, initial: true, since: since)
                 listener.viewLoaded = true
             } catch {
-                listener.session.send(internalError(error, target: listener.target))
+                fail(listener, error)
                 return
             }
         }
@@ -229,12 +238,15 @@ extension ServerCore {
                     return
                 }
                 let changes = try view.apply(page.rows.map(FeedRow.init))
+                let since = listener.position
                 listener.position = page.position
-                for frame in viewFrames(changes, for: listener, initial: false) { listener.session.send(frame: frame) }
+                for frame in viewFrames(changes, for: listener, initial: false, since: since) {
+                    listener.session.send(frame: frame)
+                }
                 if page.isLast { break }
             }
         } catch {
-            listener.session.send(internalError(error, target: listener.target))
+            fail(listener, error)
             return
         }
         listener.isLive = true
@@ -253,8 +265,8 @@ extension ServerCore {
             let page = try store.page(
                 of: collection, after: position, limit: configuration.snapshotPageSize,
                 maxBytes: configuration.snapshotPageBytes)
-            if let horizon, page.bounds.horizon > horizon {
-                (latest, position) = ([:], 0)
+            if let known = horizon, page.bounds.horizon > known {
+                (latest, position, horizon) = ([:], 0, page.bounds.horizon)
                 continue
             }
             horizon = horizon ?? page.bounds.horizon
@@ -264,10 +276,16 @@ extension ServerCore {
         }
     }
 
-    /// A query listener's changes as snapshot frames of about a page each, all carrying its
-    /// position; every frame but the last says `hasMore`. Nothing when a live commit left the
-    /// view as it was.
-    func viewFrames(_ changes: [QueryView.Change], for listener: Listener, initial: Bool) -> [OutboundMessage] {
+    /// A query listener's changes as snapshot frames of about a page each; every frame but the
+    /// last says `hasMore`. Nothing when a live commit left the view as it was.
+    ///
+    /// The last frame carries the listener's position; the ones before it carry `since`, where
+    /// the listener was before these changes: a client that stores the token of a frame and is
+    /// cut off before the last one resumes from before them all, and hears again of what it
+    /// missed (a token of the end on a first frame would claim changes the client never got).
+    func viewFrames(_ changes: [QueryView.Change], for listener: Listener, initial: Bool, since: Int64)
+        -> [OutboundMessage]
+    {
         var encoded = EncodedChanges(pageBytes: configuration.snapshotPageBytes)
         for change in changes {
             encoded.append(change.document, change.kind, indices: (change.oldIndex, change.newIndex))
@@ -278,12 +296,24 @@ extension ServerCore {
             guard initial else { return [] }
             arrays = [Array("[]".utf8)]
         }
-        let resumeToken = token(listener.position)
+        let (partial, whole) = (token(since), token(listener.position))
         return arrays.enumerated().map { index, changes in
-            snapshotFrame(
-                target: listener.target, changes: changes, resumeToken: resumeToken, initial: initial,
-                hasMore: index < arrays.count - 1)
+            let hasMore = index < arrays.count - 1
+            return snapshotFrame(
+                target: listener.target, changes: changes, resumeToken: hasMore ? partial : whole, initial: initial,
+                hasMore: hasMore)
         }
+    }
+
+    /// Ends a listener that met an error it cannot go on from (the store failed while reading
+    /// for it): its client gets `error` with the target, and, as for every listener error, the
+    /// listener is gone; the client listens again.
+    func fail(_ listener: Listener, _ error: any Error) {
+        listener.session.send(internalError(error, target: listener.target))
+        if listener.session.listeners[listener.target] === listener {
+            listener.session.listeners[listener.target] = nil
+        }
+        remove(listener)
     }
 
     /// Why a listener behind a horizon that moved while it was live gets a `reset`.
@@ -428,7 +458,7 @@ extension ServerCore {
             return
         }
         for (listener, rows) in follower.queries.candidates(for: rows)
-        where listener.isLive && !listener.session.isClosed {
+        where listener.isLive && !listener.isCancelled && !listener.session.isClosed {
             deliver(rows.filter { $0.row.sequence > listener.position }, upTo: page.position, to: listener, committed)
         }
     }
@@ -438,8 +468,9 @@ extension ServerCore {
         guard let view = listener.view else { return }
         do {
             let changes = try view.apply(rows)
+            let since = listener.position
             listener.position = max(listener.position, position)
-            let frames = viewFrames(changes, for: listener, initial: false)
+            let frames = viewFrames(changes, for: listener, initial: false, since: since)
             if let committed, !frames.isEmpty {
                 metrics.delivered(afterMilliseconds: configuration.clock() - committed)
             }
@@ -448,7 +479,7 @@ extension ServerCore {
                 listener.session.send(frame: frame)
             }
         } catch {
-            listener.session.send(internalError(error, target: listener.target))
+            fail(listener, error)
         }
     }
 
@@ -473,12 +504,12 @@ extension ServerCore {
                 return
             }
             listener.position = max(seen, position)
-            for frame in viewFrames(changes, for: listener, initial: false) {
+            for frame in viewFrames(changes, for: listener, initial: false, since: seen) {
                 delayIfInjected(listener.session)
                 listener.session.send(frame: frame)
             }
         } catch {
-            listener.session.send(internalError(error, target: listener.target))
+            fail(listener, error)
         }
     }
 

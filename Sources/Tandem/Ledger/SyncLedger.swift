@@ -156,13 +156,15 @@ struct SyncLedger: Sendable {
     }
 
     /// The full snapshot of a reset has arrived: the clean rows of `model` in the collection
-    /// (under `parentRowId` for a nested table) that it did not bring are removed, and the
-    /// listener resumes as usual.
+    /// (under `parentRowId` for a nested table) that it did not bring go, through `remove`
+    /// (which takes the rows under them too, without filing deletes), and the listener
+    /// resumes as usual.
     ///
     /// - Returns: How many rows were removed.
-    func finishReset(_ model: TableModel, _ collection: CollectionPath, parentRowId: Int64?, _ db: Database) throws
-        -> Int
-    {
+    func finishReset(
+        _ model: TableModel, _ collection: CollectionPath, parentRowId: Int64?, _ db: Database,
+        remove: (Int64) throws -> Int
+    ) throws -> Int {
         var condition = "serverId IS NOT NULL AND isDirty = 0"
         var arguments: StatementArguments = []
         if let foreignKey = model.foreignKey {
@@ -176,13 +178,14 @@ struct SyncLedger: Sendable {
                 SELECT id FROM \(model.quotedName) WHERE \(condition)
                 AND serverId NOT IN (SELECT serverId FROM tandem_reset_seen WHERE collection = ?)
                 """, arguments: arguments)
-        for id in gone { try removeRow(model, id: id, db) }
+        var removed = 0
+        for id in gone { removed += try remove(id) }
         try db.execute(sql: "DELETE FROM tandem_reset_seen WHERE collection = ?", arguments: [collection.rawValue])
         // The full snapshot was the whole truth: nothing older can still be on its way.
         try db.execute(sql: "DELETE FROM tandem_gone WHERE collection = ?", arguments: [collection.rawValue])
         try db.execute(
             sql: "UPDATE tandem_listener SET resetting = 0 WHERE collection = ?", arguments: [collection.rawValue])
-        return gone.count
+        return removed
     }
 
     // MARK: - Finding rows

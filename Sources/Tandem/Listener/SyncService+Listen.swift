@@ -140,9 +140,12 @@ extension SyncService {
                     // they changed.
                     // (Too many to send in one message, they are not: the server then sends a
                     // reset and the whole view.)
-                    if target.query != nil, tokens[path] != nil {
+                    // Nor while a reset's full snapshot is under way: the rows it has not
+                    // brought yet are still here, and the server would not send them again.
+                    if target.query != nil, tokens[path] != nil, try !store.ledger.isResetting(path, db) {
                         let ids = try store.viewIDs(of: target.table, db)
-                        if ids.count * 24 < maxMessageBytes / 2 { views[path] = ids }
+                        let bytes = ids.reduce(0) { $0 + $1.rawValue.utf8.count + 3 }
+                        if bytes < maxMessageBytes / 2 { views[path] = ids }
                     }
                 }
                 return (desired, tokens, views)

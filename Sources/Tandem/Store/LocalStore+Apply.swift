@@ -28,6 +28,15 @@ extension LocalStore {
         _ snapshot: ServerMessage.Snapshot, collection: CollectionPath, target: ListenerTarget, _ db: Database
     ) throws -> ApplyOutcome {
         guard let model = byName[target.table] else { return ApplyOutcome() }
+        // A nested listener's snapshot that arrives after its parent row went (it left the
+        // scope, or was deleted): nothing of it is kept, its token neither, or the collection
+        // would resume from there when the parent comes back.
+        if let parentRowId = target.parentRowId, let parent = model.parentTable.flatMap({ byName[$0] }),
+            try !Bool.fetchOne(
+                db, sql: "SELECT EXISTS (SELECT 1 FROM \(parent.quotedName) WHERE id = ?)", arguments: [parentRowId])!
+        {
+            return ApplyOutcome()
+        }
         let resetting = try ledger.isResetting(collection, db)
         var outcome = ApplyOutcome()
         // Usually every change applies: then all of them go in one savepoint. When one fails,
@@ -58,7 +67,9 @@ extension LocalStore {
         if resetting { try ledger.noteSeenInReset(collection, snapshot.changes.lazy.map(\.document.id), db) }
         try ledger.storeResumeToken(snapshot.resumeToken, for: collection, db)
         if resetting && snapshot.initial && !snapshot.hasMore {
-            outcome.deleted += try ledger.finishReset(model, collection, parentRowId: target.parentRowId, db)
+            outcome.deleted += try ledger.finishReset(model, collection, parentRowId: target.parentRowId, db) {
+                try removeQuietly(model, rowId: $0, db)
+            }
         }
         return outcome
     }
@@ -86,7 +97,7 @@ extension LocalStore {
             // longer read it): the row goes, unless it has unpushed changes, which are pushed
             // and answered by the server. It is not deleted on the server.
             if let local, try !ledger.isInConflict(model, rowId: local.id, db) {
-                outcome.deleted += try removeLeavingScope(model, rowId: local.id, db)
+                outcome.deleted += try removeQuietly(model, rowId: local.id, db)
             }
             return
         }
@@ -141,14 +152,19 @@ extension LocalStore {
         }
     }
 
-    /// Removes a row whose document left its table's scope, and the rows nested under it
-    /// (the entries of an account the user no longer shares), children first, without filing
-    /// deletes: the documents stay on the server, the device only stops holding them. When the
-    /// row or one under it has unpushed changes, nothing is removed: they are pushed, and the
-    /// server's answer decides.
+    /// Removes a row the device stops holding while its document stays on the server (it left
+    /// its table's scope, or a reset's full snapshot did not bring it), and the rows nested
+    /// under it (the entries of an account the user no longer shares), children first, without
+    /// filing deletes. When the row or one under it has unpushed changes, nothing is removed:
+    /// they are pushed, and the server's answer decides.
+    ///
+    /// Other rows that reference a removed row keep the reference: the column goes null by
+    /// Tandem's own write (not a change to push) and waits for the row's server id, as a
+    /// reference to a row not arrived yet does. The removed rows' nested listeners forget their
+    /// tokens, so that holding the row again brings all of its collection.
     ///
     /// - Returns: How many rows were removed.
-    private func removeLeavingScope(_ model: TableModel, rowId: Int64, _ db: Database) throws -> Int {
+    func removeQuietly(_ model: TableModel, rowId: Int64, _ db: Database) throws -> Int {
         var subtree: [(TableModel, Int64)] = []
         func collect(_ model: TableModel, _ rowId: Int64, isDirty: Bool) throws -> Bool {
             if isDirty { return false }
@@ -165,7 +181,7 @@ extension LocalStore {
         let isDirty = try Bool.fetchOne(
             db, sql: "SELECT isDirty FROM \(model.quotedName) WHERE id = ?", arguments: [rowId])
         guard try collect(model, rowId, isDirty: isDirty ?? false) else { return 0 }
-        // The collections under the rows, while their server ids are still here to name them.
+        // What names the rows, while their server ids are still here.
         var memo: [String: CollectionPath?] = [:]
         var collections: [CollectionPath] = []
         for (model, rowId) in subtree {
@@ -174,10 +190,33 @@ extension LocalStore {
                     collections.append(path)
                 }
             }
+            if let serverId = try serverId(model.name, localId: rowId, db) {
+                try keepReferences(to: model, rowId: rowId, serverId: serverId, db)
+            }
         }
         for (model, rowId) in subtree { try ledger.removeRow(model, id: rowId, db) }
         for collection in collections { try ledger.forgetListener(collection, db) }
         return subtree.count
+    }
+
+    /// Rows that reference a row about to go keep the reference as one waiting for its server
+    /// id (the column null, by Tandem's own write: nothing to push).
+    private func keepReferences(to target: TableModel, rowId: Int64, serverId: String, _ db: Database) throws {
+        for model in tables {
+            for (column, table) in model.references where table == target.name {
+                let referencing = try Int64.fetchAll(
+                    db, sql: "SELECT id FROM \(model.quotedName) WHERE \(SQL.quote(column)) = ?", arguments: [rowId])
+                for id in referencing {
+                    try db.execute(
+                        sql: """
+                            UPDATE \(model.quotedName) SET \(SQL.quote(column)) = NULL, localRevision = localRevision + 1
+                            WHERE id = ?
+                            """, arguments: [id])
+                    try ledger.recordWaitingReference(
+                        model, rowId: id, column: column, target: target.name, serverId: serverId, db)
+                }
+            }
+        }
     }
 
     /// Recognizes the document of one of this device's own creates whose acknowledgement never
