@@ -66,6 +66,60 @@ final class QueryView {
     /// Takes in the documents a commit wrote (their latest state, tombstones included) and
     /// returns how the view changed.
     func apply(_ rows: [FeedRow]) throws -> [Change] {
+        query.limit == nil ? try applyWhole(rows) : try applyLimited(rows)
+    }
+
+    /// ``apply(_:)`` for a view without a limit: only the written documents move, so the
+    /// changes are made on the view itself, each found by binary search, whatever its size.
+    /// The view stays in order throughout: the entries of documents still to be modified keep
+    /// their old fields until their turn, as in Firestore's `docChanges`.
+    private func applyWhole(_ rows: [FeedRow]) throws -> [Change] {
+        // Decided first (readability may throw): the view changes all at once or not at all.
+        let entries = try rows.map(entry(for:))
+        var removals: [(entry: Entry, document: StoredDocument)] = []
+        var additions: [Entry] = []
+        var modifications: [(old: Entry, new: Entry)] = []
+        for (row, entry) in zip(rows, entries) {
+            switch (byID[row.id], entry) {
+            case (let old?, nil): removals.append((old, try removal(row.row)))
+            case (nil, let new?): additions.append(new)
+            case (let old?, let new?): modifications.append((old, new))
+            case (nil, nil): break
+            }
+        }
+        removals.sort { precedes($0.entry, $1.entry) }
+        additions.sort(by: precedes)
+        modifications.sort { precedes($0.new, $1.new) }
+
+        var changes: [Change] = []
+        for (entry, document) in removals {
+            let index = insertionIndex(of: entry, in: matching)
+            matching.remove(at: index)
+            byID[entry.id] = nil
+            membershipChanged?(entry.id, false)
+            changes.append(Change(kind: .removed, document: document, oldIndex: index, newIndex: -1))
+        }
+        for entry in additions {
+            let index = insertionIndex(of: entry, in: matching)
+            matching.insert(entry, at: index)
+            byID[entry.id] = entry
+            membershipChanged?(entry.id, true)
+            changes.append(Change(kind: .added, document: entry.document, oldIndex: -1, newIndex: index))
+        }
+        for (old, new) in modifications {
+            let oldIndex = insertionIndex(of: old, in: matching)
+            matching.remove(at: oldIndex)
+            let newIndex = insertionIndex(of: new, in: matching)
+            matching.insert(new, at: newIndex)
+            byID[new.id] = new
+            changes.append(Change(kind: .modified, document: new.document, oldIndex: oldIndex, newIndex: newIndex))
+        }
+        return changes
+    }
+
+    /// ``apply(_:)`` for a view cut at a limit: documents that were not written may cross the
+    /// limit, so the view before and after are compared.
+    private func applyLimited(_ rows: [FeedRow]) throws -> [Change] {
         let before = Array(view)
         var written: [DocumentID: FeedRow] = [:]
         // Decided first (readability may throw): the view changes all at once or not at all.
