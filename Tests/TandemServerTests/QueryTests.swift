@@ -244,4 +244,31 @@ struct QueryBadInputTests {
         let answer = try await raw.readText()
         #expect(answer.contains(#""code":"bad-message""#) && answer.contains(expected), "\(answer)")
     }
+
+    @Test(
+        "a malformed view is refused with its target, naming what is wrong, and leaves no listener behind",
+        arguments: [
+            (#""query":{},"view":["a"]"#, "view: only a query listener that resumes"),
+            (#""resumeToken":"x.1","view":["a"]"#, "view: only a query listener that resumes"),
+            (#""query":{},"resumeToken":"x.1","view":["a","a"]"#, "view[1]: 'a' appears twice"),
+            (
+                #""query":{"limit":1},"resumeToken":"x.1","view":["a","b"]"#,
+                "view: 2 ids, more than the query's limit of 1"
+            ),
+            (#""query":{},"resumeToken":"x.1","view":[7]"#, "view[0]"),
+            (#""query":{},"resumeToken":"x.1","view":"a""#, "view: expected an array"),
+        ])
+    func badViews(members: String, expected: String) async throws {
+        let server = try await TestServer()
+        let raw = try await RawWebSocket.open(
+            port: server.port, hello: #"{"type":"hello","protocol":1,"clientId":"q"}"#)
+        _ = try await raw.readText()
+        try raw.send(text: #"{"type":"listen","target":"t","collection":"c",\#(members)}"#)
+        let answer = try await raw.readText()
+        #expect(answer.contains(#""code":"bad-message""#) && answer.contains(expected), "\(answer)")
+        #expect(answer.contains(#""target":"t""#), "\(answer)")
+        // The target is free: a good listen on it is answered with a snapshot.
+        try raw.send(text: #"{"type":"listen","target":"t","collection":"c","query":{}}"#)
+        #expect(try await raw.readText().contains(#""type":"snapshot""#))
+    }
 }

@@ -154,6 +154,15 @@ struct SchemaTests {
                 "not registered"
             ),
             (SyncTable.root("entry", collection: "entries").referencing("nope", "account"), "has no column nope"),
+            (
+                SyncTable.nested("entry", under: "account", foreignKey: "accountId", collection: "entries")
+                    .where("title", isEqualTo: "Rent"),
+                "is nested: its rows follow their parent's, it takes no scope"
+            ),
+            (
+                SyncTable.root("account", collection: "accounts").where("members..x", arrayContains: .currentUser),
+                "scope: 'members..x' is not a field path"
+            ),
         ])
     func badRegistrations(table: SyncTable, message: String) throws {
         let database = try DatabaseQueue()

@@ -24,9 +24,17 @@ extension ServerCore {
 
     /// Whether the session's user may read a live document with these fields, under rules that
     /// look at each document.
-    func mayRead(_ fields: JSONObject, in collection: CollectionPath, _ session: Session) throws -> Bool {
+    ///
+    /// - Parameter reads: Remembers the documents the rules read with `doc(…)`, so that a view
+    ///   of many documents reads each of them once (see ``decideAccess(for:)``).
+    func mayRead(
+        _ fields: JSONObject, in collection: CollectionPath, _ session: Session, reads: DocumentReads? = nil
+    ) throws -> Bool {
         guard let access = configuration.access else { return true }
-        return try access.allows(.read, in: collection, user: session.user, resource: fields, document: liveFields)
+        return try access.allows(.read, in: collection, user: session.user, resource: fields) { collection, id in
+            guard let reads else { return try liveFields(collection, id) }
+            return try reads.fields(DocumentKey(collection: collection, id: id)) { try liveFields(collection, id) }
+        }
     }
 
     private func liveFields(_ collection: CollectionPath, _ id: DocumentID) throws -> JSONObject? {
@@ -51,9 +59,12 @@ extension ServerCore {
         }
         let scope = try decide()
         if let view = listener.view {
-            let (collection, session) = (listener.collection, listener.session)
+            // The documents the rules read with `doc(…)` are the listener's dependencies: a change
+            // to one decides again, with a new closure. Until then they are read once.
+            let (collection, session, reads) = (listener.collection, listener.session, DocumentReads())
             view.readable =
-                scope == .perDocument ? { [unowned self] in try mayRead($0, in: collection, session) } : nil
+                scope == .perDocument
+                ? { [unowned self] in try mayRead($0, in: collection, session, reads: reads) } : nil
         }
         return scope
     }
@@ -114,5 +125,18 @@ extension ServerCore {
                 refreshView(of: listener)
             }
         }
+    }
+}
+
+/// The documents read rules read with `doc(…)`, each read once: for one decision about a
+/// listener. Confined to the core queue.
+final class DocumentReads {
+    private var known: [DocumentKey: JSONObject?] = [:]
+
+    func fields(_ key: DocumentKey, read: () throws -> JSONObject?) rethrows -> JSONObject? {
+        if let fields = known[key] { return fields }
+        let fields = try read()
+        known[key] = fields
+        return fields
     }
 }

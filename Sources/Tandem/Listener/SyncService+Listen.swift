@@ -142,7 +142,10 @@ extension SyncService {
                     // reset and the whole view.)
                     // Nor while a reset's full snapshot is under way: the rows it has not
                     // brought yet are still here, and the server would not send them again.
-                    if target.query != nil, tokens[path] != nil, try !store.ledger.isResetting(path, db) {
+                    // (Only for listeners about to open: a refresh runs whenever parents change.)
+                    if target.query != nil, tokens[path] != nil, state.withLock({ $0.listening[path] == nil }),
+                        try !store.ledger.isResetting(path, db)
+                    {
                         let ids = try store.viewIDs(of: target.table, db)
                         let bytes = ids.reduce(0) { $0 + $1.rawValue.utf8.count + 3 }
                         if bytes < maxMessageBytes / 2 { views[path] = ids }
