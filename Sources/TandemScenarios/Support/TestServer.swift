@@ -57,6 +57,10 @@ public final class TestServer: Sendable {
         self.database = database
         configuration.port = 0
         configuration.logger.logLevel = .warning
+        // A bound on progress, not speed: on a loaded machine a test's client can take more than
+        // the production 10 s between its handshake and its hello (a CI run closed one with
+        // 1008 this way). Tests of the deadline set their own.
+        configuration.helloTimeout = .seconds(120)
         if let folder = Self.tlsFolder {
             configuration.tls = .init(
                 certificate: folder.appendingPathComponent("server.pem"),
