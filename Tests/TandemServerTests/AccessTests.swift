@@ -394,10 +394,13 @@ struct AccessFirstTests {
         #expect(again == aliceNote)
     }
 
-    @Test("a user who may write but not read a collection gets a conflict without the document's content")
+    @Test(
+        "a user who may write but not read a collection gets a conflict without the document's content; a create proposing its id is refused"
+    )
     func writeOnlyConflictsAreRedacted() async throws {
         let rules = #"""
-            {"rules": [{"match": "inbox", "create": "true"}, {"match": "inbox", "read": "user == 'alice'"}]}
+            {"rules": [{"match": "inbox", "create": "true", "update": "true"},
+                       {"match": "inbox", "read": "user == 'alice'"}]}
             """#
         let access = try AccessControl(tokens: (AccessFixture.tokens, "tokens.json"), rules: (rules, "rules.json"))
         let server = try await TestServer { $0.access = access }
@@ -406,8 +409,15 @@ struct AccessFirstTests {
         _ = try await alice.create("inbox", ["letter": "private"], id: "L1")
         let bob = try await AccessFixture.connect(server, token: "t-bob")
         defer { bob.close() }
+        let inbox = try CollectionPath("inbox")
+        // A create that proposes the id learns nothing of the document, not even its version.
+        let create = await AccessFirstTests.answer(
+            bob, .create(in: inbox, id: try DocumentID("L1"), fields: ["x": 1], idempotencyKey: key()))
+        #expect(create == "permission-denied: ops[0]: user 'bob' may not create in inbox", "\(create)")
+        // An update, which bob may make, with a stale base: the conflict gives the version to
+        // write on, without the content.
         let reply = try await bob.write([
-            .create(in: try CollectionPath("inbox"), id: try DocumentID("L1"), fields: ["x": 1], idempotencyKey: key())
+            .update(in: inbox, id: try DocumentID("L1"), fields: ["x": 1], baseVersion: 7, idempotencyKey: key())
         ])
         guard case .conflict(_, let document) = reply else { throw TestFailure("expected a conflict: \(reply)") }
         #expect(document.id.rawValue == "L1")
@@ -415,7 +425,7 @@ struct AccessFirstTests {
         #expect(document.fields.isEmpty)
         // Alice, who may read, sees it all.
         let hers = try await alice.write([
-            .create(in: try CollectionPath("inbox"), id: try DocumentID("L1"), fields: ["x": 1], idempotencyKey: key())
+            .create(in: inbox, id: try DocumentID("L1"), fields: ["x": 1], idempotencyKey: key())
         ])
         guard case .conflict(_, let full) = hers else { throw TestFailure("expected a conflict: \(hers)") }
         #expect(full.fields == ["letter": "private"])

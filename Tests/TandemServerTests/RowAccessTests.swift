@@ -164,6 +164,18 @@ struct RowAccessTests {
         }
         #expect(answers[0] == answers[1] && answers[0].hasPrefix("permission-denied"), "\(answers)")
         #expect(try await alice.get(try CollectionPath("accounts"), try DocumentID("A1"))?.id.rawValue == "A1")
+        // Nor does a create that proposes its id learn anything of it (no conflict answer with
+        // its version): it is refused as a create the rules refuse.
+        var creates: [String] = []
+        for (id, members) in [("A1", ["bob"]), ("B9", ["alice"])] {
+            do {
+                _ = try await bob.create("accounts", Self.members(members), id: id)
+                creates.append("created \(id)")
+            } catch let error as TandemError {
+                creates.append("\(error.serverError?.code.rawValue ?? error.code.rawValue): \(error.message)")
+            }
+        }
+        #expect(creates[0] == creates[1] && creates[0].hasPrefix("permission-denied"), "\(creates)")
 
         // Alice brings carol into A2: it arrives in carol's views, and she may read its
         // transactions from then on.

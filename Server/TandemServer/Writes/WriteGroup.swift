@@ -125,6 +125,11 @@ final class WriteGroup {
 
             switch try precondition(of: op, index: index, existing: existing) {
             case .conflict(let server):
+                // A create that proposed the id of a document its user may not read learns
+                // nothing of that document (not its version, not whether it was deleted).
+                if op.kind == .create, try !readable(server, in: op.collection, for: request.user, draft) {
+                    return .refused(Self.createRefusal(of: op, index: index, request.user))
+                }
                 return .conflict(op: index, server: try redacted(server, in: op.collection, for: request.user, draft))
             case .notFound(let error):
                 return .refused(error)
@@ -216,9 +221,19 @@ final class WriteGroup {
             request: op.kind == .delete ? nil : op.fields ?? [:]
         ) { collection, id in try liveFields(collection, id, draft) }
         guard !allowed else { return nil }
-        return WireError(
-            .permissionDenied,
-            "ops[\(index)]: \(AccessControl.describe(user)) may not \(operation.rawValue) in \(op.collection)",
+        return op.kind == .create
+            ? Self.createRefusal(of: op, index: index, user)
+            : WireError(
+                .permissionDenied,
+                "ops[\(index)]: \(AccessControl.describe(user)) may not \(operation.rawValue) in \(op.collection)",
+                op: index)
+    }
+
+    /// The refusal of a create, the same whether the rules refuse it or its proposed id names a
+    /// document the user may not read.
+    private static func createRefusal(of op: WriteOp, index: Int, _ user: String?) -> WireError {
+        WireError(
+            .permissionDenied, "ops[\(index)]: \(AccessControl.describe(user)) may not create in \(op.collection)",
             op: index)
     }
 
@@ -304,15 +319,20 @@ final class WriteGroup {
     private func redacted(_ document: Document, in collection: CollectionPath, for user: String?, _ draft: Draft)
         throws -> Document
     {
-        guard let access else { return document }
-        let readable = try access.allows(
+        if try readable(document, in: collection, for: user, draft) { return document }
+        return Document(
+            id: document.id, version: document.version, fields: [:], createTime: 0, updateTime: 0,
+            deleted: document.deleted)
+    }
+
+    private func readable(_ document: Document, in collection: CollectionPath, for user: String?, _ draft: Draft)
+        throws -> Bool
+    {
+        guard let access else { return true }
+        return try access.allows(
             .read, in: collection, user: user, resource: document.deleted ? nil : document.fields
         ) { collection, id in
             try liveFields(collection, id, draft)
         }
-        if readable { return document }
-        return Document(
-            id: document.id, version: document.version, fields: [:], createTime: 0, updateTime: 0,
-            deleted: document.deleted)
     }
 }
