@@ -98,6 +98,9 @@ struct ServeCommand: AsyncParsableCommand {
     @Option(help: "Fault injection: the error code of refused writes.")
     var faultRejectCode = "internal"
 
+    @Option(help: "Fault injection: answer a listen with an internal error, not opening it, with this probability.")
+    var faultFailListens: Double = 0
+
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
     var logLevel = "info"
 
@@ -161,6 +164,7 @@ struct ServeCommand: AsyncParsableCommand {
         for (name, rate) in [
             ("--fault-drop-connection", faultDropConnection), ("--fault-lost-ack", faultLostAck),
             ("--fault-delay-deliveries", faultDelayDeliveries), ("--fault-reject-writes", faultRejectWrites),
+            ("--fault-fail-listens", faultFailListens),
         ] where !(0...1).contains(rate) {
             throw ValidationError("\(name) is a probability between 0 and 1, not \(rate)")
         }
@@ -207,13 +211,13 @@ struct ServeCommand: AsyncParsableCommand {
         configuration.maintenanceInterval = .seconds(maintenanceSeconds)
         configuration.logger = Logger(label: "tandem.server")
         if faultDropConnection > 0 || faultDropAfter != nil || faultLostAck > 0 || faultDelayDeliveries > 0
-            || faultRejectWrites > 0
+            || faultRejectWrites > 0 || faultFailListens > 0
         {
             configuration.faults = FaultPlan(
                 seed: faultSeed, dropConnectionRate: faultDropConnection, dropConnectionAfter: faultDropAfter,
                 lostAckRate: faultLostAck, delayedDeliveryRate: faultDelayDeliveries,
                 deliveryDelay: .milliseconds(faultDelayMs), rejectedWriteRate: faultRejectWrites,
-                rejectedWriteCode: ErrorCode(rawValue: faultRejectCode))
+                rejectedWriteCode: ErrorCode(rawValue: faultRejectCode), failedListenRate: faultFailListens)
         }
         if tokens != nil || rules != nil {
             do {
@@ -267,7 +271,8 @@ struct ServeCommand: AsyncParsableCommand {
             let counts = server.faultCounts
             note(
                 "injected: \(counts.droppedConnections) dropped connections, \(counts.lostAcks) lost acks, "
-                    + "\(counts.delayedDeliveries) delayed deliveries, \(counts.rejectedWrites) refused writes")
+                    + "\(counts.delayedDeliveries) delayed deliveries, \(counts.rejectedWrites) refused writes, "
+                    + "\(counts.failedListens) failed listens")
         }
         server.shutdown()
         emit("stopped")

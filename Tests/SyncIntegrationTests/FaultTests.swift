@@ -1,7 +1,7 @@
 import Foundation
 import GRDB
 import Synchronization
-import Tandem
+@_spi(Testing) import Tandem
 import TandemServer
 import TandemTesting
 import TandemWire
@@ -78,6 +78,35 @@ struct FaultTests {
             $0.droppedConnections > 0
         }
         #expect(counts.droppedConnections > 0)
+    }
+
+    @Test("listeners the server fails with internal are listened to again on the same connection, and converge")
+    func failedListens() async throws {
+        // Half of all listens fail, and stay failing at that rate until the end: the devices
+        // must get past them by listening again, not by the faults stopping or a reconnect.
+        let server = try await TestServer { $0.faults = FaultPlan(seed: 9, failedListenRate: 0.5) }
+        let connects = Mutex(0)
+        let device = { (name: String) in
+            try TestDevice(name: name, serverURL: server.url) { configuration in
+                configuration.reconnectDelay = .milliseconds(20)
+                configuration.hooks.beforeConnect = { connects.withLock { $0 += 1 } }
+            }
+        }
+        let phone = try device("phone")
+        let laptop = try device("laptop")
+        phone.service.start()
+        laptop.service.start()
+        for name in ["Household", "Travel", "Savings"] {
+            let account = try phone.addAccount(name)
+            try phone.addEntry("First of \(name)", amount: -1, account: account.id!)
+        }
+        // Each device listens to accounts and to three entry collections: at least one of
+        // those eight listens (each failing at 1 in 2) has failed, or the seed is not 9.
+        let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
+        #expect(report.isConverged, "\(report.firstDifferences)")
+        #expect(server.server.faultCounts.failedListens > 0)
+        #expect(connects.withLock { $0 } == 2, "no device reconnected to get past a failed listener")
+        #expect(try laptop.entries().count == 3)
     }
 
     @Test("deliveries delayed at random arrive late but in commit order")

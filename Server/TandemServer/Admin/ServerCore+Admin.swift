@@ -169,6 +169,7 @@ extension FaultPlan {
             for (name, rate) in [
                 ("lostAckRate", plan.lostAckRate), ("delayedDeliveryRate", plan.delayedDeliveryRate),
                 ("dropConnectionRate", plan.dropConnectionRate), ("rejectedWriteRate", plan.rejectedWriteRate),
+                ("failedListenRate", plan.failedListenRate),
             ] {
                 writer.key(name)
                 writer.value(.double(rate))
@@ -198,7 +199,7 @@ extension FaultPlan {
         }
         let known: Set<String> = [
             "enabled", "seed", "lostAckRate", "delayedDeliveryRate", "dropConnectionRate", "rejectedWriteRate",
-            "deliveryDelayMs",
+            "deliveryDelayMs", "failedListenRate",
         ]
         if let unknown = object.keys.sorted().first(where: { !known.contains($0) }) {
             throw ServerError(
@@ -217,7 +218,8 @@ extension FaultPlan {
         }
         var plan = FaultPlan(
             seed: 1, dropConnectionRate: try rate("dropConnectionRate"), lostAckRate: try rate("lostAckRate"),
-            delayedDeliveryRate: try rate("delayedDeliveryRate"), rejectedWriteRate: try rate("rejectedWriteRate"))
+            delayedDeliveryRate: try rate("delayedDeliveryRate"), rejectedWriteRate: try rate("rejectedWriteRate"),
+            failedListenRate: try rate("failedListenRate"))
         if let seed = object["seed"] {
             guard let value = seed.intValue else {
                 throw ServerError(.invalidConfiguration, "seed: expected an integer")

@@ -33,11 +33,14 @@ public struct FaultPlan: Sendable, Equatable, CustomStringConvertible {
     /// probability.
     public var rejectedWriteRate: Double
     public var rejectedWriteCode: ErrorCode
+    /// Each `listen` is answered with an `internal` error, and not opened, with this
+    /// probability: what a client sees when the store fails while reading for a listener.
+    public var failedListenRate: Double
 
     public init(
         seed: UInt64 = 1, dropConnectionRate: Double = 0, dropConnectionAfter: Int? = nil, lostAckRate: Double = 0,
         delayedDeliveryRate: Double = 0, deliveryDelay: Duration = .milliseconds(200), rejectedWriteRate: Double = 0,
-        rejectedWriteCode: ErrorCode = .internal
+        rejectedWriteCode: ErrorCode = .internal, failedListenRate: Double = 0
     ) {
         self.seed = seed
         self.dropConnectionRate = dropConnectionRate
@@ -47,6 +50,7 @@ public struct FaultPlan: Sendable, Equatable, CustomStringConvertible {
         self.deliveryDelay = deliveryDelay
         self.rejectedWriteRate = rejectedWriteRate
         self.rejectedWriteCode = rejectedWriteCode
+        self.failedListenRate = failedListenRate
     }
 
     /// Checks that rates are probabilities and counts are positive.
@@ -54,6 +58,7 @@ public struct FaultPlan: Sendable, Equatable, CustomStringConvertible {
         let rates = [
             ("dropConnectionRate", dropConnectionRate), ("lostAckRate", lostAckRate),
             ("delayedDeliveryRate", delayedDeliveryRate), ("rejectedWriteRate", rejectedWriteRate),
+            ("failedListenRate", failedListenRate),
         ]
         for (name, rate) in rates where !(0...1).contains(rate) {
             throw ServerError(.invalidConfiguration, "fault \(name) must be between 0 and 1, not \(rate)")
@@ -73,6 +78,7 @@ public struct FaultPlan: Sendable, Equatable, CustomStringConvertible {
         if lostAckRate > 0 { parts.append("lost ack \(lostAckRate)") }
         if delayedDeliveryRate > 0 { parts.append("delayed delivery \(delayedDeliveryRate) by \(deliveryDelay)") }
         if rejectedWriteRate > 0 { parts.append("rejected write \(rejectedWriteRate) with \(rejectedWriteCode)") }
+        if failedListenRate > 0 { parts.append("failed listen \(failedListenRate)") }
         return parts.joined(separator: ", ")
     }
 }
@@ -83,6 +89,7 @@ public struct FaultCounts: Sendable, Equatable {
     public var lostAcks = 0
     public var delayedDeliveries = 0
     public var rejectedWrites = 0
+    public var failedListens = 0
 }
 
 /// Draws the plan's decisions. Confined to the server's core queue.
@@ -117,6 +124,12 @@ final class FaultInjector {
         let rejects = chance(plan.rejectedWriteRate)
         if rejects { counts.rejectedWrites += 1 }
         return rejects
+    }
+
+    func failsListen() -> Bool {
+        let fails = chance(plan.failedListenRate)
+        if fails { counts.failedListens += 1 }
+        return fails
     }
 
     func delaysDelivery() -> Bool {

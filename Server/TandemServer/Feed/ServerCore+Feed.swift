@@ -20,6 +20,13 @@ extension ServerCore {
                     target: target))
             return
         }
+        if let faults, faults.failsListen() {
+            logger.warning("injected fault: listen failed", metadata: ["tandem.session": "\(session.id)"])
+            session.send(
+                WireError(
+                    .internal, "injected fault: the listener failed and was not opened; listen again", target: target))
+            return
+        }
         var token: ResumeToken?
         if let tokenText = listen.resumeToken {
             guard let parsed = ResumeToken(tokenText) else {

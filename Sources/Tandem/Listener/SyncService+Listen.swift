@@ -183,6 +183,7 @@ extension SyncService {
     ) {
         switch event {
         case .snapshot(let snapshot):
+            if snapshot.initial { state.withLock { _ = $0.listenFailures.removeValue(forKey: path) } }
             configuration.hooks.snapshotReceived?(snapshot)
             deliver(.snapshot(snapshot, path: path, target: target), generation: generation)
         case .reset(let reason):
@@ -193,7 +194,41 @@ extension SyncService {
                 if state.generation == generation { state.listening[path] = nil }
             }
             noteError(TandemError(.server, "listening to \(path) was refused: \(error.message)", serverError: error))
+            if error.code == .internal || error.code == .rateLimited { scheduleRelisten(path, generation: generation) }
         }
+    }
+
+    /// Listens again, after a backoff, to a collection whose listener the server failed for a
+    /// reason that may pass (its store failed, it was busy), without waiting for a reconnect.
+    /// One task serves every failed listener: ``refreshListeners()`` opens all that are missing.
+    private func scheduleRelisten(_ path: CollectionPath, generation: Int) {
+        let backoff = Backoff(initial: configuration.reconnectDelay, cap: configuration.maxReconnectDelay)
+        let delay = state.withLock { state -> Duration? in
+            guard state.running, state.generation == generation else { return nil }
+            // One is waiting already for this connection; one of an older connection is moot.
+            if let waiting = state.relisten {
+                guard waiting.generation != generation else { return nil }
+                waiting.task.cancel()
+            }
+            let attempt = state.listenFailures[path, default: 0]
+            state.listenFailures[path] = attempt + 1
+            let delay = backoff.delay(attempt: attempt, random: Double.random(in: 0...1))
+            // Made under the lock, so that it is recorded before it can end.
+            let task = Task { [weak self] in
+                try? await Task.sleep(for: delay)
+                guard !Task.isCancelled, let self else { return }
+                let current = self.state.withLock { state -> Bool in
+                    if state.relisten?.generation == generation { state.relisten = nil }
+                    return state.running && state.generation == generation
+                }
+                if current { self.queue.addOperation { [weak self] in self?.refreshListeners() } }
+            }
+            state.relisten = (generation, task)
+            return delay
+        }
+        guard let delay else { return }
+        logger.info(
+            "listening again after a failure", metadata: ["tandem.collection": "\(path)", "tandem.delay": "\(delay)"])
     }
 
     /// Listener work waiting for the sync queue, in arrival order.

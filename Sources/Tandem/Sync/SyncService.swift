@@ -91,6 +91,10 @@ public final class SyncService: Sendable {
         var nextWatcher = 0
         var periodicPush: Task<Void, Never>?
         var reconnect: Task<Void, Never>?
+        /// Listeners the server failed (`internal`, `rate-limited`), by how many times in a
+        /// row; each is listened to again after a backoff, on the same connection.
+        var listenFailures: [CollectionPath: Int] = [:]
+        var relisten: (generation: Int, task: Task<Void, Never>)?
     }
 
     /// Prepares the database for syncing: adds Tandem's columns, triggers and tables, and
@@ -207,7 +211,7 @@ public final class SyncService: Sendable {
     /// would (their resume tokens were not stored, so they come again after restarting).
     public func stop(discardingQueuedWork: Bool = false) async {
         let (connection, tasks) = state.withLock { state -> (ServerConnection?, [Task<Void, Never>?]) in
-            let result = (state.connection, [state.periodicPush, state.reconnect])
+            let result = (state.connection, [state.periodicPush, state.reconnect, state.relisten?.task])
             state.running = false
             state.generation += 1
             state.connecting = false
@@ -215,6 +219,8 @@ public final class SyncService: Sendable {
             state.listening = [:]
             state.periodicPush = nil
             state.reconnect = nil
+            state.relisten = nil
+            state.listenFailures = [:]
             state.pushScheduled = false
             state.status.isConnected = false
             return result
