@@ -43,13 +43,14 @@ import Testing
         let applied = try await laptop.database.read { db in
             try String.fetchAll(db, sql: "SELECT identifier FROM grdb_migrations WHERE identifier LIKE 'tandem-%'")
         }
-        #expect(Set(applied) == ["tandem-1", "tandem-2"])
+        #expect(Set(applied) == ["tandem-1", "tandem-2", "tandem-3"])
         #expect(try Self.resumeTokens(folder.path("laptop.sqlite")) == tokensBefore)
         #expect(laptop.service.status.pendingCount == 3, "the update, the create and the delete")
         let failed = try laptop.service.failedRecords()
         #expect(failed.map(\.table) == ["entry"])
         #expect(failed.first?.error.code == .invalidArgument, "schema 1 kept only a message; migration 2 coded it")
         let conflict = try #require(try laptop.service.conflicts().first)
+        #expect(conflict.reason == .changed, "conflicts from before migration 3 were all of both sides")
         #expect(conflict.local["text"] == "buy oat milk")
         #expect(conflict.server.fields["text"] == "buy milk and eggs")
 

@@ -1,6 +1,7 @@
 import Foundation
 import GRDB
 import Tandem
+import TandemServer
 import TandemTesting
 import TandemWire
 import Testing
@@ -145,5 +146,139 @@ struct SharedAccountTests {
         }
         #expect(relinked == true)
         #expect(devices.values.allSatisfy { $0.service.status.failedCount == 0 })
+    }
+
+    /// Alice and bob's devices on a server with `rules`; alice has made Home (alice and bob,
+    /// one entry, "Rent"), and both hold it.
+    static func homeOfTwo(
+        rules: String, bob configure: @escaping @Sendable (inout SyncConfiguration) -> Void = { _ in }
+    )
+        async throws -> (server: TestServer, alice: TestDevice, bob: TestDevice)
+    {
+        let access = try AccessControl(tokens: (SharedAccounts.tokens, "tokens.json"), rules: (rules, "rules.json"))
+        let server = try await TestServer { $0.access = access }
+        let alice = try TestDevice(name: "alice", serverURL: server.url, model: .sharedAccounts) {
+            $0.token = "t-alice"
+            $0.conflictPolicy = .fieldLevel
+        }
+        let bob = try TestDevice(name: "bob", serverURL: server.url, model: .sharedAccounts) {
+            $0.token = "t-bob"
+            $0.conflictPolicy = .fieldLevel
+            configure(&$0)
+        }
+        alice.service.start()
+        bob.service.start()
+        try await alice.database.write { db in
+            var account = Account(name: "Home", members: ["alice", "bob"])
+            try account.insert(db)
+            var entry = CashFlow.Entry(accountId: account.id!, title: "Rent", amount: -100)
+            try entry.insert(db)
+        }
+        try await waitUntil("bob holds Home") { try Self.holdings(bob) == ["Home": ["Rent"]] }
+        return (server, alice, bob)
+    }
+
+    static func setMembers(_ device: TestDevice, _ name: String, to list: [String]) async throws {
+        try await device.database.write { db in
+            try db.execute(
+                sql: "UPDATE account SET members = ? WHERE name = ?", arguments: [Account.encode(list), name])
+        }
+        try await waitUntil("\(device.name) pushed") { device.service.status.pendingCount == 0 }
+    }
+
+    @Test(
+        "bob edits Home and adds an entry offline, and is taken out of Home: the rows stay as a left-scope conflict, and resolving it for the server lets them go"
+    )
+    func dirtyRowLeavesScopeAndIsDropped() async throws {
+        let (server, alice, bob) = try await Self.homeOfTwo(rules: SharedAccounts.rules)
+        defer { Task { await alice.service.stop() } }
+        defer { Task { await bob.service.stop() } }
+        await bob.service.stop()
+        try await bob.database.write { db in
+            try db.execute(sql: "UPDATE account SET name = 'Home (bob)' WHERE name = 'Home'")
+            let home = try Int64.fetchOne(db, sql: "SELECT id FROM account")!
+            var entry = CashFlow.Entry(accountId: home, title: "Gas", amount: -30)
+            try entry.insert(db)
+        }
+        try await Self.setMembers(alice, "Home", to: ["alice"])
+        try await bob.restart()
+
+        // The server refuses his changes (he is no longer a member), and the account, now
+        // unreadable to him, leaves his scope without its content: a conflict, not a removal.
+        try await waitUntil("a left-scope conflict") { try bob.service.conflicts().count == 1 }
+        let conflict = try #require(try bob.service.conflicts().first)
+        #expect(conflict.reason == .leftScope)
+        #expect(conflict.table == "account" && conflict.local["name"] == "Home (bob)")
+        #expect(conflict.server.version == 0 && conflict.server.fields.isEmpty, "withheld: \(conflict.server)")
+        #expect(try Self.holdings(bob) == ["Home (bob)": ["Rent", "Gas"]], "nothing is lost before the app decides")
+        try await waitUntil("both refusals recorded") { bob.service.status.failedCount == 2 }
+
+        try bob.service.resolve(conflict, with: .useServer)
+        #expect(try Self.holdings(bob) == [:])
+        #expect(bob.service.status.failedCount == 0 && bob.service.status.openConflicts == 0)
+        #expect(try bob.service.conflicts().isEmpty)
+        // Nothing of bob's reached the server, and nothing was deleted there.
+        let home = try #require(try serverDocuments(server, "accounts").first)
+        #expect(home.fields["name"] == "Home" && home.fields["members"] == ["alice"])
+        #expect(try serverDocuments(server, "accounts/\(home.id)/entries").map { $0.fields["title"] } == ["Rent"])
+        #expect(try Self.holdings(alice) == ["Home": ["Rent"]])
+    }
+
+    /// Home on a server where everyone may read and write every account, so that it leaves
+    /// bob's scope only because it no longer lists him, and his edit may still be written. Bob
+    /// renames Home, and his push waits (a long `pushDelay`) while alice takes him out: the
+    /// removal reaches him before his push.
+    static func bobRenamesWhileTakenOut() async throws -> (server: TestServer, alice: TestDevice, bob: TestDevice) {
+        let open = #"""
+            {"rules": [{"match": "accounts", "read": true, "write": true},
+                       {"match": "accounts/{account}/entries", "read": true, "write": true}]}
+            """#
+        let (server, alice, bob) = try await Self.homeOfTwo(rules: open) { configuration in
+            configuration.pushDelay = .seconds(3600)
+            configuration.pushInterval = .seconds(3600)
+        }
+        try await bob.database.write { db in
+            try db.execute(sql: "UPDATE account SET name = 'Home (bob)' WHERE name = 'Home'")
+        }
+        try await Self.setMembers(alice, "Home", to: ["alice"])
+        try await waitUntil("a left-scope conflict") { try bob.service.conflicts().count == 1 }
+        return (server, alice, bob)
+    }
+
+    @Test(
+        "an edit not pushed yet when its row stops matching the scope: a left-scope conflict; kept, it is pushed (merged with the server's side) and then the row goes"
+    )
+    func dirtyRowLeavesScopeAndIsKept() async throws {
+        let (server, alice, bob) = try await Self.bobRenamesWhileTakenOut()
+        defer { Task { await alice.service.stop() } }
+        defer { Task { await bob.service.stop() } }
+        let conflict = try #require(try bob.service.conflicts().first)
+        #expect(conflict.reason == .leftScope)
+        #expect(conflict.server.fields["members"] == ["alice"], "readable, so sent whole: \(conflict.server)")
+        #expect(try Self.holdings(bob) == ["Home (bob)": ["Rent"]])
+
+        try bob.service.resolve(conflict, with: .keepLocal)
+        // The push meets alice's newer version, merges field by field, is acknowledged, and
+        // then nothing keeps the rows here.
+        try await waitUntil("the rows went") { try Self.holdings(bob) == [:] }
+        let home = try #require(try serverDocuments(server, "accounts").first)
+        #expect(home.fields["name"] == "Home (bob)" && home.fields["members"] == ["alice"])
+        try await waitUntil("alice has bob's name") { try Self.holdings(alice) == ["Home (bob)": ["Rent"]] }
+        #expect(try bob.service.conflicts().isEmpty)
+        #expect(bob.service.status.failedCount == 0 && bob.service.status.pendingCount == 0)
+    }
+
+    @Test("a row out of scope whose document comes back before the app decides: the conflict closes by itself")
+    func rowComesBackIntoScope() async throws {
+        let (server, alice, bob) = try await Self.bobRenamesWhileTakenOut()
+        defer { Task { await alice.service.stop() } }
+        defer { Task { await bob.service.stop() } }
+        try await Self.setMembers(alice, "Home", to: ["alice", "bob"])
+        try await waitUntil("the conflict closed") { try bob.service.conflicts().isEmpty }
+        // His edit is still his, and goes out (merged with alice's members) when he pushes.
+        #expect(try Self.holdings(bob) == ["Home (bob)": ["Rent"]])
+        _ = try await bob.service.syncNow()
+        try await waitUntil("alice has bob's name") { try Self.holdings(alice) == ["Home (bob)": ["Rent"]] }
+        #expect(try serverDocuments(server, "accounts").first?.fields["members"] == ["alice", "bob"])
     }
 }

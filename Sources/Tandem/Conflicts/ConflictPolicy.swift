@@ -59,7 +59,25 @@ public enum ConflictResolution: Sendable, Equatable {
     case merge(fields: JSONObject)
 }
 
-/// An open conflict of a table with the ``ConflictPolicy/manual`` policy: the row does not sync
+/// Why a ``ConflictRecord`` is open.
+public enum ConflictReason: String, Sendable, Equatable {
+    /// Both sides changed the same fields, on a table with the ``ConflictPolicy/manual`` policy.
+    case changed
+    /// The row's document left its table's scope (``SyncTable/where(_:arrayContains:)``: it no
+    /// longer matches, or its user may no longer read it) while the row, or a row under it, had
+    /// unpushed changes. Under every policy: no policy can settle it, since the server's side
+    /// may be withheld (``ConflictRecord/server`` is then the document's id, version 0 and no
+    /// fields). Resolve it with ``ConflictResolution/useServer`` to let the row go, with the
+    /// rows under it and their unpushed changes; with ``ConflictResolution/keepLocal`` (or
+    /// ``ConflictResolution/merge(fields:)``) to push the changes first; the server's answer
+    /// decides (a refusal leaves the rows failed), and the rows go once nothing under them
+    /// waits to be pushed. When the document comes back into the scope first, the conflict
+    /// closes by itself.
+    case leftScope = "left-scope"
+}
+
+/// An open conflict: of a table with the ``ConflictPolicy/manual`` policy, or of a row that left
+/// its table's scope with unpushed changes (``ConflictReason/leftScope``). The row does not sync
 /// until the app resolves it with ``SyncService/resolve(_:with:)``.
 public struct ConflictRecord: Sendable, Equatable, Identifiable {
     public var table: String
@@ -75,6 +93,8 @@ public struct ConflictRecord: Sendable, Equatable, Identifiable {
     public var fields: [String]
     /// When the conflict was found (milliseconds since 1970).
     public var detectedAt: Int64
+    /// Why it is open.
+    public var reason: ConflictReason = .changed
 
     public var id: String { "\(table)#\(rowId)" }
 }

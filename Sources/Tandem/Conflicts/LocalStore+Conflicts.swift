@@ -97,7 +97,7 @@ extension LocalStore {
     /// version as the base of its next push.
     func writeMerged(
         _ model: TableModel, rowId: Int64, fields: JSONObject, times: [String: Int64]?, remote: Document,
-        collection: CollectionPath, _ db: Database
+        collection: CollectionPath, rebase: Bool = true, _ db: Database
     ) throws {
         let probe = Document(id: remote.id, version: remote.version, fields: fields, createTime: 0, updateTime: 0)
         let incoming = try incomingValues(model, probe, db)
@@ -111,7 +111,7 @@ extension LocalStore {
         .execute(arguments: arguments)
         try recordMissingReferences(model, rowId: rowId, incoming.missing, db)
         if let times { try ledger.storeFieldTimes(model, rowId: rowId, times, db) }
-        try ledger.rebase(model.name, rowId, on: remote, db)
+        if rebase { try ledger.rebase(model.name, rowId, on: remote, db) }
     }
 
     // MARK: - Manual conflicts
@@ -128,12 +128,30 @@ extension LocalStore {
     /// Resolves an open conflict as the app decided; the row syncs again.
     func resolve(_ record: ConflictRecord, with resolution: ConflictResolution, _ db: Database) throws {
         guard let model = byName[record.table],
-            let (server, collection) = try ledger.takeConflict(record.table, rowId: record.rowId, db)
+            let (server, collection, reason) = try ledger.takeConflict(record.table, rowId: record.rowId, db)
         else {
             throw TandemError(.invalidArgument, "there is no open conflict for \(record.table) row \(record.rowId)")
         }
         let local = try rowState(model, rowId: record.rowId, db)?.fields ?? record.local
-        _ = try apply(resolution, model, rowId: record.rowId, local: local, remote: server, collection: collection, db)
+        guard reason == .leftScope else {
+            _ = try apply(
+                resolution, model, rowId: record.rowId, local: local, remote: server, collection: collection, db)
+            return
+        }
+        // Out of scope: the server's side is not a version to write on (it may be withheld).
+        switch resolution {
+        case .useServer:
+            try removeQuietly(model, rowId: record.rowId, discardingChanges: true, db)
+        case .keepLocal:
+            break  // pushed as it is
+        case .merge(let fields):
+            var merged = local
+            for (name, value) in fields { merged[name] = value }
+            try writeMerged(
+                model, rowId: record.rowId, fields: merged, times: nil, remote: server, collection: collection,
+                rebase: false, db)
+        }
+        try removeRowsOutOfScope(db)
     }
 
     // MARK: - Row state

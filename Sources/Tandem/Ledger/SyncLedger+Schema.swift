@@ -12,6 +12,9 @@ extension SyncLedger {
     /// - `tandem-2`: failed rows say why with a code (`errorCode`, a ``TandemError/Code``, and
     ///   `serverErrorCode` when the server refused); failures recorded before get the code their
     ///   message shows.
+    /// - `tandem-3`: scoped tables. A conflict says why it is open (`reason`: `changed`, or
+    ///   `left-scope` for a row whose document left its table's scope while it had unpushed
+    ///   changes), and `tandem_row.outOfScope` marks such a row until it can go.
     ///
     /// The triggers are not versioned: they follow the app's tables and are made again each
     /// time the service starts (``installTriggers(_:_:)``).
@@ -115,6 +118,14 @@ extension SyncLedger {
                     WHERE state = 'failed' AND lastError LIKE 'the server refused the create%';
                     """)
         }
+        migrator.registerMigration("tandem-3", foreignKeyChecks: .immediate) { db in
+            try db.execute(
+                sql: """
+                    ALTER TABLE tandem_conflict ADD COLUMN reason TEXT NOT NULL DEFAULT 'changed';
+                    ALTER TABLE tandem_row ADD COLUMN outOfScope INTEGER NOT NULL DEFAULT 0;
+                    CREATE INDEX tandem_row_out_of_scope ON tandem_row(outOfScope) WHERE outOfScope = 1;
+                    """)
+        }
         return migrator
     }
 
@@ -193,7 +204,8 @@ extension SyncLedger {
                 WHEN OLD.isDeleted = 0
                 BEGIN
                     UPDATE tandem_row SET pendingOp = 'delete', idempotencyKey = NULL, attempts = 0,
-                        state = 'pending', errorCode = NULL, serverErrorCode = NULL, lastError = NULL
+                        state = 'pending', errorCode = NULL, serverErrorCode = NULL, lastError = NULL,
+                        outOfScope = 0
                     WHERE tableName = \(literal) AND rowId = OLD.id AND OLD.serverId IS NOT NULL;
                     DELETE FROM tandem_field WHERE tableName = \(literal) AND rowId = OLD.id;
                     DELETE FROM tandem_conflict WHERE tableName = \(literal) AND rowId = OLD.id;

@@ -21,7 +21,8 @@ import TandemWire
 /// | synced | `isDirty = 0`, `serverId` | `state = 'synced'`, `serverVersion` (`serverFields` for merging tables) |
 /// | failed | as it was | `state = 'failed'`, `errorCode`, `lastError`, `attempts` |
 /// | deleted, not pushed | gone | `pendingOp = 'delete'` (its key once sent) |
-/// | in conflict (manual tables) | as it was | as it was, and a `tandem_conflict` row |
+/// | in conflict (manual tables; or out of scope, any table) | as it was | as it was, and a `tandem_conflict` row |
+/// | out of scope | as it was | `outOfScope = 1` (and, until the app resolves it, a `left-scope` conflict) |
 ///
 /// ## Transitions, and what makes each
 ///
@@ -46,8 +47,13 @@ import TandemWire
 ///   dirty when the row changed since; ``fileDeleteOfOwnCreate(_:rowId:serverId:collection:version:_:)``
 ///   when that row was deleted here meanwhile.
 /// - ``removeRow(_:id:_:)`` (a remote delete, a reset): any state → gone, bookkeeping and all.
-/// - ``recordConflict(_:rowId:serverId:collection:local:server:base:fields:detectedAt:_:)`` (manual
+/// - ``recordConflict(_:rowId:serverId:collection:local:server:base:fields:detectedAt:reason:_:)`` (manual
 ///   tables): → in conflict; ``takeConflict(_:rowId:_:)`` when the app resolves it.
+/// - ``markOutOfScope(_:rowId:_:)`` (a scoped table's document left the scope while the row, or
+///   one under it, had unpushed changes): → out of scope, with a `left-scope` conflict.
+///   ``backInScope(_:rowId:_:)`` when the document comes back; the row goes (quietly, like a row
+///   that leaves the scope clean) once nothing under it waits to be pushed and the conflict is
+///   resolved (``outOfScopeRows(_:)``).
 ///
 /// Beside the row states it keeps: field times (`tandem_field`, field-level tables), references
 /// and documents waiting for a row that has not arrived (`tandem_reference`, `tandem_deferred`),
@@ -231,7 +237,8 @@ struct SyncLedger: Sendable {
                 db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE pendingOp = 'delete')"))
                 ?? true,
             waiting: try anythingWaits(db),
-            gone: try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_gone)")) ?? true)
+            gone: try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_gone)")) ?? true,
+            outOfScope: try anyOutOfScope(db))
     }
 
     // MARK: - Pushing
@@ -730,27 +737,67 @@ struct SyncLedger: Sendable {
     /// → in conflict, or a newer server side for a conflict already open.
     func recordConflict(
         _ model: TableModel, rowId: Int64, serverId: DocumentID, collection: CollectionPath, local: JSONObject,
-        server: Document, base: JSONObject?, fields: Set<String>, detectedAt: Int64, _ db: Database
+        server: Document, base: JSONObject?, fields: Set<String>, detectedAt: Int64, reason: ConflictReason = .changed,
+        _ db: Database
     ) throws {
         try db.cachedStatement(
             sql: """
-                INSERT INTO tandem_conflict (tableName, rowId, serverId, collection, local, server, base, fields, detectedAt)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+                INSERT INTO tandem_conflict (tableName, rowId, serverId, collection, local, server, base, fields, detectedAt,
+                    reason)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                 ON CONFLICT (tableName, rowId) DO UPDATE SET server = excluded.server, fields = excluded.fields,
-                    local = excluded.local
+                    local = excluded.local, reason = excluded.reason
                 """
         ).execute(arguments: [
             model.name, rowId, serverId.rawValue, collection.rawValue, Self.fieldsText(local),
             String(decoding: Wire.encode(server), as: UTF8.self), base.map(Self.fieldsText),
-            String(decoding: Wire.encode(fields.sorted()), as: UTF8.self), detectedAt,
+            String(decoding: Wire.encode(fields.sorted()), as: UTF8.self), detectedAt, reason.rawValue,
         ])
+    }
+
+    // MARK: - Rows out of their table's scope
+
+    /// → out of scope: the row's document left its table's scope while the row (or one under
+    /// it) had unpushed changes.
+    func markOutOfScope(_ model: TableModel, rowId: Int64, _ db: Database) throws {
+        try db.cachedStatement(sql: "UPDATE tandem_row SET outOfScope = 1 WHERE tableName = ? AND rowId = ?")
+            .execute(arguments: [model.name, rowId])
+    }
+
+    /// out of scope → as it was: the document came back into the scope; its `left-scope`
+    /// conflict, if the app has not resolved it, is moot.
+    func backInScope(_ model: TableModel, rowId: Int64, _ db: Database) throws {
+        try db.cachedStatement(
+            sql: "UPDATE tandem_row SET outOfScope = 0 WHERE tableName = ? AND rowId = ? AND outOfScope = 1"
+        ).execute(arguments: [model.name, rowId])
+        try db.cachedStatement(
+            sql: "DELETE FROM tandem_conflict WHERE tableName = ? AND rowId = ? AND reason = 'left-scope'"
+        ).execute(arguments: [model.name, rowId])
+    }
+
+    /// Whether any row is out of scope (most databases: none, and nothing to look for).
+    func anyOutOfScope(_ db: Database) throws -> Bool {
+        try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE outOfScope = 1)"))
+            ?? true
+    }
+
+    /// The rows out of scope whose conflict the app has resolved: they go once nothing under
+    /// them waits to be pushed.
+    func outOfScopeRows(_ db: Database) throws -> [(table: String, rowId: Int64)] {
+        try Row.fetchAll(
+            db.cachedStatement(
+                sql: """
+                    SELECT tableName, rowId FROM tandem_row m WHERE outOfScope = 1 AND pendingOp IS NOT 'delete'
+                    AND NOT EXISTS (SELECT 1 FROM tandem_conflict c WHERE c.tableName = m.tableName AND c.rowId = m.rowId)
+                    """)
+        ).map { ($0[0], $0[1]) }
     }
 
     func conflicts(_ db: Database) throws -> [ConflictRecord] {
         try Row.fetchAll(
             db,
             sql: """
-                SELECT tableName, rowId, serverId, local, server, base, fields, detectedAt FROM tandem_conflict
+                SELECT tableName, rowId, serverId, local, server, base, fields, detectedAt, reason FROM tandem_conflict
                 ORDER BY detectedAt, tableName, rowId
                 """
         ).map { row in
@@ -759,24 +806,25 @@ struct SyncLedger: Sendable {
                 local: try Wire.decodeFields(Array((row[3] as String).utf8)),
                 server: try Wire.decode(Document.self, from: Array((row[4] as String).utf8)),
                 base: try (row[5] as String?).map { try Wire.decodeFields(Array($0.utf8)) },
-                fields: try Wire.decodeStrings(Array((row[6] as String).utf8)), detectedAt: row[7])
+                fields: try Wire.decodeStrings(Array((row[6] as String).utf8)), detectedAt: row[7],
+                reason: ConflictReason(rawValue: row[8]) ?? .changed)
         }
     }
 
     /// in conflict → as it was: the open conflict of the row is taken out, with the server's
     /// latest document (which may be newer than the one the app looked at) and its collection.
     func takeConflict(_ table: String, rowId: Int64, _ db: Database) throws
-        -> (server: Document, collection: CollectionPath)?
+        -> (server: Document, collection: CollectionPath, reason: ConflictReason)?
     {
         guard
             let row = try Row.fetchOne(
-                db, sql: "SELECT server, collection FROM tandem_conflict WHERE tableName = ? AND rowId = ?",
+                db, sql: "SELECT server, collection, reason FROM tandem_conflict WHERE tableName = ? AND rowId = ?",
                 arguments: [table, rowId])
         else { return nil }
         let server = try Wire.decode(Document.self, from: Array((row[0] as String).utf8))
         let collection = try CollectionPath(row[1] as String)
         try db.execute(sql: "DELETE FROM tandem_conflict WHERE tableName = ? AND rowId = ?", arguments: [table, rowId])
-        return (server, collection)
+        return (server, collection, ConflictReason(rawValue: row[2]) ?? .changed)
     }
 
     static func fieldsText(_ fields: JSONObject) -> String {
@@ -795,7 +843,11 @@ struct ApplyContext {
     var waiting: Bool
     /// Some document is known to be deleted and its tombstone has not arrived yet.
     var gone: Bool
+    /// Some row is out of its table's scope (its document may come back). Set once a change
+    /// puts one there.
+    var outOfScope: Bool
 
     /// For changes applied outside a snapshot (a deferred document): look for everything.
-    static let everything = ApplyContext(unansweredCreates: true, filedDeletes: true, waiting: true, gone: true)
+    static let everything = ApplyContext(
+        unansweredCreates: true, filedDeletes: true, waiting: true, gone: true, outOfScope: true)
 }

@@ -93,14 +93,10 @@ extension LocalStore {
         }
 
         if change.kind == .removed && !document.deleted {
-            // The document left a scoped table's query (it no longer matches, or its user may no
-            // longer read it): the row goes, unless it has unpushed changes, which are pushed
-            // and answered by the server. It is not deleted on the server.
-            if let local, try !ledger.isInConflict(model, rowId: local.id, db) {
-                outcome.deleted += try removeQuietly(model, rowId: local.id, db)
-            }
+            if let local { try leaveScope(model, rowId: local.id, document, collection, &context, &outcome, db) }
             return
         }
+        if context.outOfScope, let local { try ledger.backInScope(model, rowId: local.id, db) }
 
         if change.kind == .deleted || document.deleted {
             // A remote delete removes the local row, unpushed edits included.
@@ -152,11 +148,49 @@ extension LocalStore {
         }
     }
 
+    /// The document of a row left a scoped table's query (it no longer matches, or its user
+    /// may no longer read it; it is not deleted on the server): the row goes, with the rows
+    /// under it. When it or one under it has unpushed changes (or the row is in a conflict
+    /// already), nothing goes: the row is marked out of scope, and a `left-scope` conflict asks
+    /// the app whether to drop the changes or push them first (see ``ConflictReason/leftScope``).
+    private func leaveScope(
+        _ model: TableModel, rowId: Int64, _ document: Document, _ collection: CollectionPath,
+        _ context: inout ApplyContext, _ outcome: inout ApplyOutcome, _ db: Database
+    ) throws {
+        if try !ledger.isInConflict(model, rowId: rowId, db) {
+            let removed = try removeQuietly(model, rowId: rowId, db)
+            outcome.deleted += removed
+            if removed > 0 { return }
+        }
+        try ledger.markOutOfScope(model, rowId: rowId, db)
+        try ledger.recordConflict(
+            model, rowId: rowId, serverId: document.id, collection: collection,
+            local: try rowState(model, rowId: rowId, db)?.fields ?? [:], server: document,
+            base: try ledger.knownServerFields(model, rowId: rowId, db), fields: [],
+            detectedAt: HybridLogicalClock.milliseconds(clock.now()), reason: .leftScope, db)
+        context.outOfScope = true
+    }
+
+    /// Rows out of scope whose conflict the app resolved go once nothing under them waits to be
+    /// pushed: after each acknowledgement, conflict answer and resolution.
+    ///
+    /// - Returns: How many rows were removed.
+    @discardableResult
+    func removeRowsOutOfScope(_ db: Database) throws -> Int {
+        guard try ledger.anyOutOfScope(db) else { return 0 }
+        var removed = 0
+        for (table, rowId) in try ledger.outOfScopeRows(db) {
+            guard let model = byName[table] else { continue }
+            removed += try removeQuietly(model, rowId: rowId, db)
+        }
+        return removed
+    }
+
     /// Removes a row the device stops holding while its document stays on the server (it left
     /// its table's scope, or a reset's full snapshot did not bring it), and the rows nested
     /// under it (the entries of an account the user no longer shares), children first, without
-    /// filing deletes. When the row or one under it has unpushed changes, nothing is removed:
-    /// they are pushed, and the server's answer decides.
+    /// filing deletes. When the row or one under it has unpushed changes, nothing is removed
+    /// (unless `discardingChanges`: the app chose to drop them).
     ///
     /// Other rows that reference a removed row keep the reference: the column goes null by
     /// Tandem's own write (not a change to push) and waits for the row's server id, as a
@@ -164,10 +198,13 @@ extension LocalStore {
     /// tokens, so that holding the row again brings all of its collection.
     ///
     /// - Returns: How many rows were removed.
-    func removeQuietly(_ model: TableModel, rowId: Int64, _ db: Database) throws -> Int {
+    @discardableResult
+    func removeQuietly(_ model: TableModel, rowId: Int64, discardingChanges: Bool = false, _ db: Database) throws
+        -> Int
+    {
         var subtree: [(TableModel, Int64)] = []
         func collect(_ model: TableModel, _ rowId: Int64, isDirty: Bool) throws -> Bool {
-            if isDirty { return false }
+            if isDirty && !discardingChanges { return false }
             for child in tables where child.parentTable == model.name {
                 guard let foreignKey = child.foreignKey else { continue }
                 let rows = try Row.fetchAll(

@@ -229,6 +229,7 @@ extension LocalStore {
                 }
             }
         }
+        try removeRowsOutOfScope(db)
         return (duplicates, conflicts)
     }
 
@@ -239,6 +240,13 @@ extension LocalStore {
     ///   or when the answer only completed a delete).
     @discardableResult
     func resolvePushConflict(_ push: PreparedPush, server: Document, _ db: Database) throws -> Bool {
+        let settled = try settlePushConflict(push, server: server, db)
+        // A row out of scope that took the server's side has nothing left to push.
+        try removeRowsOutOfScope(db)
+        return settled
+    }
+
+    private func settlePushConflict(_ push: PreparedPush, server: Document, _ db: Database) throws -> Bool {
         receiveTimes(of: server)
         guard let model = byName[push.table] else { return false }
         let collection = push.op.collection

@@ -137,9 +137,10 @@ public struct SyncTable: Sendable {
     ///
     /// The device listens to a query instead of the whole collection. A row whose document
     /// leaves the scope (an edit on another device, or its user losing access) is removed
-    /// here, unless it has unpushed changes: those are pushed, and the server's answer decides
-    /// (a refusal marks the row failed). Nested tables follow their parent rows. Only root
-    /// tables take a scope.
+    /// here with the rows nested under it, and nothing is deleted on the server. When it or a
+    /// row under it has unpushed changes, it stays, and a conflict with reason
+    /// ``ConflictReason/leftScope`` asks the app whether to drop them or push them first.
+    /// Nested tables follow their parent rows. Only root tables take a scope.
     public func `where`(_ field: String, arrayContains value: ScopeValue) -> SyncTable {
         `where`(field, .arrayContains, value)
     }

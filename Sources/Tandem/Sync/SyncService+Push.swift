@@ -19,7 +19,7 @@ extension SyncService {
     ///   (the rows stay pending, their idempotency keys kept for the resend).
     @discardableResult
     func push() throws -> SyncReport {
-        state.withLock { $0.pushScheduled = false }
+        state.withLock { $0.pushDue = nil }
         defer { refreshStatus() }
         guard let connection = state.withLock({ $0.running ? $0.connection : nil }), connection.isOpen else {
             throw TandemError(.disconnected, "not connected to \(serverURL)")

@@ -85,7 +85,12 @@ public final class SyncService: Sendable {
         /// True from the start of a connection attempt until it succeeds or fails.
         var connecting = false
         var listening: [CollectionPath: ListenerTarget] = [:]
-        var pushScheduled = false
+        /// Counts reads of the counts for the status, and the last one shown: reads that run
+        /// at once may finish out of order, and an older one must not overwrite a newer.
+        var countReads = 0
+        var countsShown = 0
+        /// When the push scheduled next will be queued, if one is.
+        var pushDue: ContinuousClock.Instant?
         var status = SyncStatus()
         var watchers: [Int: AsyncStream<SyncStatus>.Continuation] = [:]
         var nextWatcher = 0
@@ -221,7 +226,7 @@ public final class SyncService: Sendable {
             state.reconnect = nil
             state.relisten = nil
             state.listenFailures = [:]
-            state.pushScheduled = false
+            state.pushDue = nil
             state.status.isConnected = false
             return result
         }
@@ -348,11 +353,15 @@ public final class SyncService: Sendable {
     }
 
     func refreshStatus() {
+        let read = state.withLock { state in
+            state.countReads += 1
+            return state.countReads
+        }
         do {
             let (pending, failed, conflicts) = try readState { db in
                 (try store.pendingCount(db), try store.ledger.failedCount(db), try store.ledger.conflictCount(db))
             }
-            updateStatus { status in
+            updateStatus(countsRead: read) { status in
                 status.pendingCount = pending
                 status.failedCount = failed
                 status.openConflicts = conflicts
@@ -362,8 +371,15 @@ public final class SyncService: Sendable {
         }
     }
 
-    func updateStatus(_ change: (inout SyncStatus) -> Void) {
-        let (changed, status, watchers) = state.withLock { state in
+    /// Changes the status and tells its watchers. With `countsRead`, the change carries counts
+    /// read then, and is dropped when counts read later were shown already.
+    func updateStatus(countsRead read: Int? = nil, _ change: (inout SyncStatus) -> Void) {
+        let (changed, status, watchers) = state.withLock {
+            state -> (Bool, SyncStatus, [AsyncStream<SyncStatus>.Continuation]) in
+            if let read {
+                guard read > state.countsShown else { return (false, state.status, []) }
+                state.countsShown = read
+            }
             let before = state.status
             change(&state.status)
             return (before != state.status, state.status, Array(state.watchers.values))
@@ -428,16 +444,19 @@ public final class SyncService: Sendable {
         DispatchQueue.global().async { [weak self] in self?.refreshStatus() }
     }
 
-    /// Queues a push after `delay`, unless one is queued already.
+    /// Queues a push after `delay`, unless one is due as soon already.
     func schedulePush(after delay: Duration) {
+        // A push due sooner (a resolved conflict, while a local edit's push waits out a long
+        // `pushDelay`) takes the place of the one scheduled; a later one is not needed.
+        let due = ContinuousClock.now + delay
         let schedule = state.withLock { state -> Bool in
-            guard state.running, !state.pushScheduled else { return false }
-            state.pushScheduled = true
+            guard state.running, state.pushDue.map({ due < $0 }) ?? true else { return false }
+            state.pushDue = due
             return true
         }
         guard schedule else { return }
         let enqueue: @Sendable () -> Void = { [weak self] in
-            guard let self else { return }
+            guard let self, state.withLock({ $0.pushDue == due }) else { return }
             queue.addBarrierBlock { [weak self] in _ = try? self?.push() }
         }
         if delay <= .zero {
