@@ -136,6 +136,8 @@ extension LocalStore {
         guard reason == .leftScope else {
             _ = try apply(
                 resolution, model, rowId: record.rowId, local: local, remote: server, collection: collection, db)
+            // A row out of scope whose conflict over its fields this settles may go now.
+            try removeRowsOutOfScope(db)
             return
         }
         // Out of scope: the server's side is not a version to write on (it may be withheld).

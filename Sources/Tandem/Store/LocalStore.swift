@@ -113,11 +113,17 @@ struct LocalStore: Sendable {
     }
 
     /// The server ids of a table's rows, in the order of a query without `orderBy`: what a
-    /// scoped listener's view holds, sent when it resumes.
+    /// scoped listener's view holds, sent when it resumes. Rows out of scope are not in it: if
+    /// their document is back in the scope, it comes as added and closes their conflict.
     func viewIDs(of table: String, _ db: Database) throws -> [DocumentID] {
         guard let model = byName[table] else { return [] }
-        return try String.fetchAll(db, sql: "SELECT serverId FROM \(model.quotedName) WHERE serverId IS NOT NULL")
-            .compactMap { try? DocumentID($0) }.sorted()
+        return try String.fetchAll(
+            db,
+            sql: """
+                SELECT t.serverId FROM \(model.quotedName) t WHERE t.serverId IS NOT NULL AND NOT EXISTS (
+                    SELECT 1 FROM tandem_row m WHERE m.tableName = ? AND m.rowId = t.id AND m.outOfScope = 1)
+                """, arguments: [model.name]
+        ).compactMap { try? DocumentID($0) }.sorted()
     }
 
     // MARK: - Mapping
