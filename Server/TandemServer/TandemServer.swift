@@ -119,66 +119,82 @@ public final class TandemServer: Sendable {
     }
 
     /// Closes every connection with 1001, stops listening, and closes the database.
-    /// Safe to call more than once.
+    /// Safe to call more than once. It waits for the connections' close handshakes (half a
+    /// second at most) and the store: from async code, `await` the async variant, which waits
+    /// on a thread of its own.
     public func shutdown() {
+        BlockingCheck.willBlock("TandemServer.shutdown()")
         socket.shutdown()
         core.queue.sync { core.stop() }
     }
 
+    public func shutdown() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            Thread.detachNewThread { [self] in
+                socket.shutdown()
+                core.queue.sync { core.stop() }
+                continuation.resume()
+            }
+        }
+    }
+
+    // The accessors below run on the core's queue, behind the messages it is handling; they
+    // wait for it without holding a thread.
+
     /// Connections, listeners and live listeners right now.
     public var stats: ServerStats {
-        core.queue.sync { core.stats }
+        get async { await onCore { $0.stats } }
     }
 
     /// Purges tombstones and idempotency keys older than their retention, now rather than at
     /// the next maintenance run.
     @discardableResult
-    public func purgeExpired() -> (tombstones: Int, keys: Int) {
-        core.queue.sync { core.runMaintenance() }
+    public func purgeExpired() async -> (tombstones: Int, keys: Int) {
+        await onCore { $0.runMaintenance() }
     }
 
     /// The document, or nil when it does not exist (a tombstone is returned with `deleted`).
-    public func document(in collection: CollectionPath, id: DocumentID) throws -> Document? {
-        try core.queue.sync { try core.store.document(in: collection, id: id)?.document }
+    public func document(in collection: CollectionPath, id: DocumentID) async throws -> Document? {
+        try await onCore { try $0.store.document(in: collection, id: id)?.document }
     }
 
     /// A setting of the store's connection as it is in force now, for tests of what the
     /// documents promise: `storeSetting("synchronous")` is SQLite's `PRAGMA synchronous`
     /// (`2` is FULL).
-    public func storeSetting(_ name: String) throws -> String? {
-        try core.queue.sync { try core.store.setting(name) }
+    public func storeSetting(_ name: String) async throws -> String? {
+        try await onCore { try $0.store.setting(name) }
     }
 
     /// Holds every delivery to listeners (with the rest of each connection's outgoing messages,
     /// to keep their order) until ``releaseDeliveries()``: a test's way to make a device hear
     /// of changes late.
-    public func holdDeliveries() {
-        core.queue.sync { core.holdDeliveries() }
+    public func holdDeliveries() async {
+        await onCore { $0.holdDeliveries() }
     }
 
-    public func releaseDeliveries() {
-        core.queue.sync { core.releaseDeliveries() }
+    public func releaseDeliveries() async {
+        await onCore { $0.releaseDeliveries() }
     }
 
     /// Replaces the injected faults (nil: none from now on). Counts start again from zero.
-    public func setFaults(_ plan: FaultPlan?) throws(ServerError) {
+    public func setFaults(_ plan: FaultPlan?) async throws(ServerError) {
         try plan?.validate()
-        core.queue.sync { core.faults = plan.map(FaultInjector.init) }
+        await onCore { $0.faults = plan.map(FaultInjector.init) }
     }
 
     /// How many faults were injected so far (zero without a ``FaultPlan``).
     public var faultCounts: FaultCounts {
-        core.queue.sync { core.faults?.counts ?? FaultCounts() }
+        get async { await onCore { $0.faults?.counts ?? FaultCounts() } }
     }
 
     /// Every collection holding at least one live document.
-    public func collections() throws -> [CollectionPath] {
-        try core.queue.sync { try core.store.collections().map(\.path) }
+    public func collections() async throws -> [CollectionPath] {
+        try await onCore { try $0.store.collections().map(\.path) }
     }
 
     /// Every document, tombstones included, with its collection: for checks and exports.
-    public func everyDocument() throws -> [(collection: CollectionPath, document: Document)] {
-        try core.queue.sync {
+    public func everyDocument() async throws -> [(collection: CollectionPath, document: Document)] {
+        try await onCore { core in
             var all: [(CollectionPath, Document)] = []
             try core.store.forEachDocument { stored in all.append((stored.collection, try stored.document)) }
             return all
@@ -190,14 +206,14 @@ public final class TandemServer: Sendable {
     ///
     /// - Returns: How many documents (tombstones included) were removed.
     @discardableResult
-    public func reset(collection: CollectionPath?) throws -> Int {
-        try core.queue.sync { try core.reset(collection) }
+    public func reset(collection: CollectionPath?) async throws -> Int {
+        try await onCore { try $0.reset(collection) }
     }
 
     /// Every document, tombstones included, in the export format (NDJSON, docs/ADMIN.md):
     /// what `GET /admin/export` and `tandem export` give.
-    public func exportDocuments() throws -> [UInt8] {
-        try core.queue.sync { try core.export() }
+    public func exportDocuments() async throws -> [UInt8] {
+        try await onCore { try $0.export() }
     }
 
     /// Stores the documents of an export, all or none (`POST /admin/import`, `tandem import`,
@@ -206,13 +222,27 @@ public final class TandemServer: Sendable {
     /// - Throws: ``ImportError`` for a malformed line (naming it) or a document that exists
     ///   already; nothing is stored then.
     @discardableResult
-    public func importDocuments(_ export: [UInt8]) throws -> ImportSummary {
-        try core.queue.sync { try core.importDocuments(export) }
+    public func importDocuments(_ export: [UInt8]) async throws -> ImportSummary {
+        try await onCore { try $0.importDocuments(export) }
     }
 
     /// Every live document of the collection, in the order of their last write.
-    public func documents(in collection: CollectionPath) throws -> [Document] {
-        try core.queue.sync { try core.store.documents(in: collection) }
+    public func documents(in collection: CollectionPath) async throws -> [Document] {
+        try await onCore { try $0.store.documents(in: collection) }
+    }
+
+    private func onCore<T: Sendable>(_ body: @escaping @Sendable (ServerCore) throws -> T) async throws -> T {
+        let core = self.core
+        return try await withCheckedThrowingContinuation { continuation in
+            core.queue.async { continuation.resume(with: Result { try body(core) }) }
+        }
+    }
+
+    private func onCore<T: Sendable>(_ body: @escaping @Sendable (ServerCore) -> T) async -> T {
+        let core = self.core
+        return await withCheckedContinuation { continuation in
+            core.queue.async { continuation.resume(returning: body(core)) }
+        }
     }
 }
 

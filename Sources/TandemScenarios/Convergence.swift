@@ -61,11 +61,11 @@ public struct ConvergenceReport: Sendable {
 /// one in another process.
 public protocol ServerContents {
     /// Every collection holding at least one live document.
-    func collections() throws -> [CollectionPath]
+    func collections() async throws -> [CollectionPath]
     /// The live documents of a collection.
-    func documents(in collection: CollectionPath) throws -> [Document]
+    func documents(in collection: CollectionPath) async throws -> [Document]
     /// Every document, tombstones included.
-    func everyDocument() throws -> [(collection: CollectionPath, document: Document)]
+    func everyDocument() async throws -> [(collection: CollectionPath, document: Document)]
 }
 
 extension TandemServer: ServerContents {}
@@ -80,15 +80,15 @@ public struct ServerDatabase: ServerContents {
         database = try DatabaseQueue(path: dataDirectory.appendingPathComponent("tandem.sqlite").path)
     }
 
-    public func collections() throws -> [CollectionPath] {
-        try database.read { db in
+    public func collections() async throws -> [CollectionPath] {
+        try await database.read { db in
             try String.fetchAll(db, sql: "SELECT DISTINCT collection FROM document WHERE deleted = 0")
                 .map { try CollectionPath($0) }
         }
     }
 
-    public func documents(in collection: CollectionPath) throws -> [Document] {
-        try database.read { db in
+    public func documents(in collection: CollectionPath) async throws -> [Document] {
+        try await database.read { db in
             try Row.fetchAll(
                 db,
                 sql:
@@ -103,8 +103,8 @@ public struct ServerDatabase: ServerContents {
         }
     }
 
-    public func everyDocument() throws -> [(collection: CollectionPath, document: Document)] {
-        try database.read { db in
+    public func everyDocument() async throws -> [(collection: CollectionPath, document: Document)] {
+        try await database.read { db in
             try Row.fetchAll(
                 db, sql: "SELECT collection, id, version, deleted, fields, createTime, updateTime FROM document"
             ).map { row in
@@ -137,10 +137,10 @@ public enum Convergence {
     /// hold, with `visible`).
     public static func compare(
         server: some ServerContents, devices: [(name: String, service: SyncService)], visible: Visibility? = nil
-    ) throws -> ConvergenceReport {
+    ) async throws -> ConvergenceReport {
         var everything: [CollectionPath: [DocumentID: JSONObject]] = [:]
-        for collection in try server.collections() {
-            for document in try server.documents(in: collection) {
+        for collection in try await server.collections() {
+            for document in try await server.documents(in: collection) {
                 everything[collection, default: [:]][document.id] = document.fields
             }
         }
@@ -152,11 +152,12 @@ public enum Convergence {
                     serverDocuments[collection] = documents.filter { visible(name, collection, $0.key, everything) }
                 }
             }
-            let local = try service.localDocuments()
+            let local = try await service.localDocuments()
             let status = service.status
             var comparison = DeviceComparison(
                 name: name, documents: local.values.map(\.count).reduce(0, +), pending: status.pendingCount,
-                failed: try service.failedRecords().count, duplicates: try service.unsyncedRowCount(), missing: [],
+                failed: try await service.failedRecords().count, duplicates: try await service.unsyncedRowCount(),
+                missing: [],
                 extra: [], different: [])
             for (collection, documents) in serverDocuments {
                 let mine = local[collection] ?? [:]
@@ -195,14 +196,14 @@ public enum Convergence {
         timeout: Duration = .seconds(60), stall: Duration = .seconds(30), progress: ((ConvergenceReport) -> Void)? = nil
     ) async throws -> ConvergenceReport {
         let deadline = ContinuousClock.now + timeout
-        var report = try compare(server: server, devices: devices, visible: visible)
+        var report = try await compare(server: server, devices: devices, visible: visible)
         var lastChange = ContinuousClock.now
         while !report.isConverged && ContinuousClock.now < deadline && ContinuousClock.now - lastChange < stall {
             for device in devices {
                 _ = try? await device.service.syncNow()
             }
             try await Task.sleep(for: .milliseconds(20))
-            let next = try compare(server: server, devices: devices, visible: visible)
+            let next = try await compare(server: server, devices: devices, visible: visible)
             if next.fingerprint != report.fingerprint { lastChange = ContinuousClock.now }
             report = next
             progress?(report)

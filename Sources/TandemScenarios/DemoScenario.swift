@@ -26,7 +26,7 @@ public enum DemoScenario {
         let started = ContinuousClock.now
         var random = SeededGenerator(seed: options.seed)
         let server = try await TestServer()
-        defer { server.stop() }
+        defer { server.stopWithoutWaiting() }
 
         let ackDelay = options.ackDelay
         let skew = Int64(options.clockSkew.seconds * 1000)
@@ -62,11 +62,12 @@ public enum DemoScenario {
         progress(
             DemoProgress(
                 phase: "sharing accounts", done: 0, total: options.operations, online: devices.count, pending: 0))
-        try devices[0].addAccount("Household")
-        try devices[0].addAccount("Holiday")
-        try devices[0].addAccount("Private", shared: false)
+        try await devices[0].addAccount("Household")
+        try await devices[0].addAccount("Holiday")
+        try await devices[0].addAccount("Private", shared: false)
         try await waitUntil("every device has the shared accounts", timeout: .seconds(30)) {
-            try devices.allSatisfy { try sharedAccounts($0).count >= 2 }
+            for device in devices where try await sharedAccounts(device).count < 2 { return false }
+            return true
         }
 
         var counts: [String: Int] = [:]
@@ -77,7 +78,7 @@ public enum DemoScenario {
                 await takeOffline(devices, &online, options.offlineFraction, &random, &counts)
             }
             let device = devices[Int.random(in: 0..<devices.count, using: &random)]
-            let kind = try perform(on: device, random: &random)
+            let kind = try await perform(on: device, random: &random)
             counts[kind, default: 0] += 1
             try await paceAndReport(step, options, devices, online, progress)
         }
@@ -90,14 +91,14 @@ public enum DemoScenario {
         let deadline = ContinuousClock.now + options.quietTimeout
         repeat {
             for device in devices {
-                for (index, conflict) in try device.service.conflicts().enumerated() {
+                for (index, conflict) in try await device.service.conflicts().enumerated() {
                     let choice: ConflictResolution =
                         switch index % 3 {
                         case 0: .keepLocal
                         case 1: .useServer
                         default: .merge(fields: conflict.server.fields.filter { $0.key == "title" })
                         }
-                    try device.service.resolve(conflict, with: choice)
+                    try await device.service.resolve(conflict, with: choice)
                     resolvedByHand += 1
                 }
             }
@@ -120,7 +121,7 @@ public enum DemoScenario {
         let resolvedConflicts = devices.map { $0.service.status.resolvedConflicts }.reduce(0, +)
         let openConflicts = try devices.map { try $0.service.conflicts().count }.reduce(0, +)
         for device in devices { await device.service.stop() }
-        return try result(
+        return try await result(
             report, server, devices, conflicts: (resolvedConflicts, openConflicts, resolvedByHand), counts, started,
             options)
     }
@@ -131,9 +132,10 @@ public enum DemoScenario {
         _ report: ConvergenceReport, _ server: TestServer, _ devices: [TestDevice],
         conflicts: (resolved: Int, open: Int, byHand: Int), _ counts: [String: Int], _ started: ContinuousClock.Instant,
         _ options: DemoOptions
-    ) throws -> DemoResult {
-        let collections = try server.server.collections().filter { $0.rawValue.hasSuffix("/entries") }
-        let documents = try collections.flatMap { try server.server.documents(in: $0) }
+    ) async throws -> DemoResult {
+        let collections = try await server.server.collections().filter { $0.rawValue.hasSuffix("/entries") }
+        var documents: [Document] = []
+        for collection in collections { documents += try await server.server.documents(in: collection) }
         let serverDuplicates = documents.count - Set(documents.compactMap { $0.fields["uid"]?.stringValue }).count
         let deviceDuplicates = try devices.map { device in
             try device.database.read { db in
@@ -178,16 +180,16 @@ public enum DemoScenario {
                 pending: devices.map { $0.service.status.pendingCount }.reduce(0, +)))
     }
 
-    static func sharedAccounts(_ device: TestDevice) throws -> [Int64] {
-        try device.database.read { db in
+    static func sharedAccounts(_ device: TestDevice) async throws -> [Int64] {
+        try await device.database.read { db in
             try Int64.fetchAll(db, sql: "SELECT id FROM account WHERE isShared = 1 ORDER BY id")
         }
     }
 
     /// One random local write; returns its kind.
-    static func perform(on device: TestDevice, random: inout SeededGenerator) throws -> String {
-        let accounts = try sharedAccounts(device)
-        let entries = try device.database.read { db in
+    static func perform(on device: TestDevice, random: inout SeededGenerator) async throws -> String {
+        let accounts = try await sharedAccounts(device)
+        let entries = try await device.database.read { db in
             try Int64.fetchAll(
                 db,
                 sql:
@@ -199,13 +201,13 @@ public enum DemoScenario {
         let amount = Int64.random(in: -50_000...50_000, using: &random)
         let title = titles[Int.random(in: 0..<titles.count, using: &random)]
         if entries.isEmpty || roll < 0.40 {
-            try device.addEntry(title, amount: amount, account: account)
+            try await device.addEntry(title, amount: amount, account: account)
             return "create"
         }
         let entry = entries[Int.random(in: 0..<entries.count, using: &random)]
         if roll < 0.50 {
             let other = accounts[Int.random(in: 0..<accounts.count, using: &random)]
-            try device.database.write { db in
+            try await device.database.write { db in
                 var out = CashFlow.Entry(accountId: account, title: "Transfer out", amount: -abs(amount))
                 try out.insert(db)
                 var into = CashFlow.Entry(
@@ -216,8 +218,9 @@ public enum DemoScenario {
             return "transfer"
         }
         if roll < 0.80 {
-            try device.database.write { db in
-                if Bool.random(using: &random) {
+            let retitle = Bool.random(using: &random)
+            try await device.database.write { db in
+                if retitle {
                     try db.execute(sql: "UPDATE entry SET title = ? WHERE id = ?", arguments: [title, entry])
                 } else {
                     try db.execute(sql: "UPDATE entry SET amount = ? WHERE id = ?", arguments: [amount, entry])
@@ -225,7 +228,8 @@ public enum DemoScenario {
             }
             return "edit"
         }
-        _ = try device.database.write { db in try db.execute(sql: "DELETE FROM entry WHERE id = ?", arguments: [entry])
+        _ = try await device.database.write { db in
+            try db.execute(sql: "DELETE FROM entry WHERE id = ?", arguments: [entry])
         }
         return "delete"
     }

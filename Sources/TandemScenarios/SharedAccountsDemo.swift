@@ -42,7 +42,7 @@ public enum SharedAccountsDemo {
         var random = SeededGenerator(seed: options.seed)
         let access = try SharedAccounts.access()
         let server = try await TestServer { $0.access = access }
-        defer { server.stop() }
+        defer { server.stopWithoutWaiting() }
         let devices = try (0..<options.devices).map { index in
             let user = user(ofDevice: index)
             return try TestDevice(name: "\(user)-\(index + 1)", serverURL: server.url, model: .sharedAccounts) {
@@ -77,8 +77,8 @@ public enum SharedAccountsDemo {
             var report: ConvergenceReport
             repeat {
                 for device in devices {
-                    for (index, conflict) in try device.service.conflicts().enumerated() {
-                        try device.service.resolve(conflict, with: index % 2 == 0 ? .keepLocal : .useServer)
+                    for (index, conflict) in try await device.service.conflicts().enumerated() {
+                        try await device.service.resolve(conflict, with: index % 2 == 0 ? .keepLocal : .useServer)
                         resolvedByHand += 1
                     }
                 }
@@ -117,7 +117,7 @@ public enum SharedAccountsDemo {
                 }
             }
             let device = devices[Int.random(in: 0..<devices.count, using: &random)]
-            counts[try perform(on: device, random: &random), default: 0] += 1
+            await counts[try perform(on: device, random: &random), default: 0] += 1
             try await DemoScenario.paceAndReport(step, options, devices, online, progress)
         }
         for (index, device) in devices.enumerated() where !online[index] { device.service.start() }
@@ -128,7 +128,7 @@ public enum SharedAccountsDemo {
             try devices.map { try $0.service.conflicts().count }.reduce(0, +), resolvedByHand
         )
         for device in devices { await device.service.stop() }
-        return try DemoScenario.result(report, server, devices, conflicts: conflicts, counts, started, options)
+        return try await DemoScenario.result(report, server, devices, conflicts: conflicts, counts, started, options)
     }
 
     /// Brings every device online and waits for quiet; then a member of an account adds or
@@ -162,8 +162,8 @@ public enum SharedAccountsDemo {
     }
 
     /// One random local write on the entries of an account the device holds; returns its kind.
-    private static func perform(on device: TestDevice, random: inout SeededGenerator) throws -> String {
-        let (accounts, entries) = try device.database.read { db in
+    private static func perform(on device: TestDevice, random: inout SeededGenerator) async throws -> String {
+        let (accounts, entries) = try await device.database.read { db in
             (
                 try Int64.fetchAll(db, sql: "SELECT id FROM account ORDER BY id"),
                 try Int64.fetchAll(db, sql: "SELECT id FROM entry ORDER BY id")
@@ -173,19 +173,21 @@ public enum SharedAccountsDemo {
         let roll = Double.random(in: 0..<1, using: &random)
         let amount = Int64.random(in: -50_000...50_000, using: &random)
         if entries.isEmpty || roll < 0.45 {
-            try device.addEntry(
+            try await device.addEntry(
                 ["Rent", "Groceries", "Tickets", "Paint"].randomElement(using: &random)!, amount: amount,
                 account: account)
             return "create"
         }
         let entry = entries.randomElement(using: &random)!
         if roll < 0.80 {
-            try device.database.write { db in
+            try await device.database.write { db in
                 try db.execute(sql: "UPDATE entry SET amount = ? WHERE id = ?", arguments: [amount, entry])
             }
             return "edit"
         }
-        try device.database.write { db in try db.execute(sql: "DELETE FROM entry WHERE id = ?", arguments: [entry]) }
+        try await device.database.write { db in
+            try db.execute(sql: "DELETE FROM entry WHERE id = ?", arguments: [entry])
+        }
         return "delete"
     }
 }

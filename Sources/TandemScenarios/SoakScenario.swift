@@ -70,10 +70,11 @@ public enum SoakScenario {
         random: inout SeededGenerator, started: ContinuousClock.Instant, progress: @escaping @Sendable (String) -> Void
     ) async throws -> SoakResult {
         progress("opening the book")
-        try devices[0].addAccount("Household")
-        try devices[0].addAccount("Holiday")
+        try await devices[0].addAccount("Household")
+        try await devices[0].addAccount("Holiday")
         try await waitUntil("every device has the shared accounts", timeout: .seconds(60)) {
-            try devices.allSatisfy { try DemoScenario.sharedAccounts($0).count >= 2 }
+            for device in devices where try await DemoScenario.sharedAccounts(device).count < 2 { return false }
+            return true
         }
 
         // The failures, spread evenly over the run: node (or server) kills, PostgreSQL restarts.
@@ -106,7 +107,7 @@ public enum SoakScenario {
                 counts["disconnect", default: 0] += 1
             }
             let device = devices[Int.random(in: 0..<devices.count, using: &random)]
-            let kind = try DemoScenario.perform(on: device, random: &random)
+            let kind = try await DemoScenario.perform(on: device, random: &random)
             counts[kind, default: 0] += 1
             if step % 5 == 4 { try await Task.sleep(for: .milliseconds(2)) }
             if step % 50 == 49 || step == options.operations - 1 {
@@ -124,7 +125,7 @@ public enum SoakScenario {
                 progress("syncing until quiet: \(report.devices.map(\.pending).reduce(0, +)) pending")
             })
         for device in devices { await device.service.stop() }
-        return try ledger.verdict(
+        return try await ledger.verdict(
             report: report, server: contents, devices: devices, options: options, operations: counts,
             restarts: restarts, postgresRestarts: postgresRestarts,
             lostAcksInjected: servers.nodes.map { node in
@@ -391,11 +392,11 @@ final class Ledger: Sendable {
     func verdict(
         report: ConvergenceReport, server: any ServerContents, devices: [TestDevice], options: SoakOptions,
         operations: [String: Int], restarts: Int, postgresRestarts: Int, lostAcksInjected: Int, elapsed: Duration
-    ) throws -> SoakResult {
+    ) async throws -> SoakResult {
         let state = state.withLock { $0 }
         var byKey: [Key: (version: Int64, deleted: Bool)] = [:]
         var uids: [String: Int] = [:]
-        for (collection, document) in try server.everyDocument() {
+        for (collection, document) in try await server.everyDocument() {
             let key = Key(collection: collection.rawValue, id: document.id.rawValue)
             byKey[key] = (document.version, document.deleted)
             if !document.deleted, key.collection.hasSuffix("/entries"), let uid = document.fields["uid"]?.stringValue {
@@ -409,7 +410,7 @@ final class Ledger: Sendable {
         }
         var duplicates = uids.filter { $0.value > 1 }.map { "entry \($0.key) stored \($0.value) times on the server" }
         for device in devices {
-            let repeated = try device.database.read { db in
+            let repeated = try await device.database.read { db in
                 try Int.fetchOne(db, sql: "SELECT COUNT(*) - COUNT(DISTINCT uid) FROM entry") ?? 0
             }
             if repeated > 0 { duplicates.append("\(device.name) holds \(repeated) entries twice") }

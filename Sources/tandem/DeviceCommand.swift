@@ -62,10 +62,11 @@ struct DeviceCommand: AsyncParsableCommand {
             }
         }
         if entries > 0 {
-            let accountId =
-                try device.accounts().first(where: \.isShared)?.id ?? device.addAccount("\(name)'s account").id!
+            var accountId = try await device.accounts().first(where: \.isShared)?.id
+            if accountId == nil { accountId = try await device.addAccount("\(name)'s account").id }
             for index in 0..<entries {
-                try device.addEntry("\(name) entry \(index + 1)", amount: Int64(-(index + 1)), account: accountId)
+                try await device.addEntry(
+                    "\(name) entry \(index + 1)", amount: Int64(-(index + 1)), account: accountId!)
             }
         }
         device.service.start()

@@ -241,12 +241,12 @@ struct ServeCommand: AsyncParsableCommand {
             do {
                 let bytes = try [UInt8](Data(contentsOf: URL(fileURLWithPath: importFile)))
                 note("importing \(importFile) (\(bytes.count) bytes)…")
-                let summary = try server.importDocuments(bytes)
+                let summary = try await server.importDocuments(bytes)
                 emit(
                     "imported \(summary.documents) documents into \(summary.collections) collections from \(importFile)"
                 )
             } catch {
-                server.shutdown()
+                await server.shutdown()
                 throw CLIError("--import \(importFile): \(error)")
             }
         }
@@ -268,13 +268,13 @@ struct ServeCommand: AsyncParsableCommand {
         let signal = await Signals.wait(for: [SIGINT, SIGTERM])
         note("received \(signal == SIGINT ? "SIGINT" : "SIGTERM"), stopping")
         if configuration.faults != nil {
-            let counts = server.faultCounts
+            let counts = await server.faultCounts
             note(
                 "injected: \(counts.droppedConnections) dropped connections, \(counts.lostAcks) lost acks, "
                     + "\(counts.delayedDeliveries) delayed deliveries, \(counts.rejectedWrites) refused writes, "
                     + "\(counts.failedListens) failed listens")
         }
-        server.shutdown()
+        await server.shutdown()
         emit("stopped")
     }
 }

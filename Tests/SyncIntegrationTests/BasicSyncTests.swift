@@ -15,15 +15,16 @@ struct BasicSyncTests {
         phone.service.start()
         laptop.service.start()
 
-        let account = try phone.addAccount("Household")
-        try phone.addEntry("Rent", amount: -120_000, account: account.id!)
-        try phone.addEntry("Salary", amount: 300_000, account: account.id!)
+        let account = try await phone.addAccount("Household")
+        try await phone.addEntry("Rent", amount: -120_000, account: account.id!)
+        try await phone.addEntry("Salary", amount: 300_000, account: account.id!)
 
-        try await waitUntil("the laptop has both entries") { try laptop.entries().count == 2 }
-        let titles = try laptop.entries().map(\.title).sorted()
+        try await waitUntil("the laptop has both entries") { try await laptop.entries().count == 2 }
+        let titles = try await laptop.entries().map(\.title).sorted()
         #expect(titles == ["Rent", "Salary"])
-        #expect(try laptop.accounts().map(\.name) == ["Household"])
-        #expect(try laptop.entries().allSatisfy { $0.accountId == (try laptop.accounts()[0].id!) })
+        let accounts = try await laptop.accounts()
+        #expect(accounts.map(\.name) == ["Household"])
+        #expect(try await laptop.entries().allSatisfy { $0.accountId == accounts[0].id! })
 
         let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
         #expect(report.isConverged, "\(report.firstDifferences)")
@@ -37,18 +38,18 @@ struct BasicSyncTests {
         let laptop = try TestDevice(name: "laptop", serverURL: server.url)
         phone.service.start()
         laptop.service.start()
-        let account = try phone.addAccount("Household")
-        let rent = try phone.addEntry("Rent", amount: -100, account: account.id!)
-        try await waitUntil("the laptop has the entry") { try laptop.entries().count == 1 }
+        let account = try await phone.addAccount("Household")
+        let rent = try await phone.addEntry("Rent", amount: -100, account: account.id!)
+        try await waitUntil("the laptop has the entry") { try await laptop.entries().count == 1 }
 
-        let onLaptop = try laptop.entries()[0]
+        let onLaptop = try await laptop.entries()[0]
         try await laptop.database.write { db in
             try db.execute(sql: "UPDATE entry SET title = 'Rent (March)' WHERE id = ?", arguments: [onLaptop.id!])
         }
-        try await waitUntil("the phone sees the edit") { try phone.entries().first?.title == "Rent (March)" }
+        try await waitUntil("the phone sees the edit") { try await phone.entries().first?.title == "Rent (March)" }
 
         _ = try await phone.database.write { db in try CashFlow.Entry.deleteOne(db, key: rent.id!) }
-        try await waitUntil("the laptop sees the delete") { try laptop.entries().isEmpty }
+        try await waitUntil("the laptop sees the delete") { try await laptop.entries().isEmpty }
         let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
         #expect(report.isConverged, "\(report.firstDifferences)")
     }
@@ -58,10 +59,10 @@ struct BasicSyncTests {
         let server = try await TestServer()
         let phone = try TestDevice(name: "phone", serverURL: server.url)
         phone.service.start()
-        let secret = try phone.addAccount("Secret", shared: false)
-        try phone.addEntry("Gift", amount: -50, account: secret.id!)
+        let secret = try await phone.addAccount("Secret", shared: false)
+        try await phone.addEntry("Gift", amount: -50, account: secret.id!)
         try await phone.service.syncNow()
-        #expect(try server.server.collections().isEmpty)
+        #expect(try await server.server.collections().isEmpty)
         #expect(phone.service.status.pendingCount == 0, "unshared rows are not pending")
     }
 }

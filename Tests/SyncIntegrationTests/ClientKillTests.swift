@@ -26,11 +26,11 @@ struct ClientKillTests {
 
     /// Live documents on the server by collection kind (`accounts`, `entries`), and how many
     /// distinct entry uids there are.
-    static func serverCounts(_ server: TestServer) throws -> (accounts: Int, entries: Int, entryUids: Int) {
+    static func serverCounts(_ server: TestServer) async throws -> (accounts: Int, entries: Int, entryUids: Int) {
         var accounts = 0
         var entries: [Document] = []
-        for collection in try server.server.collections() {
-            let documents = try server.server.documents(in: collection)
+        for collection in try await server.server.collections() {
+            let documents = try await server.server.documents(in: collection)
             if collection.rawValue == "accounts" { accounts += documents.count } else { entries += documents }
         }
         return (accounts, entries.count, Set(entries.compactMap { $0.fields["uid"]?.stringValue }).count)
@@ -42,7 +42,7 @@ struct ClientKillTests {
     func killedMidPush() async throws {
         let (server, folder, held) = try await Self.killDuringPush()
         // The server applied what it acknowledged; the device never recorded the answer.
-        let before = try Self.serverCounts(server)
+        let before = try await Self.serverCounts(server)
         #expect(before.entries > 0, "the server has the acknowledged entries (\(held))")
         let keys = try Self.outbox(folder, "phone")
         #expect(keys.count >= before.entries, "every sent op keeps its key on disk")
@@ -51,7 +51,7 @@ struct ClientKillTests {
         let reopened = try TestDevice(name: "phone", serverURL: server.url, folder: folder) { configuration in
             configuration.hooks.beforeSend = { ops in ops.forEach { resent.append($0.idempotencyKey.rawValue) } }
         }
-        #expect(try reopened.entries().count == 30, "the local rows survived the kill")
+        #expect(try await reopened.entries().count == 30, "the local rows survived the kill")
         let laptop = try TestDevice(name: "laptop", serverURL: server.url)
         reopened.service.start()
         laptop.service.start()
@@ -60,10 +60,10 @@ struct ClientKillTests {
 
         #expect(
             Set(keys.keys).isSubset(of: Set(resent.all)), "the ops sent before the kill went out again with their keys")
-        let after = try Self.serverCounts(server)
+        let after = try await Self.serverCounts(server)
         #expect(after.accounts == 1 && after.entries == 30 && after.entryUids == 30, "\(after)")
-        #expect(try laptop.entries().count == 30)
-        #expect(try reopened.entries().count == 30)
+        #expect(try await laptop.entries().count == 30)
+        #expect(try await reopened.entries().count == 30)
         #expect(reopened.service.status.pendingCount == 0)
     }
 
@@ -78,7 +78,7 @@ struct ClientKillTests {
         reopened.service.start()
         let report = try await Convergence.waitUntilQuiet(server: server, devices: [reopened])
         #expect(report.isConverged, "\(report.firstDifferences)")
-        let after = try Self.serverCounts(server)
+        let after = try await Self.serverCounts(server)
         #expect(after.entryUids == 30)
         #expect(after.entries > after.entryUids, "the resends under new keys were created again: \(after)")
     }
@@ -93,7 +93,7 @@ struct ClientKillTests {
         do {
             let phone = try TestDevice(name: "phone", serverURL: server.url, folder: folder)
             phone.service.start()
-            try phone.addAccount("Household")
+            try await phone.addAccount("Household")
             _ = try await phone.service.syncNow()
             await phone.service.stop()
         }
@@ -113,11 +113,11 @@ struct ClientKillTests {
         let server = try await TestServer()
         let laptop = try TestDevice(name: "laptop", serverURL: server.url)
         laptop.service.start()
-        let account = try laptop.addAccount("Household")
-        for index in 0..<30 { try laptop.addEntry("entry \(index)", amount: Int64(index), account: account.id!) }
+        let account = try await laptop.addAccount("Household")
+        for index in 0..<30 { try await laptop.addEntry("entry \(index)", amount: Int64(index), account: account.id!) }
         _ = try await laptop.service.syncNow()
         try await waitUntil("the laptop pushed everything") {
-            try Self.serverCounts(server).entries == 30
+            try await Self.serverCounts(server).entries == 30
         }
 
         let folder = try TemporaryDirectory(prefix: "tandem-killed-phone")
@@ -144,13 +144,13 @@ struct ClientKillTests {
         reopened.service.start()
         let report = try await Convergence.waitUntilQuiet(server: server, devices: [reopened, laptop])
         #expect(report.isConverged, "\(report.firstDifferences)")
-        let after = try Self.serverCounts(server)
+        let after = try await Self.serverCounts(server)
         #expect(after.accounts == 2 && after.entries == 35 && after.entryUids == 35, "\(after)")
-        #expect(try reopened.entries().count == 35)
+        #expect(try await reopened.entries().count == 35)
         let phoneUids = try await reopened.database.read { db in
             try Int.fetchOne(db, sql: "SELECT COUNT(DISTINCT uid) FROM entry") ?? 0
         }
         #expect(phoneUids == 35, "no entry twice on the phone")
-        #expect(try laptop.entries().count == 35)
+        #expect(try await laptop.entries().count == 35)
     }
 }

@@ -22,7 +22,7 @@ struct ConflictTests {
         try await pair.laptop.service.syncNow()
         pair.phone.service.start()
         try await pair.converge()
-        for entries in [try pair.entries().phone, try pair.entries().laptop] {
+        for entries in await [try pair.entries().phone, try pair.entries().laptop] {
             #expect(entries.map(\.title) == ["Rent (May)"])
             #expect(entries.map(\.amount) == [-150])
         }
@@ -43,7 +43,7 @@ struct ConflictTests {
         try await pair.laptop.service.syncNow()
         pair.phone.service.start()
         try await pair.converge()
-        for entries in [try pair.entries().phone, try pair.entries().laptop] {
+        for entries in await [try pair.entries().phone, try pair.entries().laptop] {
             #expect(entries.map(\.title) == ["Rent (May)"])
             #expect(entries.map(\.amount) == [-100], "the earlier edit of another field is lost")
         }
@@ -57,13 +57,13 @@ struct ConflictTests {
         try await pair.edit(pair.phone, "title = 'from the fast phone'")
         try await pair.phone.service.syncNow()
         try await waitUntil("the laptop saw the phone's edit") {
-            try pair.laptop.entries().first?.title == "from the fast phone"
+            try await pair.laptop.entries().first?.title == "from the fast phone"
         }
         try await pair.edit(pair.laptop, "title = 'later, from the slow laptop'")
         try await pair.laptop.service.syncNow()
         try await pair.converge()
-        #expect(try pair.entries().phone.map(\.title) == ["later, from the slow laptop"])
-        #expect(try pair.entries().laptop.map(\.title) == ["later, from the slow laptop"])
+        #expect(try await pair.entries().phone.map(\.title) == ["later, from the slow laptop"])
+        #expect(try await pair.entries().laptop.map(\.title) == ["later, from the slow laptop"])
         let updatedAt = try await pair.laptop.database.read { db in
             try Int64.fetchOne(db, sql: "SELECT updatedAt FROM entry")!
         }
@@ -86,7 +86,7 @@ struct ConflictTests {
         try await pair.phone.service.syncNow()
         pair.laptop.service.start()
         try await pair.converge()
-        for entries in [try pair.entries().phone, try pair.entries().laptop] {
+        for entries in await [try pair.entries().phone, try pair.entries().laptop] {
             #expect(entries.map(\.title) == ["newer title"])
             #expect(entries.map(\.amount) == [-1], "changed on one side only: kept")
         }
@@ -116,7 +116,7 @@ struct ConflictTests {
         pair.phone.service.start()
         try await pair.converge()
         #expect(contexts.withLock { $0.count } == 1, "settled once, on the push")
-        #expect(try pair.entries().laptop.map(\.title) == ["merged: phone 1 + laptop 1"])
+        #expect(try await pair.entries().laptop.map(\.title) == ["merged: phone 1 + laptop 1"])
 
         // 2. Conflict on listener-apply: the phone's push is held while the laptop's change
         //    arrives for its dirty row.
@@ -133,7 +133,7 @@ struct ConflictTests {
         #expect(second.local["title"] == "phone 2")
         #expect(second.remote.fields["title"] == "laptop 2")
         #expect(second.inConflict == ["title"])
-        #expect(try pair.entries().phone.map(\.title) == ["merged: phone 2 + laptop 2"])
+        #expect(try await pair.entries().phone.map(\.title) == ["merged: phone 2 + laptop 2"])
         #expect(pair.phone.service.status.resolvedConflicts >= 2)
     }
 
@@ -153,7 +153,7 @@ struct ConflictTests {
         pair.phone.service.start()
 
         try await waitUntil("the phone holds an open conflict") { try !pair.phone.service.conflicts().isEmpty }
-        let conflict = try #require(try pair.phone.service.conflicts().first)
+        let conflict = try #require(try await pair.phone.service.conflicts().first)
         #expect(conflict.table == "entry")
         #expect(conflict.fields == ["title"])
         #expect(conflict.local["title"] == "Rent (phone)")
@@ -167,7 +167,7 @@ struct ConflictTests {
         let afterDetection = sent.withLock { $0.filter { $0.kind == .update } }
         #expect(afterDetection.count <= 1, "only the push that met the conflict")
 
-        try pair.phone.service.resolve(conflict, with: resolution)
+        try await pair.phone.service.resolve(conflict, with: resolution)
         try await pair.converge()
         let expected =
             switch resolution {
@@ -175,9 +175,9 @@ struct ConflictTests {
             case .useServer: "Rent (laptop)"
             case .merge: "Rent, agreed"
             }
-        #expect(try pair.entries().phone.map(\.title) == [expected])
-        #expect(try pair.entries().laptop.map(\.title) == [expected])
-        #expect(try pair.phone.service.conflicts().isEmpty)
+        #expect(try await pair.entries().phone.map(\.title) == [expected])
+        #expect(try await pair.entries().laptop.map(\.title) == [expected])
+        #expect(try await pair.phone.service.conflicts().isEmpty)
     }
 
     @Test(
@@ -192,22 +192,22 @@ struct ConflictTests {
         try await pair.laptop.service.syncNow()
         pair.phone.service.start()
         try await pair.converge()
-        #expect(try pair.entries().phone.isEmpty)
+        #expect(try await pair.entries().phone.isEmpty)
 
         // Local delete against a remote edit.
-        let groceries = try pair.phone.addEntry("Groceries", amount: -50, account: pair.accountId)
+        let groceries = try await pair.phone.addEntry("Groceries", amount: -50, account: pair.accountId)
         try await pair.converge()
-        let groceriesId = try #require(try pair.phone.serverId(ofEntry: groceries.id!))
+        let groceriesId = try #require(try await pair.phone.serverId(ofEntry: groceries.id!))
         await pair.phone.service.stop()
         try await pair.phone.database.write { db in try db.execute(sql: "DELETE FROM entry") }
         try await pair.edit(pair.laptop, "amount = -60")
         try await pair.laptop.service.syncNow()
         pair.phone.service.start()
         try await pair.converge()
-        #expect(try pair.entries().laptop.isEmpty)
+        #expect(try await pair.entries().laptop.isEmpty)
 
         // A stale update that arrives late (an old version, sent after the delete) is refused.
-        let accountServerId = try #require(try pair.phone.serverId(ofAccount: pair.accountId))
+        let accountServerId = try #require(try await pair.phone.serverId(ofAccount: pair.accountId))
         let collection = try CollectionPath("accounts/\(accountServerId)/entries")
         let late = try await ServerConnection.connect(to: pair.server.url, clientId: "late")
         let reply = try await late.write([
@@ -220,8 +220,8 @@ struct ConflictTests {
         }
         #expect(server.deleted)
         try await pair.converge()
-        #expect(try pair.entries().phone.isEmpty)
-        #expect(try pair.entries().laptop.isEmpty)
+        #expect(try await pair.entries().phone.isEmpty)
+        #expect(try await pair.entries().laptop.isEmpty)
     }
 
     @Test(

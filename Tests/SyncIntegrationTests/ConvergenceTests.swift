@@ -12,22 +12,22 @@ struct ConvergenceTests {
         let laptop = try TestDevice(name: "laptop", serverURL: server.url)
         phone.service.start()
         laptop.service.start()
-        let account = try phone.addAccount("Household")
+        let account = try await phone.addAccount("Household")
         _ = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
 
-        server.stop()
+        await server.stop()
         try await waitUntil("the phone notices") { !phone.service.status.isConnected }
-        for index in 0..<10 { try phone.addEntry("Offline \(index)", amount: Int64(index), account: account.id!) }
-        try laptop.addEntry("Also offline", amount: 1, account: try laptop.accounts()[0].id!)
-        #expect(try phone.entries().count == 10)
+        for index in 0..<10 { try await phone.addEntry("Offline \(index)", amount: Int64(index), account: account.id!) }
+        try await laptop.addEntry("Also offline", amount: 1, account: try laptop.accounts()[0].id!)
+        #expect(try await phone.entries().count == 10)
         try await waitUntil("the phone counts them pending") { phone.service.status.pendingCount == 10 }
         await #expect(throws: TandemError.self) { try await phone.service.syncNow(connectionWait: .milliseconds(50)) }
 
-        try server.start()
+        try await server.start()
         let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
         #expect(report.isConverged, "\(report.firstDifferences)")
-        #expect(try laptop.entries().count == 11)
-        #expect(try phone.entries().count == 11)
+        #expect(try await laptop.entries().count == 11)
+        #expect(try await phone.entries().count == 11)
     }
 
     @Test(

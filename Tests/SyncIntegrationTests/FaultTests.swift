@@ -30,33 +30,37 @@ struct FaultTests {
         let laptop = try device("laptop")
         phone.service.start()
         laptop.service.start()
-        let account = try phone.addAccount("Household")
+        let account = try await phone.addAccount("Household")
         var count = 0
         // Bounded by time, not by a number of writes: on a busy machine the first connection
         // can take seconds, and writes made before it reach the server only in a few pushes.
         let deadline = ContinuousClock.now + .seconds(60)
-        while count < minimum || !happened(server.server.faultCounts) {
+        while true {
+            let counts = await server.server.faultCounts
+            if count >= minimum && happened(counts) { break }
             guard ContinuousClock.now < deadline else {
                 throw TestFailure("the fault did not happen in 60 s (\(count) writes): \(plan)")
             }
-            try phone.addEntry("Entry \(count)", amount: Int64(count), account: account.id!)
+            try await phone.addEntry("Entry \(count)", amount: Int64(count), account: account.id!)
             count += 1
             // Past the minimum, one write at a time, each with time to be pushed (and drawn).
             if count % 10 == 0 || count > minimum { try await Task.sleep(for: .milliseconds(20)) }
         }
         try await waitUntil("most entries reached the server", timeout: .seconds(60)) {
-            (try? server.server.collections().first { $0.rawValue.hasSuffix("/entries") }
-                .map { try server.server.documents(in: $0).count }) ?? 0 >= count / 2
+            guard
+                let entries = try await server.server.collections().first(where: { $0.rawValue.hasSuffix("/entries") })
+            else { return false }
+            return try await server.server.documents(in: entries).count >= count / 2
         }
-        let counts = server.server.faultCounts
-        try server.server.setFaults(nil)
+        let counts = await server.server.faultCounts
+        try await server.server.setFaults(nil)
         let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
         #expect(report.isConverged, "\(report.firstDifferences)")
-        let entries = try #require(try server.server.collections().first { $0.rawValue.hasSuffix("/entries") })
-        let titles = try server.server.documents(in: entries).compactMap { $0.fields["title"]?.stringValue }
+        let entries = try #require(try await server.server.collections().first { $0.rawValue.hasSuffix("/entries") })
+        let titles = try await server.server.documents(in: entries).compactMap { $0.fields["title"]?.stringValue }
         #expect(titles.count == count, "every entry once on the server")
         #expect(Set(titles).count == titles.count, "no entry twice")
-        #expect(try server.server.documents(in: try CollectionPath("accounts")).count == 1)
+        #expect(try await server.server.documents(in: try CollectionPath("accounts")).count == 1)
         return counts
     }
 
@@ -97,16 +101,16 @@ struct FaultTests {
         phone.service.start()
         laptop.service.start()
         for name in ["Household", "Travel", "Savings"] {
-            let account = try phone.addAccount(name)
-            try phone.addEntry("First of \(name)", amount: -1, account: account.id!)
+            let account = try await phone.addAccount(name)
+            try await phone.addEntry("First of \(name)", amount: -1, account: account.id!)
         }
         // Each device listens to accounts and to three entry collections: at least one of
         // those eight listens (each failing at 1 in 2) has failed, or the seed is not 9.
         let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
         #expect(report.isConverged, "\(report.firstDifferences)")
-        #expect(server.server.faultCounts.failedListens > 0)
+        #expect(await server.server.faultCounts.failedListens > 0)
         #expect(connects.withLock { $0 } == 2, "no device reconnected to get past a failed listener")
-        #expect(try laptop.entries().count == 3)
+        #expect(try await laptop.entries().count == 3)
     }
 
     @Test("deliveries delayed at random arrive late but in commit order")
@@ -136,22 +140,22 @@ struct FaultTests {
         }
         try await waitUntil("every version arrived") { versions.withLock { $0.last } == 30 }
         #expect(versions.withLock { $0 } == Array(1...30))
-        #expect(server.server.faultCounts.delayedDeliveries > 0)
+        #expect(await server.server.faultCounts.delayedDeliveries > 0)
     }
 
     @Test("deliveries held by the test reach the device when released")
     func heldDeliveries() async throws {
         let pair = try await DevicePair()
-        pair.server.server.holdDeliveries()
+        await pair.server.server.holdDeliveries()
         let account = try #require(
             try await pair.laptop.database.read { db in try Int64.fetchOne(db, sql: "SELECT id FROM account") })
-        try pair.laptop.addEntry("Groceries", amount: -40, account: account)
+        try await pair.laptop.addEntry("Groceries", amount: -40, account: account)
         try await pair.laptop.service.syncNow()
         // The delivery to the phone exists and is held: it cannot have arrived.
-        try await waitUntil("the phone's delivery is held") { pair.server.server.stats.heldMessages > 0 }
-        #expect(try pair.phone.entries().count == 1, "the phone has not heard of it yet")
-        pair.server.server.releaseDeliveries()
-        try await waitUntil("the phone hears of it") { try pair.phone.entries().count == 2 }
+        try await waitUntil("the phone's delivery is held") { await pair.server.server.stats.heldMessages > 0 }
+        #expect(try await pair.phone.entries().count == 1, "the phone has not heard of it yet")
+        await pair.server.server.releaseDeliveries()
+        try await waitUntil("the phone hears of it") { try await pair.phone.entries().count == 2 }
         try await pair.converge()
     }
 

@@ -28,8 +28,8 @@ import Testing
         var configuration = ServerConfiguration(dataDirectory: serverFolder)
         configuration.port = 0
         configuration.logger.logLevel = .warning
-        let server = try TandemServer(configuration: configuration)
-        defer { server.shutdown() }
+        let server = try await onOwnThread { [configuration] in try TandemServer(configuration: configuration) }
+        defer { Thread.detachNewThread { server.shutdown() } }
         let url = "ws://127.0.0.1:\(server.port)"
 
         let tokensBefore = try Self.resumeTokens(folder.path("laptop.sqlite"))
@@ -46,28 +46,28 @@ import Testing
         #expect(Set(applied) == ["tandem-1", "tandem-2", "tandem-3"])
         #expect(try Self.resumeTokens(folder.path("laptop.sqlite")) == tokensBefore)
         #expect(laptop.service.status.pendingCount == 3, "the update, the create and the delete")
-        let failed = try laptop.service.failedRecords()
+        let failed = try await laptop.service.failedRecords()
         #expect(failed.map(\.table) == ["entry"])
         #expect(failed.first?.error.code == .invalidArgument, "schema 1 kept only a message; migration 2 coded it")
-        let conflict = try #require(try laptop.service.conflicts().first)
+        let conflict = try #require(try await laptop.service.conflicts().first)
         #expect(conflict.reason == .changed, "conflicts from before migration 3 were all of both sides")
         #expect(conflict.local["text"] == "buy oat milk")
         #expect(conflict.server.fields["text"] == "buy milk and eggs")
 
         laptop.service.start()
-        try laptop.service.resolve(conflict, with: .keepLocal)
+        try await laptop.service.resolve(conflict, with: .keepLocal)
         try await waitUntil("the laptop pushed everything and resumed its listeners") {
             let status = laptop.service.status
-            let entries = try laptop.entries().map(\.title).sorted()
-            let names = try laptop.accounts().map(\.name).sorted()
+            let entries = try await laptop.entries().map(\.title).sorted()
+            let names = try await laptop.accounts().map(\.name).sorted()
             return status.isConnected && status.pendingCount == 0 && status.openConflicts == 0
                 && entries == ["Bonus", "Gym", "Rent", "Salary"] && names == ["Home", "Savings"]
         }
 
         // The server has each write once; the delete is a tombstone.
-        let household = try #require(
+        let household = try await #require(
             try server.documents(in: CollectionPath("accounts")).first { $0.fields["name"] == "Home" })
-        let entries = try server.documents(in: CollectionPath("accounts/\(household.id)/entries"))
+        let entries = try await server.documents(in: CollectionPath("accounts/\(household.id)/entries"))
         let byTitle = Dictionary(grouping: entries) { $0.fields["title"]?.stringValue ?? "" }
         #expect(byTitle.keys.sorted() == ["Bonus", "Gym", "Rent", "Salary"])
         #expect(byTitle.values.allSatisfy { $0.count == 1 }, "no document twice")
@@ -75,8 +75,8 @@ import Testing
         #expect(rent.fields["amount"] == -110)
         #expect(byTitle["Gym"]?.first?.fields["linkedEntryId"] == .string(rent.id.rawValue))
         let food = try #require(byTitle["Food"] == nil ? foodId : nil, "Food is deleted")
-        #expect(try server.everyDocument().contains { $0.document.id.rawValue == food && $0.document.deleted })
-        #expect(try server.documents(in: CollectionPath("notes")).map { $0.fields["text"] } == ["buy oat milk"])
+        #expect(try await server.everyDocument().contains { $0.document.id.rawValue == food && $0.document.deleted })
+        #expect(try await server.documents(in: CollectionPath("notes")).map { $0.fields["text"] } == ["buy oat milk"])
 
         // The laptop has each row once, every synced one with its server id.
         let rows = try laptop.database.read { db in
@@ -86,12 +86,12 @@ import Testing
         #expect(Set(rows.map { $0["uid"] as String }).count == 4)
         #expect(rows.allSatisfy { ($0["serverId"] as String?) != nil })
         // The moved row still fails, as before the migration: only the app can settle it.
-        #expect(try laptop.service.failedRecords().count == 1)
+        #expect(try await laptop.service.failedRecords().count == 1)
 
         // A device that starts fresh sees what the laptop sees.
         let desk = try TestDevice(name: "desk", serverURL: url, model: MigrationModel.model)
         desk.service.start()
-        try await waitUntil("the desk has the entries") { try desk.entries().count == 4 }
+        try await waitUntil("the desk has the entries") { try await desk.entries().count == 4 }
         try await waitUntil("the desk has the note") {
             try await desk.database.read { db in try String.fetchAll(db, sql: "SELECT text FROM note") }
                 == ["buy oat milk"]

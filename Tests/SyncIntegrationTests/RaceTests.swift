@@ -32,7 +32,7 @@ struct RaceTests {
         try await device.waitUntilConnected()
         try await waitUntil("the accounts listener is current") { applied.count >= 1 }
 
-        try device.addAccount("Household")
+        try await device.addAccount("Household")
         try await afterAck.reached()
         let serverId = try #require(acknowledged.all.first)
         try await waitUntil("the echo of the create has arrived") { received.all.contains { $0.contains(serverId) } }
@@ -54,21 +54,21 @@ struct RaceTests {
     func echoAfterWriteBack() async throws {
         let (device, serverId, server) = try await createWithEchoBeforeWriteBack(.barrier)
         #expect(try device.accountCount() == 1)
-        #expect(try device.serverId(ofAccount: device.accounts()[0].id!) == serverId.rawValue)
-        #expect(try device.service.unsyncedRowCount() == 0)
-        #expect(try serverDocuments(server, "accounts").count == 1)
+        #expect(try await device.serverId(ofAccount: device.accounts()[0].id!) == serverId.rawValue)
+        #expect(try await device.service.unsyncedRowCount() == 0)
+        #expect(try await serverDocuments(server, "accounts").count == 1)
     }
 
     @Test("duplicate-creation race: without the barrier the echo is inserted a second time (the test catches it)")
     func echoWithoutBarrier() async throws {
         let (device, serverId, server) = try await createWithEchoBeforeWriteBack(.unserialized)
         #expect(try device.accountCount() == 2, "the race produces a duplicate row")
-        #expect(try device.service.unsyncedRowCount() == 1)
-        let failures = try device.service.failedRecords()
+        #expect(try await device.service.unsyncedRowCount() == 1)
+        let failures = try await device.service.failedRecords()
         #expect(failures.count == 1)
         #expect(failures.first?.error.code == .database)
         #expect(failures.first?.error.message.contains("duplicate") == true)
-        #expect(try serverDocuments(server, "accounts").map(\.id) == [serverId])
+        #expect(try await serverDocuments(server, "accounts").map(\.id) == [serverId])
     }
 
     @Test("an edit made while its push is in flight is not lost: the row stays dirty and goes out on the new base")
@@ -80,15 +80,17 @@ struct RaceTests {
         }
         device.service.start()
         try await device.waitUntilConnected()
-        let account = try device.addAccount("Househld")
+        let account = try await device.addAccount("Househld")
         try await afterAck.reached()
         try await device.database.write { db in
             try db.execute(sql: "UPDATE account SET name = 'Household' WHERE id = ?", arguments: [account.id!])
         }
         afterAck.release()
 
-        try await waitUntil("the server has the edit") { try serverDocuments(server, "accounts").first?.version == 2 }
-        let document = try #require(try serverDocuments(server, "accounts").first)
+        try await waitUntil("the server has the edit") {
+            try await serverDocuments(server, "accounts").first?.version == 2
+        }
+        let document = try #require(try await serverDocuments(server, "accounts").first)
         #expect(document.fields["name"] == "Household")
         try await waitUntil("the row is clean") {
             try await device.database.read { db in
@@ -96,7 +98,7 @@ struct RaceTests {
                     == false
             }
         }
-        #expect(try device.serverId(ofAccount: account.id!) == document.id.rawValue)
+        #expect(try await device.serverId(ofAccount: account.id!) == document.id.rawValue)
     }
 
     @Test("a lost acknowledgement: the resend with the same idempotency key yields the same server id and one document")
@@ -110,13 +112,13 @@ struct RaceTests {
         }
         device.service.start()
         try await device.waitUntilConnected()
-        let account = try device.addAccount("Household")
+        let account = try await device.addAccount("Household")
         try await waitUntil("the row has its server id after the resend") {
-            try device.serverId(ofAccount: account.id!) != nil
+            try await device.serverId(ofAccount: account.id!) != nil
         }
-        let documents = try serverDocuments(server, "accounts")
+        let documents = try await serverDocuments(server, "accounts")
         #expect(documents.count == 1)
-        #expect(try device.serverId(ofAccount: account.id!) == documents.first?.id.rawValue)
+        #expect(try await device.serverId(ofAccount: account.id!) == documents.first?.id.rawValue)
         #expect(keys.count >= 2)
         #expect(Set(keys.all).count == 1, "the resend reused the first key")
     }
@@ -135,14 +137,14 @@ struct RaceTests {
         }
         device.service.start()
         try await device.waitUntilConnected()
-        let account = try device.addAccount("Household")
+        let account = try await device.addAccount("Household")
         try await waitUntil("the listener's document gave the row its server id") {
-            try device.serverId(ofAccount: account.id!) != nil
+            try await device.serverId(ofAccount: account.id!) != nil
         }
         #expect(try device.accountCount() == 1)
-        #expect(
+        await #expect(
             try serverDocuments(server, "accounts").map(\.id.rawValue) == [try device.serverId(ofAccount: account.id!)])
-        #expect(try device.service.failedRecords().isEmpty)
+        #expect(try await device.service.failedRecords().isEmpty)
         let report = try await Convergence.waitUntilQuiet(server: server, devices: [device])
         #expect(report.isConverged, "\(report.firstDifferences)")
     }
@@ -165,11 +167,11 @@ struct RaceTests {
         let phone = try phoneThatGivesUp(server, drops)
         phone.service.start()
         // The create reaches the server but its answer is lost; the phone goes away.
-        let account = try phone.addAccount("Household")
+        let account = try await phone.addAccount("Household")
         try await waitUntil("the create failed for the phone") { try phone.service.failedRecords().count == 1 }
         await phone.service.stop()
-        #expect(try serverDocuments(server, "accounts").count == 1)
-        #expect(try phone.serverId(ofAccount: account.id!) == nil, "the phone never learned the document's id")
+        #expect(try await serverDocuments(server, "accounts").count == 1)
+        #expect(try await phone.serverId(ofAccount: account.id!) == nil, "the phone never learned the document's id")
 
         // Deleted here before the phone ever learned the document's id.
         try await phone.database.write { db in
@@ -178,7 +180,9 @@ struct RaceTests {
         phone.service.start()
         // The listener brings the document with the create's key: it is this phone's own, and
         // its delete goes out.
-        try await waitUntil("the server's document is deleted") { try serverDocuments(server, "accounts").isEmpty }
+        try await waitUntil("the server's document is deleted") {
+            try await serverDocuments(server, "accounts").isEmpty
+        }
         try await waitUntil("nothing pending or failed") {
             phone.service.status.pendingCount == 0 && phone.service.status.failedCount == 0
         }
@@ -194,27 +198,27 @@ struct RaceTests {
         let drops = AcknowledgementDropper(dropping: 0)
         let phone = try phoneThatGivesUp(server, drops)
         phone.service.start()
-        let account = try phone.addAccount("Household")
+        let account = try await phone.addAccount("Household")
         _ = try await Convergence.waitUntilQuiet(server: server, devices: [laptop, phone])
 
         // The phone's create reaches the server but its answer is lost; the phone stays away.
         drops.drop(next: 1)
-        let entry = try phone.addEntry("Rent", amount: -100, account: account.id!)
+        let entry = try await phone.addEntry("Rent", amount: -100, account: account.id!)
         try await waitUntil("the create failed for the phone") { try phone.service.failedRecords().count == 1 }
         await phone.service.stop()
 
         // Meanwhile the laptop gets the entry and deletes it.
-        try await waitUntil("the laptop has the entry") { try laptop.entries().count == 1 }
+        try await waitUntil("the laptop has the entry") { try await laptop.entries().count == 1 }
         try await laptop.database.write { db in try db.execute(sql: "DELETE FROM entry") }
         try await laptop.service.syncNow()
 
         // Back online, the phone hears of the delete of a document it never learned the id of.
         phone.service.start()
-        try await waitUntil("the phone dropped its row") { try phone.entries().isEmpty }
-        try phone.service.retryFailed()
+        try await waitUntil("the phone dropped its row") { try await phone.entries().isEmpty }
+        try await phone.service.retryFailed()
         let report = try await Convergence.waitUntilQuiet(server: server, devices: [laptop, phone])
         #expect(report.isConverged, "\(report.firstDifferences)")
-        #expect(try phone.entries().isEmpty)
+        #expect(try await phone.entries().isEmpty)
         _ = entry
     }
 
@@ -230,17 +234,17 @@ struct RaceTests {
             configuration.hooks.dropAcknowledgement = {
                 guard dropping.withLock({ $0 }) else { return false }
                 dropping.withLock { $0 = false }
-                server.stop()
+                server.stopBlocking()
                 dropped.withLock { $0 = true }
                 return true
             }
         }
         phone.service.start()
-        let account = try phone.addAccount("Household")
-        let entry = try phone.addEntry("Rent", amount: 0, account: account.id!)
+        let account = try await phone.addAccount("Household")
+        let entry = try await phone.addEntry("Rent", amount: 0, account: account.id!)
         _ = try await Convergence.waitUntilQuiet(server: server, devices: [phone])
-        let entryId = try #require(try phone.serverId(ofEntry: entry.id!))
-        let collection = "accounts/\(try #require(try phone.serverId(ofAccount: account.id!)))/entries"
+        let entryId = try #require(try await phone.serverId(ofEntry: entry.id!))
+        let collection = "accounts/\(try #require(try await phone.serverId(ofAccount: account.id!)))/entries"
 
         // The server applies amount 1, but the answer is lost and the phone goes offline.
         dropping.withLock { $0 = true }
@@ -248,8 +252,8 @@ struct RaceTests {
         try await waitUntil("the answer was dropped") { dropped.withLock { $0 } }
         await phone.service.stop()
         try await phone.database.write { db in try db.execute(sql: "UPDATE entry SET amount = 2") }
-        try server.start()
-        #expect(try serverDocuments(server, collection).first?.fields["amount"] == 1)
+        try await server.start()
+        #expect(try await serverDocuments(server, collection).first?.fields["amount"] == 1)
 
         // The resend carries the first key and gets the first answer; the edit still goes out.
         phone.service.start()
@@ -257,7 +261,7 @@ struct RaceTests {
         #expect(
             report.isConverged,
             "\(report.firstDifferences); last error: \(phone.service.status.lastError.map { "\($0)" } ?? "none")")
-        let document = try #require(try serverDocuments(server, collection).first { $0.id.rawValue == entryId })
+        let document = try #require(try await serverDocuments(server, collection).first { $0.id.rawValue == entryId })
         #expect(document.fields["amount"] == 2)
     }
 
@@ -278,10 +282,10 @@ struct RaceTests {
 
         // The phone's first push is held after its ack; meanwhile the laptop's account and the
         // echo of the phone's own reach the phone's listener.
-        try phone.addAccount("Holiday")
+        try await phone.addAccount("Holiday")
         try await afterAck.reached()
-        let household = try laptop.addAccount("Household")
-        try laptop.addEntry("Rent", amount: -100, account: household.id!)
+        let household = try await laptop.addAccount("Household")
+        try await laptop.addEntry("Rent", amount: -100, account: household.id!)
         try await waitUntil("both accounts arrived during the push") {
             received.all.filter { $0.target == "accounts" }.flatMap(\.changes).count >= 2
         }
@@ -291,8 +295,8 @@ struct RaceTests {
         let report = try await Convergence.waitUntilQuiet(server: server, devices: [laptop, phone])
         #expect(report.isConverged, "\(report.firstDifferences)")
         #expect(try phone.accountCount() == 2)
-        #expect(try phone.entries().count == 1)
-        #expect(try phone.service.unsyncedRowCount() == 0)
+        #expect(try await phone.entries().count == 1)
+        #expect(try await phone.service.unsyncedRowCount() == 0)
     }
 
     @Test("changes made offline are pushed before the listeners resume, then everything converges")
@@ -300,8 +304,8 @@ struct RaceTests {
         let server = try await TestServer()
         let laptop = try TestDevice(name: "laptop", serverURL: server.url)
         laptop.service.start()
-        let household = try laptop.addAccount("Household")
-        try laptop.addEntry("Rent", amount: -100, account: household.id!)
+        let household = try await laptop.addAccount("Household")
+        try await laptop.addEntry("Rent", amount: -100, account: household.id!)
         _ = try await Convergence.waitUntilQuiet(server: server, devices: [laptop])
 
         let order = Seen<String>()
@@ -309,7 +313,7 @@ struct RaceTests {
             configuration.hooks.beforeSend = { _ in order.append("push") }
             configuration.hooks.snapshotReceived = { _ in order.append("snapshot") }
         }
-        try phone.addAccount("Holiday")
+        try await phone.addAccount("Holiday")
         phone.service.start()
         let report = try await Convergence.waitUntilQuiet(server: server, devices: [laptop, phone])
         #expect(report.isConverged, "\(report.firstDifferences)")
@@ -322,16 +326,16 @@ struct RaceTests {
         let pair = try await DevicePair()
         await pair.laptop.service.stop()
         try await pair.edit(pair.laptop, "amount = -200")
-        #expect(try pair.laptop.isDirty(entry: pair.laptop.entries()[0].id!))
+        #expect(try await pair.laptop.isDirty(entry: pair.laptop.entries()[0].id!))
         try await pair.phone.database.write { db in try db.execute(sql: "DELETE FROM entry") }
         try await pair.phone.service.syncNow()
 
         pair.laptop.service.start()
         try await pair.converge()
-        #expect(try pair.laptop.entries().isEmpty)
-        #expect(try pair.phone.entries().isEmpty)
-        let accountServerId = try #require(try pair.phone.serverId(ofAccount: pair.accountId))
-        #expect(try serverDocuments(pair.server, "accounts/\(accountServerId)/entries").isEmpty)
+        #expect(try await pair.laptop.entries().isEmpty)
+        #expect(try await pair.phone.entries().isEmpty)
+        let accountServerId = try #require(try await pair.phone.serverId(ofAccount: pair.accountId))
+        #expect(try await serverDocuments(pair.server, "accounts/\(accountServerId)/entries").isEmpty)
     }
 
     @Test("a local delete of a row modified remotely wins; the remote edit does not bring it back")
@@ -344,8 +348,8 @@ struct RaceTests {
 
         pair.phone.service.start()
         try await pair.converge()
-        #expect(try pair.phone.entries().isEmpty)
-        #expect(try pair.laptop.entries().isEmpty)
+        #expect(try await pair.phone.entries().isEmpty)
+        #expect(try await pair.laptop.entries().isEmpty)
     }
 
     @Test("a child that arrives before its parent is kept and inserted when the parent arrives")
@@ -406,7 +410,7 @@ struct RaceTests {
         let server = try await TestServer()
         let phone = try TestDevice(name: "phone", serverURL: server.url)
         phone.service.start()
-        let account = try phone.addAccount("Household")
+        let account = try await phone.addAccount("Household")
         _ = try await Convergence.waitUntilQuiet(server: server, devices: [phone])
 
         // The laptop applies the first entry and is held before the snapshot with the second.
@@ -423,11 +427,11 @@ struct RaceTests {
         laptop.service.start()
         _ = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
 
-        let first = try phone.addEntry("First", amount: 1, account: account.id!)
+        let first = try await phone.addEntry("First", amount: 1, account: account.id!)
         try await phone.service.syncNow()
-        try await waitUntil("the laptop applied the first") { try laptop.entries().map(\.title) == ["First"] }
-        let firstId = try #require(try phone.serverId(ofEntry: first.id!))
-        try phone.addEntry("Second", amount: 2, account: account.id!)
+        try await waitUntil("the laptop applied the first") { try await laptop.entries().map(\.title) == ["First"] }
+        let firstId = try #require(try await phone.serverId(ofEntry: first.id!))
+        try await phone.addEntry("Second", amount: 2, account: account.id!)
         try await phone.service.syncNow()
         try await secondLive.reached()
 
@@ -440,13 +444,13 @@ struct RaceTests {
         try await restart.value
         // Looked at before the relaunched service starts: once started, it resumes at once and
         // may apply the second change before this test's task runs again on a busy machine.
-        #expect(try laptop.entries().map(\.title) == ["First"], "the second snapshot was not committed")
+        #expect(try await laptop.entries().map(\.title) == ["First"], "the second snapshot was not committed")
         let appliedBeforeRestart = applied.count
         laptop.service.start()
 
         let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
         #expect(report.isConverged, "\(report.firstDifferences)")
-        #expect(try laptop.entries().map(\.title).sorted() == ["First", "Second"])
+        #expect(try await laptop.entries().map(\.title).sorted() == ["First", "Second"])
         let afterRestart = applied.all.dropFirst(appliedBeforeRestart)
         #expect(!afterRestart.contains { $0.contains(try! DocumentID(firstId)) }, "the first change came only once")
         #expect(
@@ -502,10 +506,10 @@ struct StaleSnapshotTests {
         try await device.waitUntilConnected()
 
         // The create is acknowledged; its echo is held by the server.
-        server.server.holdDeliveries()
-        let account = try device.addAccount("Household")
+        await server.server.holdDeliveries()
+        let account = try await device.addAccount("Household")
         try await device.service.syncNow()
-        let serverId = try DocumentID(try #require(try device.serverId(ofAccount: account.id!) as String?))
+        let serverId = try await DocumentID(try #require(try device.serverId(ofAccount: account.id!) as String?))
 
         // The update goes out; its answer waits behind the held echo. Once the server has the
         // update, let everything go: the echo arrives while the push still runs.
@@ -522,13 +526,13 @@ struct StaleSnapshotTests {
         let push = Task { _ = try await device.service.syncNow() }
         do {
             try await waitUntil("the server has the update") {
-                try server.server.document(in: try CollectionPath("accounts"), id: serverId)?.version == 2
+                try await server.server.document(in: try CollectionPath("accounts"), id: serverId)?.version == 2
             }
         } catch {
-            server.server.releaseDeliveries()
+            await server.server.releaseDeliveries()
             throw TestFailure("\(error); the push: \(await push.result); status: \(device.service.status)")
         }
-        server.server.releaseDeliveries()
+        await server.server.releaseDeliveries()
         try await push.value
         try await waitUntil("the delete is acknowledged") { deleteAcknowledged.withLock { $0 } != nil }
         let report = try await Convergence.waitUntilQuiet(server: server, devices: [device])

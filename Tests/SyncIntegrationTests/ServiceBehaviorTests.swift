@@ -15,7 +15,7 @@ struct ServiceBehaviorTests {
         let phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
             configuration.hooks.beforeConnect = { attempt.pause() }
         }
-        let account = try phone.addAccount("Household")
+        let account = try await phone.addAccount("Household")
         phone.service.start()
         try await attempt.reached()
         // The attempt is held: a zero wait must not be taken for "no connection".
@@ -23,7 +23,7 @@ struct ServiceBehaviorTests {
         try await Task.sleep(for: .milliseconds(50))  // time for a wrong syncNow to give up
         attempt.release()
         _ = try await sync.value
-        #expect(try phone.serverId(ofAccount: account.id!) != nil)
+        #expect(try await phone.serverId(ofAccount: account.id!) != nil)
         #expect(phone.service.status.pendingCount == 0)
     }
 
@@ -32,7 +32,7 @@ struct ServiceBehaviorTests {
         let offline = try RefusingPort()
         let phone = try TestDevice(name: "phone", serverURL: offline.url)
         phone.service.start()
-        try phone.addAccount("Household")
+        try await phone.addAccount("Household")
         await #expect(throws: TandemError.self) {
             try await phone.service.syncNow(connectionWait: .milliseconds(200))
         }
@@ -44,11 +44,11 @@ struct ServiceBehaviorTests {
         let server = try await TestServer { $0.limits.maxDocumentBytes = 512 }
         let phone = try TestDevice(name: "phone", serverURL: server.url)
         phone.service.start()
-        let account = try phone.addAccount("Household")
-        let big = try phone.addEntry(String(repeating: "x", count: 2000), amount: 1, account: account.id!)
-        try phone.addEntry("Small", amount: 2, account: account.id!)
+        let account = try await phone.addAccount("Household")
+        let big = try await phone.addEntry(String(repeating: "x", count: 2000), amount: 1, account: account.id!)
+        try await phone.addEntry("Small", amount: 2, account: account.id!)
         try await waitUntil("the big row failed") { try phone.service.failedRecords().count == 1 }
-        let failure = try #require(try phone.service.failedRecords().first)
+        let failure = try #require(try await phone.service.failedRecords().first)
         #expect(failure.table == "entry")
         #expect(failure.rowId == big.id)
         #expect(failure.error.message.contains("the limit is 512"))
@@ -61,7 +61,7 @@ struct ServiceBehaviorTests {
         #expect(lastError.code == .server)
         #expect(lastError.serverError?.code == .tooLarge)
         try await waitUntil("the small row reached the server") {
-            try server.server.collections().contains { $0.rawValue.hasSuffix("/entries") }
+            try await server.server.collections().contains { $0.rawValue.hasSuffix("/entries") }
         }
         // Shortened, the row is retried on its own (an edit makes a failed row pending again).
         try await phone.database.write { db in
@@ -82,9 +82,9 @@ struct ServiceBehaviorTests {
         // The server's echo of the create is held: once applied, it shows the row reached the
         // server after all, and the row is synced, not failed. A poll could miss the failed
         // state between the second drop and the echo (it did once, in a TLS pass under load).
-        server.server.holdDeliveries()
+        await server.server.holdDeliveries()
         phone.service.start()
-        try phone.addAccount("Household")
+        try await phone.addAccount("Household")
         do {
             try await waitUntil("the row failed after two attempts") {
                 try phone.service.failedRecords().first?.attempts == 2
@@ -93,11 +93,11 @@ struct ServiceBehaviorTests {
             throw TestFailure("\(error); status: \(phone.service.status); drops left: \(drops.remainingDrops)")
         }
         #expect(phone.service.status.lastError?.code == .disconnected, "\(phone.service.status)")
-        server.server.releaseDeliveries()
-        try phone.service.retryFailed()
+        await server.server.releaseDeliveries()
+        try await phone.service.retryFailed()
         let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone])
         #expect(report.isConverged, "\(report.firstDifferences)")
-        #expect(try serverDocuments(server, "accounts").count == 1)
+        #expect(try await serverDocuments(server, "accounts").count == 1)
     }
 
     @Test("a backlog longer than one push's 64 batches is pushed in full without waiting for the periodic push")
@@ -115,7 +115,7 @@ struct ServiceBehaviorTests {
         }
         phone.service.start()
         try await waitUntil("all 150 accounts reached the server") {
-            try serverDocuments(server, "accounts").count == 150
+            try await serverDocuments(server, "accounts").count == 150
         }
         try await waitUntil("none is left pending") { phone.service.status.pendingCount == 0 }
     }
@@ -128,8 +128,8 @@ struct ServiceBehaviorTests {
         let laptop = try TestDevice(name: "laptop", serverURL: server.url) { $0.clock = clock }
         phone.service.start()
         laptop.service.start()
-        let account = try phone.addAccount("Household")
-        try phone.addEntry("Rent", amount: -100, account: account.id!)
+        let account = try await phone.addAccount("Household")
+        try await phone.addEntry("Rent", amount: -100, account: account.id!)
         _ = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
 
         await phone.service.stop()
@@ -145,8 +145,8 @@ struct ServiceBehaviorTests {
         phone.service.start()
         let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
         #expect(report.isConverged, "\(report.firstDifferences)")
-        #expect(try laptop.entries().map(\.title) == ["Rent (phone, later)"])
-        #expect(try phone.entries().map(\.title) == ["Rent (phone, later)"])
+        #expect(try await laptop.entries().map(\.title) == ["Rent (phone, later)"])
+        #expect(try await phone.entries().map(\.title) == ["Rent (phone, later)"])
     }
 
     @Test("a listener change never overwrites a newer unpushed local edit")
@@ -160,8 +160,8 @@ struct ServiceBehaviorTests {
         }
         let laptop = try TestDevice(name: "laptop", serverURL: server.url) { $0.clock = clock }
         laptop.service.start()
-        let account = try laptop.addAccount("Household")
-        try laptop.addEntry("Rent", amount: -100, account: account.id!)
+        let account = try await laptop.addAccount("Household")
+        try await laptop.addEntry("Rent", amount: -100, account: account.id!)
         _ = try await Convergence.waitUntilQuiet(server: server, devices: [laptop])
         held.release()  // the phone's first pushes go through
         phone.service.start()
@@ -177,8 +177,8 @@ struct ServiceBehaviorTests {
         phone.service.start()
         let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
         #expect(report.isConverged, "\(report.firstDifferences)")
-        #expect(try phone.entries().map(\.amount) == [-300])
-        #expect(try laptop.entries().map(\.amount) == [-300])
+        #expect(try await phone.entries().map(\.amount) == [-300])
+        #expect(try await laptop.entries().map(\.amount) == [-300])
     }
 
     @Test("listeners follow sharing: an unshared account stops syncing, sharing it again resumes")
@@ -188,32 +188,34 @@ struct ServiceBehaviorTests {
         let laptop = try TestDevice(name: "laptop", serverURL: server.url)
         phone.service.start()
         laptop.service.start()
-        let account = try phone.addAccount("Household")
+        let account = try await phone.addAccount("Household")
         _ = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
         // Accounts and the account's entries, on each device: a device opens the entries
         // listener after it has the account, so convergence can come before the last listen.
-        try await waitUntil("4 live listeners") { server.server.stats.liveListeners == 4 }
+        try await waitUntil("4 live listeners") { await server.server.stats.liveListeners == 4 }
 
-        let laptopAccount = try #require(try laptop.accounts().first)
+        let laptopAccount = try #require(try await laptop.accounts().first)
         try await laptop.database.write { db in
             try db.execute(sql: "UPDATE account SET isShared = 0 WHERE id = ?", arguments: [laptopAccount.id!])
         }
-        try await waitUntil("the laptop closed the entries listener") { server.server.stats.liveListeners == 3 }
-        try phone.addEntry("Rent", amount: -100, account: account.id!)
+        try await waitUntil("the laptop closed the entries listener") { await server.server.stats.liveListeners == 3 }
+        try await phone.addEntry("Rent", amount: -100, account: account.id!)
         try await phone.service.syncNow()
         // A marker committed after the entry, on a collection the laptop still listens to: once
         // the laptop has it, it would have had the entry, had it still listened to the entries.
-        _ = try phone.addAccount("Marker")
+        _ = try await phone.addAccount("Marker")
         try await phone.service.syncNow()
-        try await waitUntil("the laptop has the marker") { try laptop.accounts().contains { $0.name == "Marker" } }
-        #expect(try laptop.entries().isEmpty)
+        try await waitUntil("the laptop has the marker") {
+            try await laptop.accounts().contains { $0.name == "Marker" }
+        }
+        #expect(try await laptop.entries().isEmpty)
 
         try await laptop.database.write { db in
             try db.execute(sql: "UPDATE account SET isShared = 1 WHERE id = ?", arguments: [laptopAccount.id!])
         }
-        try await waitUntil("the laptop resumed and has the entry") { try laptop.entries().count == 1 }
+        try await waitUntil("the laptop resumed and has the entry") { try await laptop.entries().count == 1 }
         try await waitUntil("6 live listeners: accounts and two accounts' entries, on each device") {
-            server.server.stats.liveListeners == 6
+            await server.server.stats.liveListeners == 6
         }
     }
 }

@@ -104,14 +104,14 @@ struct SharedAccountTests {
         // it is deleted on the server.
         try setMembers("Home", by: "alice", to: ["alice"])
         try await quietPoint("bob removed from Home")
-        let home = try #require(try serverDocuments(server, "accounts").first { $0.fields["name"] == "Home" })
-        let homeEntries = try serverDocuments(server, "accounts/\(home.id)/entries")
+        let home = try #require(try await serverDocuments(server, "accounts").first { $0.fields["name"] == "Home" })
+        let homeEntries = try await serverDocuments(server, "accounts/\(home.id)/entries")
         #expect(Set(homeEntries.map { $0.fields["title"] }) == ["Rent", "Food", "Gas"])
         // The link from Trip to Home's rent is kept on the server, though bob's device no
         // longer holds the rent.
         let rent = try #require(homeEntries.first { $0.fields["title"] == "Rent" })
-        let trip = try #require(try serverDocuments(server, "accounts").first { $0.fields["name"] == "Trip" })
-        let share = try #require(
+        let trip = try #require(try await serverDocuments(server, "accounts").first { $0.fields["name"] == "Trip" })
+        let share = try await #require(
             try serverDocuments(server, "accounts/\(trip.id)/entries").first { $0.fields["title"] == "Share of rent" })
         #expect(share.fields["linkedEntryId"] == .string(rent.id.rawValue))
         #expect(
@@ -206,21 +206,21 @@ struct SharedAccountTests {
         // The server refuses his changes (he is no longer a member), and the account, now
         // unreadable to him, leaves his scope without its content: a conflict, not a removal.
         try await waitUntil("a left-scope conflict") { try bob.service.conflicts().count == 1 }
-        let conflict = try #require(try bob.service.conflicts().first)
+        let conflict = try #require(try await bob.service.conflicts().first)
         #expect(conflict.reason == .leftScope)
         #expect(conflict.table == "account" && conflict.local["name"] == "Home (bob)")
         #expect(conflict.server.version == 0 && conflict.server.fields.isEmpty, "withheld: \(conflict.server)")
         #expect(try Self.holdings(bob) == ["Home (bob)": ["Rent", "Gas"]], "nothing is lost before the app decides")
         try await waitUntil("both refusals recorded") { bob.service.status.failedCount == 2 }
 
-        try bob.service.resolve(conflict, with: .useServer)
+        try await bob.service.resolve(conflict, with: .useServer)
         #expect(try Self.holdings(bob) == [:])
         #expect(bob.service.status.failedCount == 0 && bob.service.status.openConflicts == 0)
-        #expect(try bob.service.conflicts().isEmpty)
+        #expect(try await bob.service.conflicts().isEmpty)
         // Nothing of bob's reached the server, and nothing was deleted there.
-        let home = try #require(try serverDocuments(server, "accounts").first)
+        let home = try #require(try await serverDocuments(server, "accounts").first)
         #expect(home.fields["name"] == "Home" && home.fields["members"] == ["alice"])
-        #expect(try serverDocuments(server, "accounts/\(home.id)/entries").map { $0.fields["title"] } == ["Rent"])
+        #expect(try await serverDocuments(server, "accounts/\(home.id)/entries").map { $0.fields["title"] } == ["Rent"])
         #expect(try Self.holdings(alice) == ["Home": ["Rent"]])
     }
 
@@ -252,19 +252,19 @@ struct SharedAccountTests {
         let (server, alice, bob) = try await Self.bobRenamesWhileTakenOut()
         defer { Task { await alice.service.stop() } }
         defer { Task { await bob.service.stop() } }
-        let conflict = try #require(try bob.service.conflicts().first)
+        let conflict = try #require(try await bob.service.conflicts().first)
         #expect(conflict.reason == .leftScope)
         #expect(conflict.server.fields["members"] == ["alice"], "readable, so sent whole: \(conflict.server)")
         #expect(try Self.holdings(bob) == ["Home (bob)": ["Rent"]])
 
-        try bob.service.resolve(conflict, with: .keepLocal)
+        try await bob.service.resolve(conflict, with: .keepLocal)
         // The push meets alice's newer version, merges field by field, is acknowledged, and
         // then nothing keeps the rows here.
         try await waitUntil("the rows went") { try Self.holdings(bob) == [:] }
-        let home = try #require(try serverDocuments(server, "accounts").first)
+        let home = try #require(try await serverDocuments(server, "accounts").first)
         #expect(home.fields["name"] == "Home (bob)" && home.fields["members"] == ["alice"])
         try await waitUntil("alice has bob's name") { try Self.holdings(alice) == ["Home (bob)": ["Rent"]] }
-        #expect(try bob.service.conflicts().isEmpty)
+        #expect(try await bob.service.conflicts().isEmpty)
         #expect(bob.service.status.failedCount == 0 && bob.service.status.pendingCount == 0)
     }
 
@@ -279,6 +279,6 @@ struct SharedAccountTests {
         #expect(try Self.holdings(bob) == ["Home (bob)": ["Rent"]])
         _ = try await bob.service.syncNow()
         try await waitUntil("alice has bob's name") { try Self.holdings(alice) == ["Home (bob)": ["Rent"]] }
-        #expect(try serverDocuments(server, "accounts").first?.fields["members"] == ["alice", "bob"])
+        #expect(try await serverDocuments(server, "accounts").first?.fields["members"] == ["alice", "bob"])
     }
 }

@@ -52,8 +52,8 @@ extension ServerMessage.Snapshot {
 }
 
 /// The documents of a collection on the server.
-func serverDocuments(_ server: TestServer, _ collection: String) throws -> [Document] {
-    try server.server.documents(in: try CollectionPath(collection))
+func serverDocuments(_ server: TestServer, _ collection: String) async throws -> [Document] {
+    try await server.server.documents(in: try CollectionPath(collection))
 }
 
 /// A phone and a laptop sharing an account with one entry ("Rent", -100), both synced, with a
@@ -85,9 +85,9 @@ struct DevicePair {
         }
         phone.service.start()
         laptop.service.start()
-        let account = try phone.addAccount("Household")
+        let account = try await phone.addAccount("Household")
         accountId = account.id!
-        try phone.addEntry("Rent", amount: -100, account: accountId)
+        try await phone.addEntry("Rent", amount: -100, account: accountId)
         let report = try await Convergence.waitUntilQuiet(server: server, devices: [phone, laptop])
         guard report.isConverged else { throw TestFailure("the pair did not converge: \(report.firstDifferences)") }
     }
@@ -101,8 +101,8 @@ struct DevicePair {
         #expect(report.isConverged, "\(report.firstDifferences)")
     }
 
-    func entries() throws -> (phone: [CashFlow.Entry], laptop: [CashFlow.Entry]) {
-        (try phone.entries(), try laptop.entries())
+    func entries() async throws -> (phone: [CashFlow.Entry], laptop: [CashFlow.Entry]) {
+        (try await phone.entries(), try await laptop.entries())
     }
 }
 

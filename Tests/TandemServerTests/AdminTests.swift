@@ -48,12 +48,12 @@ struct AdminTests {
         #expect(imported.status == 200, "\(imported.body)")
         #expect(try object(imported.body) == ["imported": 3, "collections": 2])
 
-        let before = try source.server.everyDocument().map { "\($0.collection)/\($0.document)" }.sorted()
-        let after = try target.server.everyDocument().map { "\($0.collection)/\($0.document)" }.sorted()
+        let before = try await source.server.everyDocument().map { "\($0.collection)/\($0.document)" }.sorted()
+        let after = try await target.server.everyDocument().map { "\($0.collection)/\($0.document)" }.sorted()
         #expect(before == after)
-        let document = try #require(try target.server.document(in: path("notes"), id: a.id))
+        let document = try #require(try await target.server.document(in: path("notes"), id: a.id))
         #expect(document.version == 3 && document.fieldTimes?["title"] == 9_000_000)
-        #expect(try target.server.document(in: path("notes"), id: b.id)?.deleted == true)
+        #expect(try await target.server.document(in: path("notes"), id: b.id)?.deleted == true)
 
         // The imported documents are ordinary ones: a later write builds on their versions.
         let client = try await connect(target)
@@ -80,12 +80,12 @@ struct AdminTests {
         let token = try #require(feed.lastToken)
         reader.close()
 
-        let before = try server.server.everyDocument().map { "\($0.collection) \($0.document)" }
+        let before = try await server.server.everyDocument().map { "\($0.collection) \($0.document)" }
         let export = try await admin(server, "GET", "/admin/export").body
         #expect(try await admin(server, "POST", "/admin/reset").status == 200)
-        #expect(try server.server.everyDocument().isEmpty)
+        #expect(try await server.server.everyDocument().isEmpty)
         #expect(try await admin(server, "POST", "/admin/import", body: export).status == 200)
-        let after = try server.server.everyDocument().map { "\($0.collection) \($0.document)" }
+        let after = try await server.server.everyDocument().map { "\($0.collection) \($0.document)" }
         #expect(after == before)
 
         // The token is from before the reset: as documented, a reset, then the same documents.
@@ -110,7 +110,7 @@ struct AdminTests {
         let answer = try await admin(server, "POST", "/admin/import", body: clashing)
         #expect(answer.status == 409)
         #expect(answer.body.contains("notes/\(a.id) exists on this server already"), "\(answer.body)")
-        #expect(try server.server.documents(in: path("fresh")).isEmpty)
+        #expect(try await server.server.documents(in: path("fresh")).isEmpty)
     }
 
     @Test(
@@ -145,7 +145,7 @@ struct AdminTests {
         let answer = try await admin(server, "POST", "/admin/import", body: file)
         #expect(answer.status == 400 || (file.isEmpty && answer.status == 400))
         #expect(answer.body.contains(expected), "\(answer.body)")
-        #expect(try server.server.everyDocument().isEmpty)
+        #expect(try await server.server.everyDocument().isEmpty)
     }
 
     @Test("a reset of a collection empties it, sends its live listeners a reset, and leaves other collections alone")
@@ -169,8 +169,8 @@ struct AdminTests {
         try await waitUntil("and gets the empty snapshot") {
             feed.snapshots.last.map { $0.initial && !$0.hasMore && $0.changes.isEmpty } == true
         }
-        #expect(try server.server.documents(in: path("notes")).isEmpty)
-        #expect(try server.server.documents(in: path("other")).map(\.id) == [kept.id])
+        #expect(try await server.server.documents(in: path("notes")).isEmpty)
+        #expect(try await server.server.documents(in: path("other")).map(\.id) == [kept.id])
 
         // Later writes reach the listener as usual; a token from before the reset gets a reset.
         let c = try await writer.create("notes", ["title": "c"])
@@ -191,7 +191,7 @@ struct AdminTests {
         _ = try await writer.create("accounts/A1/transactions", ["amount": 1])
         let answer = try await admin(server, "POST", "/admin/reset")
         #expect(try object(answer.body) == ["reset": "everything", "documents": 2])
-        #expect(try server.server.everyDocument().isEmpty)
+        #expect(try await server.server.everyDocument().isEmpty)
     }
 
     @Test("with an admin token, a request without it or with another is refused and changes nothing")
@@ -204,7 +204,7 @@ struct AdminTests {
             #expect(answer.status == 401, "token \(token ?? "none"): \(answer.body)")
             #expect(try object(answer.body)["error"] == "unauthenticated")
         }
-        #expect(try server.server.documents(in: path("notes")).count == 1)
+        #expect(try await server.server.documents(in: path("notes")).count == 1)
         // Refused before anything is looked at: an unknown endpoint is not revealed either.
         #expect(try await admin(server, "GET", "/admin/nothing-here").status == 401)
         let allowed = try await admin(server, "GET", "/admin/collections", token: "s3cret")
@@ -223,7 +223,7 @@ struct AdminTests {
         let rebound = try await HTTPGet.fetch(
             port: server.port, path: "/admin/reset", method: "POST", headers: ["Host": "evil.example:\(server.port)"])
         #expect(rebound.status == 403, "\(rebound.body)")
-        #expect(try server.server.documents(in: path("notes")).count == 1)
+        #expect(try await server.server.documents(in: path("notes")).count == 1)
         // The console's own requests carry its origin, which is the server's.
         let own = try await HTTPGet.fetch(
             port: server.port, path: "/admin/collections", headers: ["Origin": "http://127.0.0.1:\(server.port)"])
@@ -243,7 +243,7 @@ struct AdminTests {
         _ = try await writer.create("other", ["title": "b"])
         let answer = try await admin(server, "POST", "/admin/reset?dry=no&collection=notes&x=1")
         #expect(try object(answer.body) == ["reset": "notes", "documents": 1], "\(answer.body)")
-        #expect(try server.server.documents(in: path("other")).count == 1)
+        #expect(try await server.server.documents(in: path("other")).count == 1)
     }
 
     @Test("the clients endpoint lists each connection with its listens")

@@ -129,7 +129,7 @@ struct BadInputTests {
         }
 
         // Nothing was stored, and the server still serves others.
-        #expect(try server.server.documents(in: try path("notes")).isEmpty)
+        #expect(try await server.server.documents(in: try path("notes")).isEmpty)
         _ = try await bystander.create("notes", ["still": "serving"])
         try await waitUntil("the bystander hears its own write") { bystanderFeed.changes.count == 1 }
     }
@@ -144,12 +144,12 @@ struct BadInputTests {
         let stalled = try await RawWebSocket.open(
             port: server.port, receiveBufferSize: 4096, hello: #"{"type":"hello","protocol":1,"clientId":"stalled"}"#)
         try stalled.send(text: #"{"type":"listen","target":"t","collection":"firehose"}"#)
-        try await waitUntil("both listen") { server.server.stats.liveListeners == 2 && healthyFeed.isCurrent }
+        try await waitUntil("both listen") { await server.server.stats.liveListeners == 2 && healthyFeed.isCurrent }
 
         let writer = try await connect(server)
         let blob = JSONValue.string(String(repeating: "x", count: 8 << 10))
         var written = 0
-        while server.server.stats.connections == 3 && written < 2000 {
+        while await server.server.stats.connections == 3 && written < 2000 {
             let ops = try (0..<20).map { _ in
                 WriteOp.create(in: try path("firehose"), fields: ["blob": blob], idempotencyKey: key())
             }
@@ -158,7 +158,7 @@ struct BadInputTests {
         }
         // The close frame cannot reach a peer that does not read: libwebsockets gives up on
         // flushing it after its own timeout, then the connection is gone.
-        try await waitUntil("the stalled consumer is dropped") { server.server.stats.connections == 2 }
+        try await waitUntil("the stalled consumer is dropped") { await server.server.stats.connections == 2 }
         try await waitUntil("the healthy listener has every change") { healthyFeed.changes.count == written }
         _ = stalled
     }
@@ -184,7 +184,7 @@ struct BadInputTests {
             Issue.record("reply \(index) out of order: \(reply.prefix(120))")
             break
         }
-        #expect(server.server.stats.connections == 1)
+        #expect(await server.server.stats.connections == 1)
     }
 
     @Test("a message sent as a million one-byte fragments is put together and answered")
@@ -216,7 +216,7 @@ struct BadInputTests {
         let close = try await silent.readClose(timeout: .seconds(10))
         #expect(close.closeCode == 1008)
         #expect(close.closeReason.contains("no hello"))
-        try await waitUntil("the server forgot it") { server.server.stats.connections == 0 }
+        try await waitUntil("the server forgot it") { await server.server.stats.connections == 0 }
         // A client that does speak in time is served.
         let client = try await connect(server)
         client.close()

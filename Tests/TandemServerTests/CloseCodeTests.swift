@@ -86,7 +86,7 @@ struct CloseCodeTests {
         // The stalled client reads nothing while changes pile up for it.
         try await waitUntil("the stalled client's queue overflowed", timeout: .seconds(60)) {
             _ = try await writer.create("big", ["blob": .string(blob)])
-            return server.server.stats.connections == 1
+            return await server.server.stats.connections == 1
         }
         let close = try await stalled.readClose(timeout: .seconds(20))
         #expect(close.closeCode == 1008, "\(close.closeReason)")

@@ -23,20 +23,20 @@ struct ClusterFaultTests {
         let phone = try TestDevice(name: "phone", serverURL: nodes[0].url) { $0.serverURLs = [nodes[1].url] }
         let laptop = try TestDevice(name: "laptop", serverURL: nodes[1].url) { $0.serverURLs = [nodes[0].url] }
         for device in [phone, laptop] { device.service.start() }
-        let account = try phone.addAccount("Household")
-        for n in 0..<5 { try phone.addEntry("before \(n)", amount: Int64(n), account: account.id!) }
+        let account = try await phone.addAccount("Household")
+        for n in 0..<5 { try await phone.addEntry("before \(n)", amount: Int64(n), account: account.id!) }
         _ = try await Convergence.waitUntilQuiet(server: nodes[1], devices: [phone, laptop])
 
         try await cluster.restartImmediately()
-        for n in 0..<5 { try phone.addEntry("after \(n)", amount: Int64(n), account: account.id!) }
-        let laptopAccount = try laptop.accounts()[0].id!
-        for n in 0..<5 { try laptop.addEntry("laptop \(n)", amount: Int64(n), account: laptopAccount) }
+        for n in 0..<5 { try await phone.addEntry("after \(n)", amount: Int64(n), account: account.id!) }
+        let laptopAccount = try await laptop.accounts()[0].id!
+        for n in 0..<5 { try await laptop.addEntry("laptop \(n)", amount: Int64(n), account: laptopAccount) }
 
         let report = try await Convergence.waitUntilQuiet(
             server: nodes[0], devices: [phone, laptop], timeout: .seconds(90))
         #expect(report.isConverged, "\(report.firstDifferences)")
-        #expect(try phone.entries().count == 15)
-        #expect(try laptop.entries().count == 15)
+        #expect(try await phone.entries().count == 15)
+        #expect(try await laptop.entries().count == 15)
         // Both nodes answer /healthz with 200 again.
         for node in nodes {
             try await waitUntil("\(node.url) is healthy", timeout: .seconds(30)) {
@@ -155,8 +155,8 @@ struct ClusterFaultTests {
         }
         let laptop = try TestDevice(name: "laptop", serverURL: healthy.url) { $0.token = "t-alice" }
         for device in [phone, laptop] { device.service.start() }
-        let account = try phone.addAccount("Household")
-        for n in 0..<5 { try phone.addEntry("before \(n)", amount: Int64(n), account: account.id!) }
+        let account = try await phone.addAccount("Household")
+        for n in 0..<5 { try await phone.addEntry("before \(n)", amount: Int64(n), account: account.id!) }
         var report = try await Convergence.waitUntilQuiet(server: healthy, devices: [phone, laptop])
         #expect(report.isConverged, "\(report.firstDifferences)")
 
@@ -165,10 +165,10 @@ struct ClusterFaultTests {
             (try? await HTTPGet.fetch(host: host.address, port: partitionedPort, path: "/healthz").status) == 503
         }
         // The phone goes on through the healthy node.
-        for n in 0..<5 { try phone.addEntry("during \(n)", amount: Int64(n), account: account.id!) }
+        for n in 0..<5 { try await phone.addEntry("during \(n)", amount: Int64(n), account: account.id!) }
         report = try await Convergence.waitUntilQuiet(server: healthy, devices: [phone, laptop], timeout: .seconds(90))
         #expect(report.isConverged, "\(report.firstDifferences)")
-        #expect(try laptop.entries().count == 10)
+        #expect(try await laptop.entries().count == 10)
 
         try await host.healDatabaseLink()
         try await waitUntil("the node is healthy again", timeout: .seconds(60)) {
@@ -176,7 +176,7 @@ struct ClusterFaultTests {
         }
         // It serves the whole, current data again.
         let reader = try await ServerConnection.connect(to: partitioned.url, clientId: "reader", token: "t-alice")
-        let entries = try path("accounts/\(try #require(try phone.serverId(ofAccount: account.id!)))/entries")
+        let entries = try await path("accounts/\(try #require(try phone.serverId(ofAccount: account.id!)))/entries")
         let feed = Feed()
         reader.listen(to: entries, handler: feed.handler)
         try await waitUntil("the healed node's listener is current") { feed.isCurrent }

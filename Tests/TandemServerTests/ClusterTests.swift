@@ -45,14 +45,14 @@ struct ClusterTests {
         let feed = Feed()
         reader.listen(to: try path("shared"), handler: feed.handler)
         try await waitUntil("current") { feed.isCurrent && feed.changes.count == 2 }
-        let export = try nodes[0].server.exportDocuments()
+        let export = try await nodes[0].server.exportDocuments()
 
-        #expect(try nodes[0].server.reset(collection: path("shared")) == 2)
+        #expect(try await nodes[0].server.reset(collection: path("shared")) == 2)
         try await waitUntil("node B's listener hears of the reset") { !feed.resets.isEmpty }
         try await waitUntil("and gets the empty snapshot") {
             feed.snapshots.last.map { $0.initial && !$0.hasMore && $0.changes.isEmpty } == true
         }
-        let summary = try nodes[0].server.importDocuments(export)
+        let summary = try await nodes[0].server.importDocuments(export)
         #expect(summary.documents == 2 && summary.collections == 1)
         try await waitUntil("the imported documents reach node B's listener as added") {
             feed.changes.suffix(2).map(\.kind) == [.added, .added]
@@ -88,7 +88,7 @@ struct ClusterTests {
             }
             for try await ids in group { written += ids }
         }
-        let final = try nodes[1].server.documents(in: try path("shared"))
+        let final = try await nodes[1].server.documents(in: try path("shared"))
         try await waitUntil("B's listener has every document at its last version") {
             let seen = Dictionary(feed.changes.map { ($0.document.id, $0.document.version) }, uniquingKeysWith: max)
             return final.allSatisfy { seen[$0.id] == $0.version }
@@ -143,7 +143,7 @@ struct ClusterTests {
         let second = try await connect(nodes[1], as: "device-1")
         guard case .ack(let again) = try await second.write(ops) else { throw TestFailure("refused") }
         #expect(again == answer)
-        #expect(try nodes[1].server.documents(in: try path("notes")).count == 1)
+        #expect(try await nodes[1].server.documents(in: try path("notes")).count == 1)
     }
 
     @Test("the same resend arriving at two nodes at once is applied once")
@@ -162,7 +162,7 @@ struct ClusterTests {
             }
             #expect(first == second, "round \(round)")
         }
-        #expect(try nodes[0].server.documents(in: try path("race")).count == 20)
+        #expect(try await nodes[0].server.documents(in: try path("race")).count == 20)
     }
 
     @Test("a stale update through one node after a write through another is a conflict; merges commute across nodes")
@@ -200,7 +200,7 @@ struct ClusterTests {
                 idempotencyKey: key(), fieldTimes: ["x": 3, "y": 4])
         ])
         _ = try await (fromA, fromB)
-        let merged = try #require(try nodes[1].server.document(in: notes, id: id))
+        let merged = try #require(try await nodes[1].server.document(in: notes, id: id))
         #expect(merged.fields == ["x": 10, "y": 20], "each field keeps its later write, whichever node took it")
         #expect(merged.version == 3)
     }
@@ -244,16 +244,19 @@ struct ClusterTests {
             try TestDevice(name: "device-\(index)", serverURL: nodes[index].url)
         }
         for device in devices { device.service.start() }
-        let account = try devices[0].addAccount("Household")
+        let account = try await devices[0].addAccount("Household")
         _ = account
-        try await waitUntil("every device has the account") { try devices.allSatisfy { try $0.accounts().count == 1 } }
+        try await waitUntil("every device has the account") {
+            for device in devices where try await device.accounts().count != 1 { return false }
+            return true
+        }
         for (index, device) in devices.enumerated() {
-            let local = try device.accounts()[0].id!
-            for n in 0..<10 { try device.addEntry("entry \(index)-\(n)", amount: Int64(n), account: local) }
+            let local = try await device.accounts()[0].id!
+            for n in 0..<10 { try await device.addEntry("entry \(index)-\(n)", amount: Int64(n), account: local) }
         }
         let report = try await Convergence.waitUntilQuiet(server: nodes[1].server, devices: devices)
         #expect(report.isConverged, "\(report.firstDifferences)")
-        #expect(try devices.allSatisfy { try $0.entries().count == 30 })
+        for device in devices { #expect(try await device.entries().count == 30, "\(device.name)") }
     }
 
     @Test(

@@ -39,14 +39,14 @@ struct DurabilityTests {
             TestServer.storeKind == "postgres"
             ? [("synchronous_commit", "on")] : [("synchronous", "2"), ("journal_mode", "wal")]
         for (name, value) in expected {
-            #expect(try server.server.storeSetting(name) == value, "\(name)")
+            #expect(try await server.server.storeSetting(name) == value, "\(name)")
         }
         // Still in force after writes, and after a restart.
         let connection = try await connect(server)
         _ = try await connection.create("notes", ["n": 1])
-        try server.restart()
+        try await server.restart()
         for (name, value) in expected {
-            #expect(try server.server.storeSetting(name) == value, "\(name)")
+            #expect(try await server.server.storeSetting(name) == value, "\(name)")
         }
     }
 

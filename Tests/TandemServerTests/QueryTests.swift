@@ -158,7 +158,7 @@ struct QueryTests {
         let feed = Feed()
         reader.listen(to: try path("notes"), query: try query(#"{"orderBy":[{"field":"n"}]}"#), handler: feed.handler)
         try await waitUntil("current") { feed.isCurrent }
-        #expect(try server.server.reset(collection: path("notes")) == 1)
+        #expect(try await server.server.reset(collection: path("notes")) == 1)
         try await waitUntil("the reset and the empty view") {
             feed.resets.count == 1 && feed.snapshots.last.map { $0.initial && $0.changes.isEmpty } == true
         }

@@ -51,11 +51,11 @@ struct TLSTests {
             try TestDevice(name: name, serverURL: server.url) { $0.trustedCertificates = certificates.authority.path }
         }
         for device in devices { device.service.start() }
-        let account = try devices[0].addAccount("Household")
-        try devices[0].addEntry("Rent", amount: -100, account: account.id!)
+        let account = try await devices[0].addAccount("Household")
+        try await devices[0].addEntry("Rent", amount: -100, account: account.id!)
         let report = try await Convergence.waitUntilQuiet(server: server, devices: devices)
         #expect(report.isConverged, "\(report.firstDifferences)")
-        #expect(try devices[1].entries().count == 1)
+        #expect(try await devices[1].entries().count == 1)
     }
 
     @Test(
@@ -70,7 +70,7 @@ struct TLSTests {
         configuration.access = access
         do {
             let server = try TandemServer(configuration: configuration)
-            server.shutdown()
+            await server.shutdown()
             Issue.record("started without TLS")
         } catch {
             #expect(error.code == .invalidConfiguration)
@@ -79,11 +79,11 @@ struct TLSTests {
         }
         configuration.allowsPlaintext = true
         let server = try TandemServer(configuration: configuration)
-        server.shutdown()
+        await server.shutdown()
         let certificates = try await onOwnThread { try TestCertificates() }
         configuration.allowsPlaintext = false
         configuration.tls = .init(certificate: certificates.certificate, privateKey: certificates.privateKey)
         let secure = try TandemServer(configuration: configuration)
-        secure.shutdown()
+        await secure.shutdown()
     }
 }

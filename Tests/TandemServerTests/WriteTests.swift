@@ -21,7 +21,7 @@ struct WriteTests {
         let reconnected = try await connect(server, as: "device-1")
         guard case .ack(let third) = try await reconnected.write(ops) else { throw TestFailure("refused") }
         #expect(third == first)
-        #expect(try server.server.documents(in: try path("notes")).count == 1)
+        #expect(try await server.server.documents(in: try path("notes")).count == 1)
 
         // Another client with the same key is another operation.
         let other = try await connect(server, as: "device-2")
@@ -44,7 +44,7 @@ struct WriteTests {
         #expect(op == 0)
         #expect(document.version == 2)
         #expect(document.fields == ["t": "v2"])
-        let stored = try #require(try server.server.document(in: try path("notes"), id: created.id))
+        let stored = try #require(try await server.server.document(in: try path("notes"), id: created.id))
         #expect(stored.version == 2)
         #expect(stored.fields == ["t": "v2"])
     }
@@ -60,7 +60,7 @@ struct WriteTests {
         ])
         guard case .conflict(let op, _) = reply else { throw TestFailure("expected a conflict") }
         #expect(op == 1)
-        #expect(try server.server.documents(in: try path("notes")).count == 1)
+        #expect(try await server.server.documents(in: try path("notes")).count == 1)
     }
 
     @Test("a proposed id is used, and proposing an existing one is a conflict")
@@ -92,7 +92,7 @@ struct WriteTests {
         }
         #expect(deleted[0].version == 3)
         #expect(try await connection.get(try path("notes"), created.id) == nil)
-        let tombstone = try #require(try server.server.document(in: try path("notes"), id: created.id))
+        let tombstone = try #require(try await server.server.document(in: try path("notes"), id: created.id))
         #expect(tombstone.deleted)
     }
 
@@ -152,8 +152,8 @@ struct ServerMergeTests {
         _ = try await connection.write([y(ids[1])])
         guard case .ack(let last) = try await connection.write([x(ids[1])]) else { throw TestFailure("refused") }
 
-        let first = try #require(try server.server.document(in: notes, id: ids[0]))
-        let second = try #require(try server.server.document(in: notes, id: ids[1]))
+        let first = try #require(try await server.server.document(in: notes, id: ids[0]))
+        let second = try #require(try await server.server.document(in: notes, id: ids[1]))
         #expect(first.fields == second.fields)
         #expect(first.fieldTimes == second.fieldTimes)
         #expect(
@@ -174,6 +174,6 @@ struct ServerMergeTests {
         guard case .ack(let first) = try await connection.write([op]) else { throw TestFailure("refused") }
         guard case .ack(let second) = try await connection.write([op]) else { throw TestFailure("refused") }
         #expect(first == second)
-        #expect(try server.server.document(in: notes, id: created.id)?.version == 2)
+        #expect(try await server.server.document(in: notes, id: created.id)?.version == 2)
     }
 }

@@ -156,9 +156,9 @@ struct GettingStartedExampleTests {
         let run = try await Self.runExample([server.url, folder.path("app.sqlite"), "example-device"])
         #expect(run.status == 0)
         #expect(run.output == "synced: 0 changes pending, 0 failed\n", "\(run.output)")
-        let accounts = try server.server.documents(in: try CollectionPath("accounts"))
+        let accounts = try await server.server.documents(in: try CollectionPath("accounts"))
         #expect(accounts.map { $0.fields["name"] } == ["Household"])
-        let transactions = try server.server.documents(
+        let transactions = try await server.server.documents(
             in: try CollectionPath("accounts/\(accounts[0].id)/transactions"))
         #expect(transactions.map { $0.fields["label"] } == ["Rent"])
     }

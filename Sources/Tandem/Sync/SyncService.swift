@@ -301,16 +301,23 @@ public final class SyncService: Sendable {
 
     /// Rows whose push failed for good, with the reason.
     public func failedRecords() throws -> [FailedRecord] {
-        try readState { db in
-            try store.ledger.failedRecords(db)
-        }
+        try readState { db in try store.ledger.failedRecords(db) }
     }
+
+    public func failedRecords() async throws -> [FailedRecord] {
+        try await readState { [store] db in try store.ledger.failedRecords(db) }
+    }
+
     // MARK: - Conflicts
 
     /// Open conflicts of tables with the ``ConflictPolicy/manual`` policy. Their rows do not
     /// sync until resolved.
     public func conflicts() throws -> [ConflictRecord] {
         try readState { db in try store.ledger.conflicts(db) }
+    }
+
+    public func conflicts() async throws -> [ConflictRecord] {
+        try await readState { [store] db in try store.ledger.conflicts(db) }
     }
 
     /// Resolves an open conflict: ``ConflictResolution/keepLocal`` pushes the local row over the
@@ -321,6 +328,17 @@ public final class SyncService: Sendable {
     /// - Throws: ``TandemError`` `.invalidArgument` when the conflict is no longer open.
     public func resolve(_ conflict: ConflictRecord, with resolution: ConflictResolution) throws {
         try ownWrite { db in try store.resolve(conflict, with: resolution, db) }
+        resolved()
+    }
+
+    public func resolve(_ conflict: ConflictRecord, with resolution: ConflictResolution) async throws {
+        try await ownWrite { [store] db in try store.resolve(conflict, with: resolution, db) }
+        updateStatus { $0.resolvedConflicts += 1 }
+        await refreshStatus()
+        schedulePush(after: .zero)
+    }
+
+    private func resolved() {
         updateStatus { $0.resolvedConflicts += 1 }
         refreshStatus()
         schedulePush(after: .zero)
@@ -333,7 +351,7 @@ public final class SyncService: Sendable {
             let task = Task { [weak self] in
                 var last: [ConflictRecord]?
                 for await _ in statuses {
-                    guard let self, let current = try? conflicts() else { break }
+                    guard let self, let current = try? await conflicts() else { break }
                     if current != last {
                         continuation.yield(current)
                         last = current
@@ -352,22 +370,61 @@ public final class SyncService: Sendable {
         schedulePush(after: .zero)
     }
 
+    public func retryFailed() async throws {
+        try await ownWrite { [store] db in try store.ledger.retryFailed(db) }
+        await refreshStatus()
+        schedulePush(after: .zero)
+    }
+
+    /// Refreshes the status on a thread that may wait for the database (not the caller's, which
+    /// may be one of Swift concurrency's).
+    func refreshStatusSoon() {
+        DispatchQueue.global().async { [weak self] in self?.refreshStatus() }
+    }
+
+    /// Reads the counts of the status. Called on a thread of Swift concurrency's pool (a task
+    /// that connects or stops), it leaves the read to a thread that may wait for the database.
     func refreshStatus() {
-        let read = state.withLock { state in
+        if BlockingCheck.onCooperativePool {
+            refreshStatusSoon()
+            return
+        }
+        let read = nextCountRead()
+        do {
+            showCounts(try readState(countsNow), read: read)
+        } catch {
+            logger.error("reading the sync status failed", metadata: ["tandem.error": "\(error)"])
+        }
+    }
+
+    /// From async code: the status is current when it returns.
+    func refreshStatus() async {
+        let read = nextCountRead()
+        do {
+            showCounts(try await readState { [store] db in try Self.counts(store, db) }, read: read)
+        } catch {
+            logger.error("reading the sync status failed", metadata: ["tandem.error": "\(error)"])
+        }
+    }
+
+    private func nextCountRead() -> Int {
+        state.withLock { state in
             state.countReads += 1
             return state.countReads
         }
-        do {
-            let (pending, failed, conflicts) = try readState { db in
-                (try store.pendingCount(db), try store.ledger.failedCount(db), try store.ledger.conflictCount(db))
-            }
-            updateStatus(countsRead: read) { status in
-                status.pendingCount = pending
-                status.failedCount = failed
-                status.openConflicts = conflicts
-            }
-        } catch {
-            logger.error("reading the sync status failed", metadata: ["tandem.error": "\(error)"])
+    }
+
+    private func countsNow(_ db: Database) throws -> (Int, Int, Int) { try Self.counts(store, db) }
+
+    private static func counts(_ store: LocalStore, _ db: Database) throws -> (Int, Int, Int) {
+        (try store.pendingCount(db), try store.ledger.failedCount(db), try store.ledger.conflictCount(db))
+    }
+
+    private func showCounts(_ counts: (pending: Int, failed: Int, conflicts: Int), read: Int) {
+        updateStatus(countsRead: read) { status in
+            status.pendingCount = counts.pending
+            status.failedCount = counts.failed
+            status.openConflicts = counts.conflicts
         }
     }
 
@@ -388,6 +445,10 @@ public final class SyncService: Sendable {
     }
 
     func publishStatus() {
+        guard !BlockingCheck.onCooperativePool else {
+            DispatchQueue.global().async { [weak self] in self?.publishStatus() }
+            return
+        }
         refreshStatus()
         let (status, watchers) = state.withLock { ($0.status, Array($0.watchers.values)) }
         watchers.forEach { $0.yield(status) }
@@ -415,19 +476,38 @@ public final class SyncService: Sendable {
     /// read would make the next apply and push compile all their statements again (0.4 ms
     /// for a one-document change instead of 0.1 ms). A queue runs every access on one serial
     /// queue, so a read without the pragma is just as isolated from writes there.
-    func readState<T>(_ body: (Database) throws -> T) throws -> T {
+    func readState<T>(_ body: (Database) throws -> T, file: StaticString = #fileID, line: UInt = #line) throws -> T {
+        BlockingCheck.willBlock("a synchronous read of the database", file: file, line: line)
         if let queue = database as? DatabaseQueue { return try queue.unsafeRead(body) }
         return try database.read(body)
+    }
+
+    /// From async code: waits for the database without holding a thread.
+    func readState<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
+        try await database.read(body)
     }
 
     // MARK: - Writes
 
     /// Writes as Tandem: changes made here are not mistaken for the app's local changes. The
     /// clock is stored with them, so that it never goes back after a restart.
-    func ownWrite<T>(_ body: (Database) throws -> T) throws -> T {
+    func ownWrite<T>(_ body: (Database) throws -> T, file: StaticString = #fileID, line: UInt = #line) throws -> T {
+        BlockingCheck.willBlock("a synchronous write of the database", file: file, line: line)
         let observer = self.observer
         let store = self.store
         return try database.write { db in
+            observer.isTandemWriting = true
+            defer { observer.isTandemWriting = false }
+            let result = try body(db)
+            try store.storeClock(db)
+            return result
+        }
+    }
+
+    func ownWrite<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
+        let observer = self.observer
+        let store = self.store
+        return try await database.write { db in
             observer.isTandemWriting = true
             defer { observer.isTandemWriting = false }
             let result = try body(db)
@@ -476,8 +556,16 @@ extension SyncService {
         try readState { db in try store.localDocuments(db) }
     }
 
+    public func localDocuments() async throws -> [CollectionPath: [DocumentID: JSONObject]] {
+        try await readState { [store] db in try store.localDocuments(db) }
+    }
+
     /// Synced rows that have no server id yet.
     public func unsyncedRowCount() throws -> Int {
         try readState { db in try store.unsyncedRowCount(db) }
+    }
+
+    public func unsyncedRowCount() async throws -> Int {
+        try await readState { [store] db in try store.unsyncedRowCount(db) }
     }
 }

@@ -20,7 +20,7 @@ extension Bench {
                     configuration.logger.logLevel = .critical
                 })
         }
-        defer { for node in nodes { node.stop() } }
+        defer { for node in nodes { node.stopWithoutWaiting() } }
 
         let count = quick ? 200 : 1000
         let latencies = try await propagationLatencies(from: nodes[0], to: nodes[1], count: count, progress: progress)

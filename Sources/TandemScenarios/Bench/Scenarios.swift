@@ -19,7 +19,7 @@ public enum Bench {
     public static func propagation(quick: Bool, progress: Progress) async throws -> BenchResult {
         let count = quick ? 200 : 1000
         let server = try await benchServer()
-        defer { server.stop() }
+        defer { server.stopWithoutWaiting() }
         let latencies = try await propagationLatencies(from: server, to: server, count: count, progress: progress)
         let echo = try Floors.echo(messages: quick ? 20_000 : 100_000)
         let p50 = latencies.milliseconds(at: 50)
@@ -77,7 +77,7 @@ public enum Bench {
     public static func throughput(quick: Bool, progress: Progress) async throws -> BenchResult {
         let count = quick ? 10_000 : 100_000
         let server = try await benchServer()
-        defer { server.stop() }
+        defer { server.stopWithoutWaiting() }
         let a = try benchDevice("a", server: server)
         let b = try benchDevice("b", server: server)
         b.service.start()
@@ -116,7 +116,7 @@ public enum Bench {
     public static func snapshot(quick: Bool, progress: Progress) async throws -> BenchResult {
         let count = quick ? 10_000 : 100_000
         let server = try await benchServer()
-        defer { server.stop() }
+        defer { server.stopWithoutWaiting() }
         try await BenchModel.seed(count, url: server.url) { done in progress("snapshot: seeding \(done)/\(count)")
         }
         let fresh = try benchDevice("fresh", server: server)
@@ -149,7 +149,7 @@ public enum Bench {
         let writes = quick ? 20 : 100
         raiseOpenFilesLimit()
         let server = try await benchServer()
-        defer { server.stop() }
+        defer { server.stopWithoutWaiting() }
         let latencies = try await fanoutLatencies(
             url: server.url, listeners: listeners, writes: writes, scenario: "fanout", progress: progress)
         let echo = try Floors.echo(messages: quick ? 20_000 : 100_000)
@@ -193,7 +193,7 @@ public enum Bench {
                 try BenchModel.arrived(device.database) == size
             }
             let writer = try await ServerConnection.connect(to: server.url, clientId: "writer")
-            let documents = try server.server.documents(in: try CollectionPath("items"))
+            let documents = try await server.server.documents(in: try CollectionPath("items"))
             let changes = quick ? 100 : 200
             for index in 0..<changes {
                 let document = documents[(index * 7919) % documents.count]
@@ -213,7 +213,7 @@ public enum Bench {
             progress("apply: \(size) rows done")
             writer.close()
             await device.service.stop()
-            server.stop()
+            await server.stop()
         }
         let largest = medians["\(sizes.last!) rows, median ms"]!
         let smallest = medians["\(sizes.first!) rows, median ms"]!

@@ -83,16 +83,19 @@ public final class TestDevice: Sendable {
         if starting { fresh.start() }
     }
 
+    // Each reads or writes the device's database asynchronously: a test calling them holds
+    // no thread while the sync engine has the database.
+
     /// Every synced document on this device (see ``SyncService/localDocuments()``).
-    public func documents() throws -> [CollectionPath: [DocumentID: JSONObject]] {
-        try service.localDocuments()
+    public func documents() async throws -> [CollectionPath: [DocumentID: JSONObject]] {
+        try await service.localDocuments()
     }
 
     // MARK: - Cash-flow helpers
 
     @discardableResult
-    public func addAccount(_ name: String, shared: Bool = true) throws -> CashFlow.Account {
-        try database.write { db in
+    public func addAccount(_ name: String, shared: Bool = true) async throws -> CashFlow.Account {
+        try await database.write { db in
             var account = CashFlow.Account(name: name, isShared: shared)
             try account.insert(db)
             return account
@@ -100,45 +103,45 @@ public final class TestDevice: Sendable {
     }
 
     @discardableResult
-    public func addEntry(_ title: String, amount: Int64, account: Int64, linkedTo: Int64? = nil) throws
+    public func addEntry(_ title: String, amount: Int64, account: Int64, linkedTo: Int64? = nil) async throws
         -> CashFlow.Entry
     {
-        try database.write { db in
+        try await database.write { db in
             var entry = CashFlow.Entry(accountId: account, title: title, amount: amount, linkedEntryId: linkedTo)
             try entry.insert(db)
             return entry
         }
     }
 
-    public func entries() throws -> [CashFlow.Entry] {
-        try database.read { db in try CashFlow.Entry.order(Column("id")).fetchAll(db) }
+    public func entries() async throws -> [CashFlow.Entry] {
+        try await database.read { db in try CashFlow.Entry.order(Column("id")).fetchAll(db) }
     }
 
-    public func accounts() throws -> [CashFlow.Account] {
-        try database.read { db in try CashFlow.Account.order(Column("id")).fetchAll(db) }
+    public func accounts() async throws -> [CashFlow.Account] {
+        try await database.read { db in try CashFlow.Account.order(Column("id")).fetchAll(db) }
     }
 
     /// The local row for a server id.
-    public func entry(serverId: String) throws -> CashFlow.Entry? {
-        try database.read { db in try CashFlow.Entry.filter(Column("serverId") == serverId).fetchOne(db) }
+    public func entry(serverId: String) async throws -> CashFlow.Entry? {
+        try await database.read { db in try CashFlow.Entry.filter(Column("serverId") == serverId).fetchOne(db) }
     }
 
     /// The server id of a local entry row.
-    public func serverId(ofEntry id: Int64) throws -> String? {
-        try database.read { db in
+    public func serverId(ofEntry id: Int64) async throws -> String? {
+        try await database.read { db in
             try String.fetchOne(db, sql: "SELECT serverId FROM entry WHERE id = ?", arguments: [id])
         }
     }
 
-    public func serverId(ofAccount id: Int64) throws -> String? {
-        try database.read { db in
+    public func serverId(ofAccount id: Int64) async throws -> String? {
+        try await database.read { db in
             try String.fetchOne(db, sql: "SELECT serverId FROM account WHERE id = ?", arguments: [id])
         }
     }
 
     /// Whether a row is dirty (has unpushed changes).
-    public func isDirty(entry id: Int64) throws -> Bool {
-        try database.read { db in
+    public func isDirty(entry id: Int64) async throws -> Bool {
+        try await database.read { db in
             try Bool.fetchOne(db, sql: "SELECT isDirty FROM entry WHERE id = ?", arguments: [id]) ?? false
         }
     }

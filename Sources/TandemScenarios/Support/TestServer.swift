@@ -67,7 +67,10 @@ public final class TestServer: Sendable {
                 privateKey: folder.appendingPathComponent("server.key"))
         }
         configure(&configuration)
-        let server = try TandemServer(configuration: configuration)
+        // Starting waits for the socket's service thread and the store: not on a thread of
+        // Swift concurrency's pool.
+        let startConfiguration = configuration
+        let server = try await onOwnThread { try TandemServer(configuration: startConfiguration) }
         configuration.port = server.port
         baseConfiguration = configuration
         running.withLock { $0 = server }
@@ -85,7 +88,19 @@ public final class TestServer: Sendable {
 
     /// Stops the server: connections close with 1001, the database is closed. The port stays
     /// reserved for ``start()``.
-    public func stop() {
+    public func stop() async {
+        let server = running.withLock { server in
+            defer { server = nil }
+            return server
+        }
+        guard let server else { return }
+        await server.shutdown()
+        held.withLock { $0 = try? RefusingPort(port: port) }
+    }
+
+    /// ``stop()`` for code on a thread of its own (a hook of the sync engine), which it blocks
+    /// until the server is down.
+    public func stopBlocking() {
         let server = running.withLock { server in
             defer { server = nil }
             return server
@@ -95,23 +110,44 @@ public final class TestServer: Sendable {
         held.withLock { $0 = try? RefusingPort(port: port) }
     }
 
+    /// Stops the server from code that cannot wait (a `defer`): the shutdown runs on a thread
+    /// of its own, and this returns at once.
+    public func stopWithoutWaiting() {
+        let server = running.withLock { server in
+            defer { server = nil }
+            return server
+        }
+        guard let server else { return }
+        Thread.detachNewThread { server.shutdown() }
+    }
+
     /// Starts a stopped server again on the same port and data folder.
-    public func start() throws {
+    public func start() async throws {
         held.withLock { $0 = nil }
-        let server = try TandemServer(configuration: baseConfiguration)
+        let configuration = baseConfiguration
+        let server = try await onOwnThread { try TandemServer(configuration: configuration) }
         running.withLock { $0 = server }
     }
 
     /// Stops and starts again.
-    public func restart() throws {
-        stop()
-        try start()
+    public func restart() async throws {
+        await stop()
+        try await start()
     }
 
     public var isRunning: Bool { running.withLock { $0 != nil } }
 
+    /// The last reference may go on any thread, one of Swift concurrency's among them: the
+    /// server shuts down (and its PostgreSQL database is dropped) on a thread of its own.
     deinit {
-        stop()
-        if let database { database.cluster.dropDatabase(url: database.url) }
+        let server = running.withLock { $0 }
+        let database = database
+        let directory = directory  // removed once the server is down
+        guard server != nil || database != nil else { return }
+        Thread.detachNewThread {
+            server?.shutdown()
+            if let database { database.cluster.dropDatabase(url: database.url) }
+            withExtendedLifetime(directory) {}
+        }
     }
 }
