@@ -114,12 +114,12 @@ public enum DemoScenario {
             // A stall is a moment to resolve the conflicts that hold convergence up. A device
             // still connecting (an attempt can take its whole timeout on a busy machine) is waited
             // for; a stall with every device connected and no conflict is the end.
-        } while try
-            (devices.contains(where: { try !$0.service.conflicts().isEmpty })
+        } while try await
+            (openConflicts(devices) > 0
             || (!report.isConverged && devices.contains(where: { !$0.service.status.isConnected })))
             && ContinuousClock.now < deadline
         let resolvedConflicts = devices.map { $0.service.status.resolvedConflicts }.reduce(0, +)
-        let openConflicts = try devices.map { try $0.service.conflicts().count }.reduce(0, +)
+        let openConflicts = try await openConflicts(devices)
         for device in devices { await device.service.stop() }
         return try await result(
             report, server, devices, conflicts: (resolvedConflicts, openConflicts, resolvedByHand), counts, started,
@@ -178,6 +178,13 @@ public enum DemoScenario {
             DemoProgress(
                 phase: "editing", done: step + 1, total: options.operations, online: online.filter { $0 }.count,
                 pending: devices.map { $0.service.status.pendingCount }.reduce(0, +)))
+    }
+
+    /// How many conflicts the devices hold open.
+    static func openConflicts(_ devices: [TestDevice]) async throws -> Int {
+        var count = 0
+        for device in devices { count += try await device.service.conflicts().count }
+        return count
     }
 
     static func sharedAccounts(_ device: TestDevice) async throws -> [Int64] {

@@ -91,8 +91,7 @@ public enum SharedAccountsDemo {
                             phase: phase, done: done, total: options.operations, online: devices.count,
                             pending: report.devices.map(\.pending).reduce(0, +)))
                 }
-            } while try devices.contains(where: { try !$0.service.conflicts().isEmpty })
-                && ContinuousClock.now < deadline
+            } while try await DemoScenario.openConflicts(devices) > 0 && ContinuousClock.now < deadline
             return report
         }
 
@@ -125,7 +124,7 @@ public enum SharedAccountsDemo {
 
         let conflicts = (
             devices.map { $0.service.status.resolvedConflicts }.reduce(0, +),
-            try devices.map { try $0.service.conflicts().count }.reduce(0, +), resolvedByHand
+            try await DemoScenario.openConflicts(devices), resolvedByHand
         )
         for device in devices { await device.service.stop() }
         return try await DemoScenario.result(report, server, devices, conflicts: conflicts, counts, started, options)

@@ -152,7 +152,7 @@ struct ConflictTests {
         sent.withLock { $0 = [] }
         pair.phone.service.start()
 
-        try await waitUntil("the phone holds an open conflict") { try !pair.phone.service.conflicts().isEmpty }
+        try await waitUntil("the phone holds an open conflict") { try await !pair.phone.service.conflicts().isEmpty }
         let conflict = try #require(try await pair.phone.service.conflicts().first)
         #expect(conflict.table == "entry")
         #expect(conflict.fields == ["title"])

@@ -168,7 +168,7 @@ struct RaceTests {
         phone.service.start()
         // The create reaches the server but its answer is lost; the phone goes away.
         let account = try await phone.addAccount("Household")
-        try await waitUntil("the create failed for the phone") { try phone.service.failedRecords().count == 1 }
+        try await waitUntil("the create failed for the phone") { try await phone.service.failedRecords().count == 1 }
         await phone.service.stop()
         #expect(try await serverDocuments(server, "accounts").count == 1)
         #expect(try await phone.serverId(ofAccount: account.id!) == nil, "the phone never learned the document's id")
@@ -204,7 +204,7 @@ struct RaceTests {
         // The phone's create reaches the server but its answer is lost; the phone stays away.
         drops.drop(next: 1)
         let entry = try await phone.addEntry("Rent", amount: -100, account: account.id!)
-        try await waitUntil("the create failed for the phone") { try phone.service.failedRecords().count == 1 }
+        try await waitUntil("the create failed for the phone") { try await phone.service.failedRecords().count == 1 }
         await phone.service.stop()
 
         // Meanwhile the laptop gets the entry and deletes it.

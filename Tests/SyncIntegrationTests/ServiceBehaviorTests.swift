@@ -47,7 +47,7 @@ struct ServiceBehaviorTests {
         let account = try await phone.addAccount("Household")
         let big = try await phone.addEntry(String(repeating: "x", count: 2000), amount: 1, account: account.id!)
         try await phone.addEntry("Small", amount: 2, account: account.id!)
-        try await waitUntil("the big row failed") { try phone.service.failedRecords().count == 1 }
+        try await waitUntil("the big row failed") { try await phone.service.failedRecords().count == 1 }
         let failure = try #require(try await phone.service.failedRecords().first)
         #expect(failure.table == "entry")
         #expect(failure.rowId == big.id)
@@ -87,7 +87,7 @@ struct ServiceBehaviorTests {
         try await phone.addAccount("Household")
         do {
             try await waitUntil("the row failed after two attempts") {
-                try phone.service.failedRecords().first?.attempts == 2
+                try await phone.service.failedRecords().first?.attempts == 2
             }
         } catch {
             throw TestFailure("\(error); status: \(phone.service.status); drops left: \(drops.remainingDrops)")

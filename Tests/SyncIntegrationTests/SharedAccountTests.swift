@@ -205,7 +205,7 @@ struct SharedAccountTests {
 
         // The server refuses his changes (he is no longer a member), and the account, now
         // unreadable to him, leaves his scope without its content: a conflict, not a removal.
-        try await waitUntil("a left-scope conflict") { try bob.service.conflicts().count == 1 }
+        try await waitUntil("a left-scope conflict") { try await bob.service.conflicts().count == 1 }
         let conflict = try #require(try await bob.service.conflicts().first)
         #expect(conflict.reason == .leftScope)
         #expect(conflict.table == "account" && conflict.local["name"] == "Home (bob)")
@@ -241,7 +241,7 @@ struct SharedAccountTests {
             try db.execute(sql: "UPDATE account SET name = 'Home (bob)' WHERE name = 'Home'")
         }
         try await Self.setMembers(alice, "Home", to: ["alice"])
-        try await waitUntil("a left-scope conflict") { try bob.service.conflicts().count == 1 }
+        try await waitUntil("a left-scope conflict") { try await bob.service.conflicts().count == 1 }
         return (server, alice, bob)
     }
 
@@ -274,7 +274,7 @@ struct SharedAccountTests {
         defer { Task { await alice.service.stop() } }
         defer { Task { await bob.service.stop() } }
         try await Self.setMembers(alice, "Home", to: ["alice", "bob"])
-        try await waitUntil("the conflict closed") { try bob.service.conflicts().isEmpty }
+        try await waitUntil("the conflict closed") { try await bob.service.conflicts().isEmpty }
         // His edit is still his, and goes out (merged with alice's members) when he pushes.
         #expect(try Self.holdings(bob) == ["Home (bob)": ["Rent"]])
         _ = try await bob.service.syncNow()
