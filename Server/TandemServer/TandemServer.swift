@@ -131,8 +131,7 @@ public final class TandemServer: Sendable {
     public func shutdown() async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             Thread.detachNewThread { [self] in
-                socket.shutdown()
-                core.queue.sync { core.stop() }
+                shutdown()
                 continuation.resume()
             }
         }

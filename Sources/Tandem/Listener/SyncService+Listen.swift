@@ -36,6 +36,7 @@ extension SyncService {
                     state.connecting = false
                     state.connection = connection
                     state.listening = [:]
+                    state.listenFailures = [:]
                     state.reconnectAttempt = 0
                     state.status.isConnected = true
                     return true

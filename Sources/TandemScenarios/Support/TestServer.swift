@@ -89,11 +89,7 @@ public final class TestServer: Sendable {
     /// Stops the server: connections close with 1001, the database is closed. The port stays
     /// reserved for ``start()``.
     public func stop() async {
-        let server = running.withLock { server in
-            defer { server = nil }
-            return server
-        }
-        guard let server else { return }
+        guard let server = takeServer() else { return }
         await server.shutdown()
         held.withLock { $0 = try? RefusingPort(port: port) }
     }
@@ -101,11 +97,7 @@ public final class TestServer: Sendable {
     /// ``stop()`` for code on a thread of its own (a hook of the sync engine), which it blocks
     /// until the server is down.
     public func stopBlocking() {
-        let server = running.withLock { server in
-            defer { server = nil }
-            return server
-        }
-        guard let server else { return }
+        guard let server = takeServer() else { return }
         server.shutdown()
         held.withLock { $0 = try? RefusingPort(port: port) }
     }
@@ -113,12 +105,16 @@ public final class TestServer: Sendable {
     /// Stops the server from code that cannot wait (a `defer`): the shutdown runs on a thread
     /// of its own, and this returns at once.
     public func stopWithoutWaiting() {
-        let server = running.withLock { server in
+        guard let server = takeServer() else { return }
+        Thread.detachNewThread { server.shutdown() }
+    }
+
+    /// The running server, no longer running as far as this test server is concerned.
+    private func takeServer() -> TandemServer? {
+        running.withLock { server in
             defer { server = nil }
             return server
         }
-        guard let server else { return }
-        Thread.detachNewThread { server.shutdown() }
     }
 
     /// Starts a stopped server again on the same port and data folder.
