@@ -25,7 +25,7 @@ public final class TandemServer: Sendable {
     /// The port listened on (the one the system picked when configured with 0).
     public let port: Int
 
-    private let core: ServerCore
+    let core: ServerCore
     private let socket: WebSocketServer
 
     /// Opens the data folder and starts listening.
@@ -80,7 +80,8 @@ public final class TandemServer: Sendable {
                 store = try SQLiteStore(inMemoryWith: configuration.logger)
             case .postgres(let url):
                 store = try PostgresStore(
-                    url: url, logger: configuration.logger, onNews: { relay.news($0) },
+                    url: url, logger: configuration.logger, timeout: configuration.postgresTimeout,
+                    onNews: { relay.news($0) },
                     onReachability: { relay.reachability($0) })
             }
         } catch {

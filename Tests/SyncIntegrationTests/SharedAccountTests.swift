@@ -265,7 +265,10 @@ struct SharedAccountTests {
         #expect(home.fields["name"] == "Home (bob)" && home.fields["members"] == ["alice"])
         try await waitUntil("alice has bob's name") { try Self.holdings(alice) == ["Home (bob)": ["Rent"]] }
         #expect(try await bob.service.conflicts().isEmpty)
-        #expect(bob.service.status.failedCount == 0 && bob.service.status.pendingCount == 0)
+        // The status follows the rows' removal; it must get there, not already be there.
+        try await waitUntil("bob's status shows nothing pending") {
+            bob.service.status.failedCount == 0 && bob.service.status.pendingCount == 0
+        }
     }
 
     @Test("a row out of scope whose document comes back before the app decides: the conflict closes by itself")

@@ -127,10 +127,11 @@ public final class SyncService: Sendable {
         let clock = HybridLogicalClock(wall: configuration.clock)
         self.clock = clock
         let models: [TableModel]
+        let counts: (Int, Int, Int)
         do {
             // Tandem's own tables first, by version; then the app's tables get their columns.
             try SyncLedger.migrator.migrate(database)
-            models = try database.writeWithoutTransaction { db in
+            (models, counts) = try database.writeWithoutTransaction { db in
                 db.add(function: DatabaseFunction("tandem_now", argumentCount: 0, pure: false) { _ in clock.now() })
                 var models: [TableModel] = []
                 try db.inTransaction {
@@ -138,8 +139,10 @@ public final class SyncService: Sendable {
                     return .commit
                 }
                 // Never below a time this database has seen, whatever the wall clock says now.
-                clock.receive(try LocalStore(tables: models, clock: clock).latestTime(db))
-                return models
+                let store = LocalStore(tables: models, clock: clock)
+                clock.receive(try store.latestTime(db))
+                // The status is current when init returns, whichever thread called it.
+                return (models, try Self.counts(store, db))
             }
         } catch let error as TandemError {
             throw error
@@ -169,7 +172,7 @@ public final class SyncService: Sendable {
         database.writeWithoutTransaction { db in db.add(transactionObserver: observer, extent: .observerLifetime) }
         observer.setOnCommit { [weak self] parentsChanged in self?.localChangesCommitted(parentsChanged: parentsChanged)
         }
-        refreshStatus()
+        showCounts(counts, read: nextCountRead())
     }
 
     /// Syncs the tables of these record types (see ``SyncableRecord``).

@@ -46,11 +46,12 @@ public final class PostgresCluster: Sendable {
     }
 
     /// The one cluster most tests share, started on first use (once, however many tests ask
-    /// at the same time).
+    /// at the same time). It listens on its Unix socket and on loopback TCP
+    /// (``tcpURL(database:address:)`` with `127.0.0.1`).
     public static func shared() async throws -> PostgresCluster {
         let starting = sharedCluster.withLock { task in
             if let task { return task }
-            let started = Task { try await start() }
+            let started = Task { try await start(tcpAddresses: ["127.0.0.1"]) }
             task = started
             return started
         }

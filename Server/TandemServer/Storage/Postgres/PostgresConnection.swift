@@ -4,10 +4,22 @@ import Foundation
 /// One connection to PostgreSQL through libpq, with a deadline on every call.
 ///
 /// libpq's blocking calls wait as long as TCP does: minutes, when the network between a node
-/// and the database is cut. So every call here uses libpq's asynchronous API
-/// (`PQsendQueryParams`, `PQconsumeInput`, `PQisBusy`) and waits with `poll` until the
-/// deadline; a call that runs out of time closes the connection and throws a connection
-/// failure, which the caller treats like any lost connection.
+/// and the database is cut. Two things bound that wait, for two different failures:
+///
+/// - **A cut link** is found by TCP itself, in seconds: the connection asks the kernel to
+///   give up on data the database's host has not acknowledged within ``linkTimeout``
+///   (`tcp_user_timeout`), and to probe an idle connection (keepalives). A database that is
+///   merely busy still acknowledges at the TCP level, so load never looks like a partition.
+///   (Over a Unix socket there is no link to lose; libpq ignores these settings there.)
+/// - **A database that holds the connection but does not answer** (wedged, or far slower than
+///   it should be) is found by the deadline: every call uses libpq's asynchronous API
+///   (`PQsendQueryParams`, `PQconsumeInput`, `PQisBusy`) and waits with `poll` until
+///   `timeout`. A call that runs out of time closes the connection and throws a connection
+///   failure, which the caller treats like any lost connection. The deadline is generous on
+///   purpose: a statement that is slow because the machine is loaded must finish, not fail.
+///
+/// Settings given in the URL (`keepalives_idle=…`, `tcp_user_timeout=…`) take precedence over
+/// these defaults.
 ///
 /// Statements are prepared once per connection (`PQsendPrepare`) and run by name after.
 /// Parameters and results travel as text.
@@ -15,21 +27,30 @@ import Foundation
 /// Not thread-safe: one thread (or serial queue) uses a connection at a time.
 final class PostgresConnection {
     let url: String
-    let timeout: Duration
+    /// How long each call waits for the database (see the type's comment).
+    var timeout: Duration
     private var connection: OpaquePointer?
     private var prepared: [String: String] = [:]
 
+    /// How long unacknowledged data may wait on a TCP connection before the kernel drops it.
+    static let linkTimeout = Duration.seconds(5)
+
+    /// The statement deadline when the server's configuration gives none.
+    static let defaultTimeout = Duration.seconds(30)
+
     /// Connects within `timeout`.
     ///
-    /// - Parameter url: A libpq connection string or URI, like
-    ///   `postgresql://user@/db?host=/run/postgresql&port=5433`.
+    /// - Parameters:
+    ///   - url: A libpq connection string or URI, like
+    ///     `postgresql://user@/db?host=/run/postgresql&port=5433`.
+    ///   - timeout: How long to wait for the connection, and later for each statement's answer.
     /// - Throws: ``PostgresError`` (a connection failure) when the server cannot be reached or
     ///   refuses the connection.
-    init(url: String, timeout: Duration = .seconds(5)) throws(PostgresError) {
+    init(url: String, timeout: Duration = defaultTimeout) throws(PostgresError) {
         self.url = url
         self.timeout = timeout
         let deadline = ContinuousClock.now + timeout
-        guard let connection = PQconnectStart(url) else {
+        guard let connection = Self.start(url) else {
             throw PostgresError(connectionFailure: "libpq could not allocate a connection")
         }
         self.connection = connection
@@ -59,6 +80,24 @@ final class PostgresConnection {
     }
 
     deinit { close() }
+
+    /// `PQconnectStartParams` with the link settings first and the URL after, expanded in
+    /// place (`expand_dbname`): what the URL sets overrides the defaults before it.
+    private static func start(_ url: String) -> OpaquePointer? {
+        let settings = [
+            ("keepalives", "1"),
+            ("keepalives_idle", "5"),
+            ("keepalives_interval", "1"),
+            ("keepalives_count", "3"),
+            ("tcp_user_timeout", "\(linkTimeout.milliseconds)"),
+            ("dbname", url),
+        ]
+        let keywords = settings.map { strdup($0.0) }, values = settings.map { strdup($0.1) }
+        defer { (keywords + values).forEach { free($0) } }
+        let keywordPointers = keywords.map { UnsafePointer($0) } + [nil]
+        let valuePointers = values.map { UnsafePointer($0) } + [nil]
+        return PQconnectStartParams(keywordPointers, valuePointers, 1)
+    }
 
     /// True until the connection failed or was closed.
     var isOpen: Bool {

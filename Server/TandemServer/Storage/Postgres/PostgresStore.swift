@@ -26,7 +26,7 @@ final class PostgresStore: DocumentStore {
     let epoch: String
     var kind: String { "postgres" }
     private let logger: Logger
-    private let timeout: Duration
+    let timeout: Duration
     /// The core queue's connection; nil while it is down.
     private var connection: PostgresConnection?
     /// No new connection is tried before this (after a failure), so that an outage does not
@@ -43,7 +43,7 @@ final class PostgresStore: DocumentStore {
     ///   - onReachability: Called (on the store's own thread) when the database stops or
     ///     starts answering.
     init(
-        url: String, logger: Logger, timeout: Duration = .seconds(5),
+        url: String, logger: Logger, timeout: Duration = PostgresConnection.defaultTimeout,
         onNews: @escaping @Sendable (Set<CollectionPath>?) -> Void,
         onReachability: @escaping @Sendable (Bool) -> Void
     ) throws {
