@@ -57,6 +57,7 @@ let package = Package(
             name: "TandemSocket",
             dependencies: [
                 "CLibWebSockets",
+                "TandemWire",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

@@ -3,6 +3,7 @@ import Dispatch
 import Foundation
 import Logging
 import Synchronization
+import TandemWire
 
 /// One libwebsockets context and the thread that services it.
 ///
@@ -209,6 +210,26 @@ final class ServiceLoop: @unchecked Sendable {
     ///
     /// Called from one of this loop's own callbacks, it only starts the shutdown.
     func shutdown() {
+        guard beginShutdown() else { return }
+        BlockingCheck.willBlock("waiting for a libwebsockets loop's close handshakes (shutdown())")
+        waitUntilFinished()
+    }
+
+    /// ``shutdown()`` for async callers: the wait for the close handshakes (up to the grace
+    /// period) holds a thread of its own, not one of Swift concurrency's.
+    func shutdown() async {
+        guard beginShutdown() else { return }
+        await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+            Thread.detachNewThread { [self] in
+                waitUntilFinished()
+                done.resume()
+            }
+        }
+    }
+
+    /// Starts the shutdown (once, whoever calls first); false on the service thread, which
+    /// must return to its loop rather than wait for it.
+    private func beginShutdown() -> Bool {
         let first = pending.withLock { p -> Bool in
             defer { p.stopping = true }
             return !p.stopping
@@ -217,7 +238,10 @@ final class ServiceLoop: @unchecked Sendable {
             wake()
             DispatchQueue.global().asyncAfter(deadline: .now() + Self.gracePeriod) { [self] in wake() }
         }
-        if isServiceThread { return }
+        return !isServiceThread
+    }
+
+    private func waitUntilFinished() {
         finished.wait()
         finished.signal()  // let later callers of shutdown() through too
     }
@@ -231,16 +255,15 @@ final class ServiceLoop: @unchecked Sendable {
     let threadName = "tandem-lws-\(ServiceLoop.threadNumbers.wrappingAdd(1, ordering: .relaxed).oldValue)"
     private static let threadNumbers = Atomic<Int>(1)
 
+    /// Starts the service thread without waiting for it: until it records itself,
+    /// ``isServiceThread`` is false everywhere, which is true of every thread that asks.
     private func startServiceThread() {
-        let started = DispatchSemaphore(value: 0)
         let thread = Thread { [self] in
             tandem_set_thread_name(threadName)
             pending.withLock { $0.serviceThread = pthread_self() }
-            started.signal()
             run()
         }
         thread.start()
-        started.wait()
     }
 
     private func run() {

@@ -54,6 +54,12 @@ public final class WebSocketClient: Sendable {
         loop.shutdown()
     }
 
+    /// ``shutdown()`` for async callers: waits for the close handshakes without holding a
+    /// thread of Swift concurrency's pool.
+    public func shutdown() async {
+        await loop.shutdown()
+    }
+
     static func parse(_ url: String) throws(WebSocketError) -> WebSocketConnection.ConnectTarget {
         guard let components = URLComponents(string: url), let scheme = components.scheme?.lowercased(),
             scheme == "ws" || scheme == "wss", let host = components.host, !host.isEmpty

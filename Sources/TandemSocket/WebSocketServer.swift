@@ -56,4 +56,10 @@ public final class WebSocketServer: Sendable {
     public func shutdown() {
         loop.shutdown()
     }
+
+    /// ``shutdown()`` for async callers: waits for the close handshakes without holding a
+    /// thread of Swift concurrency's pool.
+    public func shutdown() async {
+        await loop.shutdown()
+    }
 }

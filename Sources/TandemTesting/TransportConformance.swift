@@ -30,8 +30,13 @@ public enum TransportConformance {
         /// - Throws: ``TransportConformanceFailure`` saying what the transport did wrong.
         public func run(on transport: any WebSocketTransport) async throws {
             let peer = try Peer()
-            defer { peer.stop() }
-            try await body(transport, peer)
+            do {
+                try await body(transport, peer)
+            } catch {
+                await peer.stop()
+                throw error
+            }
+            await peer.stop()
         }
     }
 
@@ -196,7 +201,7 @@ public enum TransportConformance {
         var received: [String] { commands.state.withLock { $0.received } }
         var closes: [WebSocketCloseEvent] { commands.state.withLock { $0.closes } }
 
-        func stop() { server.shutdown() }
+        func stop() async { await server.shutdown() }
     }
 
     private final class Commands: WebSocketDelegate {

@@ -10,11 +10,11 @@ struct WebSocketTests {
     func echo() async throws {
         let serverEvents = Recorder(echo: true)
         let server = try WebSocketServer(port: 0, delegate: serverEvents)
-        defer { server.shutdown() }
+        defer { server.shutdownWithoutWaiting() }
         #expect(server.port > 0)
 
         let client = try WebSocketClient()
-        defer { client.shutdown() }
+        defer { client.shutdownWithoutWaiting() }
         let clientEvents = Recorder()
         let connection = try client.connect(to: "ws://127.0.0.1:\(server.port)/", delegate: clientEvents)
         try connection.send(text: "hello")  // queued until the handshake completes
@@ -28,9 +28,9 @@ struct WebSocketTests {
         // the loop, so sends after the handshake never woke it.
         let serverEvents = Recorder(echo: true)
         let server = try WebSocketServer(port: 0, delegate: serverEvents)
-        defer { server.shutdown() }
+        defer { server.shutdownWithoutWaiting() }
         let client = try WebSocketClient()
-        defer { client.shutdown() }
+        defer { client.shutdownWithoutWaiting() }
         let clientEvents = Recorder()
         let connection = try client.connect(to: "ws://127.0.0.1:\(server.port)/", delegate: clientEvents)
         try connection.send(text: "before")
@@ -43,9 +43,9 @@ struct WebSocketTests {
     func concurrentSends() async throws {
         let serverEvents = Recorder()
         let server = try WebSocketServer(port: 0, delegate: serverEvents)
-        defer { server.shutdown() }
+        defer { server.shutdownWithoutWaiting() }
         let client = try WebSocketClient()
-        defer { client.shutdown() }
+        defer { client.shutdownWithoutWaiting() }
         let connection = try client.connect(to: "ws://127.0.0.1:\(server.port)/", delegate: Recorder())
 
         let threads = 8, perThread = 500
@@ -69,7 +69,7 @@ struct WebSocketTests {
     func fragments() async throws {
         let serverEvents = Recorder(echo: true)
         let server = try WebSocketServer(port: 0, delegate: serverEvents)
-        defer { server.shutdown() }
+        defer { server.shutdownWithoutWaiting() }
         let raw = try await RawWebSocket.open(port: server.port)
         try raw.sendFrame(opcode: .text, payload: Array("frag".utf8), fin: false)
         try raw.sendFrame(opcode: .continuation, payload: Array("ment".utf8), fin: false)
@@ -81,9 +81,9 @@ struct WebSocketTests {
     func largeMessage() async throws {
         let serverEvents = Recorder(echo: true)
         let server = try WebSocketServer(port: 0, delegate: serverEvents)
-        defer { server.shutdown() }
+        defer { server.shutdownWithoutWaiting() }
         let client = try WebSocketClient()
-        defer { client.shutdown() }
+        defer { client.shutdownWithoutWaiting() }
         let clientEvents = Recorder()
         let connection = try client.connect(to: "ws://127.0.0.1:\(server.port)/", delegate: clientEvents)
         let big = String(repeating: "0123456789abcdef", count: 60_000)  // 960 KB, under the 1 MiB cap
@@ -98,7 +98,7 @@ struct WebSocketTests {
         configuration.maxMessageBytes = 1000
         let serverEvents = Recorder()
         let server = try WebSocketServer(port: 0, configuration: configuration, delegate: serverEvents)
-        defer { server.shutdown() }
+        defer { server.shutdownWithoutWaiting() }
         let raw = try await RawWebSocket.open(port: server.port)
         try raw.sendFrame(opcode: .text, payload: [UInt8](repeating: 65, count: 600), fin: false)
         try raw.sendFrame(opcode: .continuation, payload: [UInt8](repeating: 65, count: 600), fin: true)
@@ -113,7 +113,7 @@ struct WebSocketTests {
     func invalidUTF8() async throws {
         let serverEvents = Recorder()
         let server = try WebSocketServer(port: 0, delegate: serverEvents)
-        defer { server.shutdown() }
+        defer { server.shutdownWithoutWaiting() }
         let raw = try await RawWebSocket.open(port: server.port)
         try raw.sendFrame(opcode: .text, payload: [0x7B, 0xC3, 0x28, 0x7D])
         let close = try await raw.readClose()
@@ -127,11 +127,11 @@ struct WebSocketTests {
         configuration.maxQueuedBytes = 256 << 10
         let serverEvents = Recorder()
         let server = try WebSocketServer(port: 0, configuration: configuration, delegate: serverEvents)
-        defer { server.shutdown() }
+        defer { server.shutdownWithoutWaiting() }
 
         let stalled = try await RawWebSocket.open(port: server.port, receiveBufferSize: 4096)
         let client = try WebSocketClient()
-        defer { client.shutdown() }
+        defer { client.shutdownWithoutWaiting() }
         let healthyEvents = Recorder()
         _ = try client.connect(to: "ws://127.0.0.1:\(server.port)/", delegate: healthyEvents)
         try await waitUntil("both connect") { serverEvents.opened == 2 }
@@ -171,7 +171,7 @@ struct WebSocketTests {
         configuration.idleTimeout = 2
         let serverEvents = Recorder()
         let server = try WebSocketServer(port: 0, configuration: configuration, delegate: serverEvents)
-        defer { server.shutdown() }
+        defer { server.shutdownWithoutWaiting() }
         let silent = try await RawWebSocket.open(port: server.port)
         #expect(await silent.waitForDisconnect(timeout: .seconds(60)))
         try await waitUntil("the server reports the close") { serverEvents.closes.count == 1 }
@@ -184,9 +184,9 @@ struct WebSocketTests {
         configuration.idleTimeout = 4  // four pings: a client starved for a second or two still answers one
         let serverEvents = Recorder()
         let server = try WebSocketServer(port: 0, configuration: configuration, delegate: serverEvents)
-        defer { server.shutdown() }
+        defer { server.shutdownWithoutWaiting() }
         let client = try WebSocketClient(configuration: configuration)
-        defer { client.shutdown() }
+        defer { client.shutdownWithoutWaiting() }
         let clientEvents = Recorder()
         let connection = try client.connect(to: "ws://127.0.0.1:\(server.port)/", delegate: clientEvents)
         try await waitUntil("open") { connection.isOpen }
@@ -198,11 +198,11 @@ struct WebSocketTests {
     @Test("connecting to a closed port reports a failure to connect")
     func refused() async throws {
         let client = try WebSocketClient()
-        defer { client.shutdown() }
+        defer { client.shutdownWithoutWaiting() }
         let events = Recorder()
         let server = try WebSocketServer(port: 0, delegate: Recorder())
         let port = server.port
-        server.shutdown()
+        await server.shutdown()
         _ = try client.connect(to: "ws://127.0.0.1:\(port)/", delegate: events)
         try await waitUntil("the failure is reported") { events.closes.count == 1 }
         #expect(events.closes.first?.failedToConnect == true)
@@ -213,7 +213,7 @@ struct WebSocketTests {
         arguments: ["http://x:1/", "ws://", "not a url", "ws://h:99999/"])
     func invalidURL(url: String) throws {
         let client = try WebSocketClient()
-        defer { client.shutdown() }
+        defer { client.shutdownWithoutWaiting() }
         #expect(throws: WebSocketError.self) { try client.connect(to: url, delegate: Recorder()) }
     }
 
@@ -224,14 +224,15 @@ struct WebSocketTests {
             let server = try WebSocketServer(port: 0, delegate: Recorder(echo: true))
             let client = try WebSocketClient()
             names.formUnion([server.threadName, client.threadName])
-            #expect(threadNames().contains(server.threadName))
+            // The loops start their threads without waiting for them.
+            try await waitUntil("the service thread runs") { threadNames().contains(server.threadName) }
             let events = Recorder()
             _ = try client.connect(to: "ws://127.0.0.1:\(server.port)/", delegate: events)
             try await waitUntil("open") { events.opened == 1 }
-            server.shutdown()
+            await server.shutdown()
             try await waitUntil("the client hears the server go away") { events.closes.count == 1 }
             #expect(events.closes.first?.code == .goingAway)
-            client.shutdown()
+            await client.shutdown()
         }
         try await waitUntil("the service threads are gone") {
             threadNames().isDisjoint(with: names)

@@ -37,7 +37,7 @@ struct ConnectionTests {
         configuration.pingInterval = 3600
         configuration.idleTimeout = 7200
         let server = try WebSocketServer(port: 0, configuration: configuration, delegate: silent)
-        defer { server.shutdown() }
+        defer { server.shutdownWithoutWaiting() }
         await #expect {
             _ = try await ServerConnection.connect(
                 to: "ws://127.0.0.1:\(server.port)", clientId: "patient", timeout: .milliseconds(300))

@@ -21,7 +21,7 @@ public enum Bench {
         let server = try await benchServer()
         defer { server.stopWithoutWaiting() }
         let latencies = try await propagationLatencies(from: server, to: server, count: count, progress: progress)
-        let echo = try Floors.echo(messages: quick ? 20_000 : 100_000)
+        let echo = try await onOwnThread { try Floors.echo(messages: quick ? 20_000 : 100_000) }
         let p50 = latencies.milliseconds(at: 50)
         let p99 = latencies.milliseconds(at: 99)
         let echoP50 = echo.roundTrip.milliseconds(at: 50)
@@ -152,7 +152,7 @@ public enum Bench {
         defer { server.stopWithoutWaiting() }
         let latencies = try await fanoutLatencies(
             url: server.url, listeners: listeners, writes: writes, scenario: "fanout", progress: progress)
-        let echo = try Floors.echo(messages: quick ? 20_000 : 100_000)
+        let echo = try await onOwnThread { try Floors.echo(messages: quick ? 20_000 : 100_000) }
         let p99 = latencies.milliseconds(at: 99)
         let deliveriesPerSecond = Double(listeners) / (latencies.milliseconds(at: 50) / 1000)
         return BenchResult(
@@ -253,12 +253,18 @@ public enum Bench {
         let echo = try await ServerProcess(arguments: ["echo-server", "--port", "0"], executable: executable)
         defer { echo.send(SIGTERM) }
         let client = try WebSocketClient()
-        defer { client.shutdown() }
-        let floor = try await memoryPerConnection(of: echo, count: count, progress: progress) { _ in
-            let socket = try client.connect(to: echo.url + "/", delegate: Floors.Echo())
-            try await poll("the raw connection opens") { socket.isOpen }
-            return { socket.close() }
+        let floor: (perConnection: Double, before: Int, after: Int)
+        do {
+            floor = try await memoryPerConnection(of: echo, count: count, progress: progress) { _ in
+                let socket = try client.connect(to: echo.url + "/", delegate: Floors.Echo())
+                try await poll("the raw connection opens") { socket.isOpen }
+                return { socket.close() }
+            }
+        } catch {
+            await client.shutdown()
+            throw error
         }
+        await client.shutdown()
         return BenchResult(
             scenario: "connections", metric: "server memory per connection", value: tandem.perConnection, unit: "KB",
             goal: "≤ 60 KB per connection (1,000 idle listeners)", met: quick ? nil : tandem.perConnection <= 60,

@@ -24,6 +24,6 @@ struct EchoServerCommand: AsyncParsableCommand {
         let server = try WebSocketServer(port: port, delegate: Floors.Echo())
         emit("listening on ws://127.0.0.1:\(server.port)")
         _ = await Signals.wait(for: [SIGINT, SIGTERM])
-        server.shutdown()
+        await server.shutdown()
     }
 }
