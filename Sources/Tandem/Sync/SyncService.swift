@@ -127,11 +127,10 @@ public final class SyncService: Sendable {
         let clock = HybridLogicalClock(wall: configuration.clock)
         self.clock = clock
         let models: [TableModel]
-        let counts: (Int, Int, Int)
         do {
             // Tandem's own tables first, by version; then the app's tables get their columns.
             try SyncLedger.migrator.migrate(database)
-            (models, counts) = try database.writeWithoutTransaction { db in
+            models = try database.writeWithoutTransaction { db in
                 db.add(function: DatabaseFunction("tandem_now", argumentCount: 0, pure: false) { _ in clock.now() })
                 var models: [TableModel] = []
                 try db.inTransaction {
@@ -139,10 +138,8 @@ public final class SyncService: Sendable {
                     return .commit
                 }
                 // Never below a time this database has seen, whatever the wall clock says now.
-                let store = LocalStore(tables: models, clock: clock)
-                clock.receive(try store.latestTime(db))
-                // The status is current when init returns, whichever thread called it.
-                return (models, try Self.counts(store, db))
+                clock.receive(try LocalStore(tables: models, clock: clock).latestTime(db))
+                return models
             }
         } catch let error as TandemError {
             throw error
@@ -169,10 +166,21 @@ public final class SyncService: Sendable {
         applyDispatchQueue = DispatchQueue(label: "tandem.apply.\(clientId)")
         applyQueue.underlyingQueue = applyDispatchQueue
         let observer = self.observer
-        database.writeWithoutTransaction { db in db.add(transactionObserver: observer, extent: .observerLifetime) }
         observer.setOnCommit { [weak self] parentsChanged in self?.localChangesCommitted(parentsChanged: parentsChanged)
         }
-        showCounts(counts, read: nextCountRead())
+        // The status is current when init returns, whichever thread called it. The counts are
+        // read in the write that starts observing, so no commit falls between the two, and
+        // before any refresh a later commit starts (whose read is newer, and wins).
+        let read = nextCountRead()
+        do {
+            let counts = try database.writeWithoutTransaction { [store] db in
+                db.add(transactionObserver: observer, extent: .observerLifetime)
+                return try Self.counts(store, db)
+            }
+            showCounts(counts, read: read)
+        } catch {
+            throw TandemError(.database, "cannot read the sync status: \(error)")
+        }
     }
 
     /// Syncs the tables of these record types (see ``SyncableRecord``).

@@ -99,7 +99,7 @@ extension Bench {
             url: process.url, listeners: listeners, writes: writes, scenario: "fanout-10k", progress: progress)
         let p99 = latencies.milliseconds(at: 99)
         let p50 = latencies.milliseconds(at: 50)
-        let echo = try Floors.echo(messages: quick ? 20_000 : 100_000)
+        let echo = try await onOwnThread { try Floors.echo(messages: quick ? 20_000 : 100_000) }
         let deliveriesPerSecond = Double(listeners) / (p50 / 1000)
         return BenchResult(
             scenario: "fanout-10k", metric: "p99", value: p99, unit: "ms", goal: "p99 ≤ 250 ms (10,000 listeners)",

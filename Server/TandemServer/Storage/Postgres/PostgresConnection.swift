@@ -19,7 +19,8 @@ import Foundation
 ///   purpose: a statement that is slow because the machine is loaded must finish, not fail.
 ///
 /// Settings given in the URL (`keepalives_idle=…`, `tcp_user_timeout=…`) take precedence over
-/// these defaults.
+/// these defaults; settings in a `pg_service.conf` service do not (libpq fills in a service's
+/// settings only where none is given), so name them in the URL.
 ///
 /// Statements are prepared once per connection (`PQsendPrepare`) and run by name after.
 /// Parameters and results travel as text.
@@ -38,7 +39,12 @@ final class PostgresConnection {
     /// The statement deadline when the server's configuration gives none.
     static let defaultTimeout = Duration.seconds(30)
 
-    /// Connects within `timeout`.
+    /// The most a connection attempt waits, whatever the statement deadline: TCP's
+    /// `tcp_user_timeout` does not bound a connect, and a node must retry a database it cannot
+    /// reach (and stop, when asked) within seconds, not after a long statement deadline.
+    static let maxConnectTimeout = Duration.seconds(10)
+
+    /// Connects within `timeout` (at most ``maxConnectTimeout``).
     ///
     /// - Parameters:
     ///   - url: A libpq connection string or URI, like
@@ -49,7 +55,8 @@ final class PostgresConnection {
     init(url: String, timeout: Duration = defaultTimeout) throws(PostgresError) {
         self.url = url
         self.timeout = timeout
-        let deadline = ContinuousClock.now + timeout
+        let connectTimeout = min(timeout, Self.maxConnectTimeout)
+        let deadline = ContinuousClock.now + connectTimeout
         guard let connection = Self.start(url) else {
             throw PostgresError(connectionFailure: "libpq could not allocate a connection")
         }
@@ -69,7 +76,7 @@ final class PostgresConnection {
             let events = state == PGRES_POLLING_READING ? Int16(POLLIN) : Int16(POLLOUT)
             guard wait(for: events, until: deadline) else {
                 close()
-                throw PostgresError(connectionFailure: "cannot connect to PostgreSQL within \(timeout)")
+                throw PostgresError(connectionFailure: "cannot connect to PostgreSQL within \(connectTimeout)")
             }
             state = PQconnectPoll(connection)
         }
