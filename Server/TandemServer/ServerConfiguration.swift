@@ -46,11 +46,11 @@ public struct ServerConfiguration: Sendable {
     /// How long a new connection may take to send `hello` before it is closed (1008), so that
     /// connections that open and never speak do not hold the server's resources. Default: 10 s.
     public var helloTimeout: Duration = .seconds(10)
-    /// With a PostgreSQL store: how long to wait for the database to accept a connection or
-    /// answer a statement before counting the connection as lost. A cut network link is found
-    /// sooner, in about 5 s, by TCP itself; this deadline is for a database that keeps the
-    /// connection but stops answering. Generous, because a loaded database is slow, not gone.
-    /// Default: 30 s.
+    /// With a PostgreSQL store: how long to wait for the database to answer a statement before
+    /// counting the connection as lost (a connection attempt waits this long, 10 s at most). A
+    /// cut network link is found sooner, in about 5 s, by TCP itself; this deadline is for a
+    /// database that keeps the connection but stops answering. Generous, because a loaded
+    /// database is slow, not gone. Default: 30 s.
     public var postgresTimeout: Duration = .seconds(30)
     /// Seconds of silence before the server pings a client. Default: 20.
     public var pingInterval: UInt16 = 20

@@ -58,9 +58,9 @@ struct ServeCommand: AsyncParsableCommand {
 
     @Option(
         help: ArgumentHelp(
-            "With --postgres: how long the database may take to answer one statement before the connection counts as lost (a cut link is found in about 5 s regardless).",
+            "With --postgres: how long the database may take to answer one statement before the connection counts as lost (default 30; a cut link is found in about 5 s regardless).",
             valueName: "seconds"))
-    var postgresTimeout: Double = 30
+    var postgresTimeout: Double?
 
     @Option(help: "A TLS certificate chain (PEM): serve wss:// instead of ws:// (with --tls-key).")
     var tlsCert: String?
@@ -156,8 +156,11 @@ struct ServeCommand: AsyncParsableCommand {
                 "--postgres takes a PostgreSQL URL, like postgresql://tandem@/tandem?host=/run/postgresql&port=5432; got '\(postgres)'"
             )
         }
-        guard postgresTimeout.isFinite, (0.1...3600).contains(postgresTimeout) else {
-            throw ValidationError("--postgres-timeout is in seconds, between 0.1 and 3600, not \(postgresTimeout)")
+        if let postgresTimeout {
+            guard postgres != nil else { throw ValidationError("--postgres-timeout applies to --postgres only") }
+            guard postgresTimeout.isFinite, (0.1...3600).contains(postgresTimeout) else {
+                throw ValidationError("--postgres-timeout is in seconds, between 0.1 and 3600, not \(postgresTimeout)")
+            }
         }
         guard (0...65535).contains(port) else {
             throw ValidationError("--port must be between 0 and 65535, not \(port)")
@@ -203,7 +206,9 @@ struct ServeCommand: AsyncParsableCommand {
             } else {
                 ServerConfiguration(dataDirectory: URL(fileURLWithPath: data ?? "./tandem-data").standardizedFileURL)
             }
-        configuration.postgresTimeout = .milliseconds(Int64((postgresTimeout * 1000).rounded()))
+        if let postgresTimeout {
+            configuration.postgresTimeout = .milliseconds(Int64((postgresTimeout * 1000).rounded()))
+        }
         configuration.host = host
         configuration.port = port
         configuration.nodeName = nodeName

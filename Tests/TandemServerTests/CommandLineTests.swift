@@ -172,6 +172,11 @@ struct CommandLineTests {
             (["export", "--server", "wss://127.0.0.1:1"], "speaks plain HTTP"),
             (["import", "/nonexistent.ndjson"], "cannot read /nonexistent.ndjson"),
             (["serve", "--memory", "--data", "/tmp/x"], "give one of them at most"),
+            (["serve", "--postgres-timeout", "5"], "--postgres-timeout applies to --postgres only"),
+            (
+                ["serve", "--postgres", "postgresql://tandem@/x", "--postgres-timeout", "0"],
+                "--postgres-timeout is in seconds, between 0.1 and 3600, not 0.0"
+            ),
         ])
     func badArguments(arguments: [String], message: String) async throws {
         let result = try await runTandem(arguments)
