@@ -225,4 +225,43 @@ struct ServiceBehaviorTests {
             await server.server.stats.liveListeners == 6
         }
     }
+
+    @Test("a change the table refuses is left out; the other changes of its snapshot apply once and its token is kept")
+    func refusedChangeLeftOut() async throws {
+        let server = try await TestServer()
+        let writer = try await ServerConnection.connect(to: server.url, clientId: "writer")
+        defer { writer.close() }
+        let items = try CollectionPath("items")
+        // One write, so that the three documents arrive in one snapshot; the middle one breaks
+        // the device's CHECK constraint.
+        _ = try await writer.write(
+            [1, -1, 2].map { amount in
+                .create(
+                    in: items, id: try! DocumentID("item\(amount)"), fields: ["title": "t", "amount": .int(amount)],
+                    idempotencyKey: .random())
+            })
+        let model = DeviceModel(tables: [.root("item", collection: "items")]) { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE item (
+                        id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL,
+                        amount INTEGER NOT NULL CHECK (amount >= 0), isShared INTEGER NOT NULL DEFAULT 1)
+                    """)
+        }
+        let phone = try TestDevice(name: "phone", serverURL: server.url, model: model)
+        phone.service.start()
+        try await waitUntil("the refusal is reported") { phone.service.status.lastError != nil }
+        let lastError = try #require(phone.service.status.lastError)
+        #expect(lastError.message.contains("items/item-1"), "\(lastError)")
+        // The change applied before the refused one was rolled back with it and applied again:
+        // once, not twice.
+        let rows = try await phone.database.read { db in
+            try String.fetchAll(db, sql: "SELECT serverId || ' dirty ' || isDirty FROM item ORDER BY amount")
+        }
+        #expect(rows == ["item1 dirty 0", "item2 dirty 0"])
+        let token = try await phone.database.read { db in
+            try String.fetchOne(db, sql: "SELECT resumeToken FROM tandem_listener WHERE collection = 'items'")
+        }
+        #expect(token != nil)
+    }
 }

@@ -103,7 +103,7 @@ extension LocalStore {
         let incoming = try incomingValues(model, probe, db)
         var assignments = incoming.columns.map { "\(SQL.quote($0)) = ?" }
         assignments += ["updatedAt = ?", "isDirty = 1", "localRevision = localRevision + 1"]
-        var arguments = StatementArguments(incoming.values)
+        var arguments = StatementArguments(converted: incoming.values)
         arguments += [clock.now(), rowId]
         try db.cachedStatement(
             sql: "UPDATE \(model.quotedName) SET \(assignments.joined(separator: ", ")) WHERE id = ?"

@@ -198,12 +198,11 @@ struct SyncLedger: Sendable {
 
     /// The row of `model` with this server id: its local id, and whether it has unpushed changes.
     func lookup(_ model: TableModel, serverId: String, _ db: Database) throws -> (id: Int64, isDirty: Bool)? {
-        // Read straight from the statement's cursor: `Row.fetchOne` copies every value and
-        // column name first, which cost more than the lookup on this once-per-document path.
-        // The row is valid only while its cursor lives (a released cursor resets the statement).
-        let rows = try Row.fetchCursor(db.cachedStatement(sql: model.lookupSQL), arguments: [serverId])
-        return try withExtendedLifetime(rows) {
-            try rows.next().map { row in (id: row[0] as Int64, isDirty: row[1] as Bool) }
+        // One integer, `id << 1 | isDirty`: a single column comes back through GRDB's direct
+        // column read, where two columns need a row cursor, which cost more than the lookup
+        // itself on this once-per-document path.
+        try Int64.fetchOne(db.cachedStatement(sql: model.lookupSQL), arguments: [serverId]).map { packed in
+            (id: packed >> 1, isDirty: packed & 1 == 1)
         }
     }
 

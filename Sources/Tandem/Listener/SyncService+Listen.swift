@@ -306,13 +306,23 @@ extension SyncService {
         for (snapshot, _, _) in snapshots { configuration.hooks.beforeApply?(snapshot) }
         // Stopped while the hook held us: as after a crash, nothing of these snapshots is stored.
         guard state.withLock({ $0.running && $0.generation == generation }) else { return }
-        do {
-            let outcomes = try ownWrite { db in
+        // One transaction; when a change fails, it is rolled back and the snapshots applied
+        // again with each change on its own, so that only the changes that fail are left out.
+        func applyAll(isolatingChanges: Bool) throws -> [ApplyOutcome] {
+            try ownWrite { db in
                 let outcomes = try snapshots.map { snapshot, path, target in
-                    try store.apply(snapshot, collection: path, target: target, db)
+                    try store.apply(snapshot, collection: path, target: target, isolatingChanges: isolatingChanges, db)
                 }
                 configuration.hooks.beforeApplyCommit?(snapshots.map(\.0))
                 return outcomes
+            }
+        }
+        do {
+            let outcomes: [ApplyOutcome]
+            do {
+                outcomes = try applyAll(isolatingChanges: false)
+            } catch is LocalStore.ChangeFailed {
+                outcomes = try applyAll(isolatingChanges: true)
             }
             for (snapshot, _, _) in snapshots { configuration.hooks.afterApply?(snapshot) }
             var parentsChanged = false
