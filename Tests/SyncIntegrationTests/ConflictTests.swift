@@ -160,6 +160,9 @@ struct ConflictTests {
         #expect(conflict.server.fields["title"] == "Rent (laptop)")
         #expect(conflict.base?["title"] == "Rent")
         try await waitUntil("the status counts it") { pair.phone.service.status.openConflicts == 1 }
+        // The row is dirty, but waits for the app: it is not counted pending.
+        #expect(try await pair.phone.isDirty(entry: conflict.rowId))
+        #expect(pair.phone.service.status.pendingCount == 0)
 
         // While the conflict is open the row is not pushed, however often the phone syncs.
         try await pair.phone.service.syncNow()

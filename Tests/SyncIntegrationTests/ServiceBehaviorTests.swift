@@ -60,6 +60,9 @@ struct ServiceBehaviorTests {
         let lastError = try #require(phone.service.status.lastError)
         #expect(lastError.code == .server)
         #expect(lastError.serverError?.code == .tooLarge)
+        // The failed row is still dirty, but it is counted failed, not pending.
+        #expect(try await phone.isDirty(entry: big.id!))
+        try await waitUntil("nothing else is pending") { phone.service.status.pendingCount == 0 }
         try await waitUntil("the small row reached the server") {
             try await server.server.collections().contains { $0.rawValue.hasSuffix("/entries") }
         }

@@ -52,7 +52,9 @@ struct StoreFixture {
         let snapshot = ServerMessage.Snapshot(
             target: "items", changes: [Change(.modified, document)], resumeToken: "e.\(version)", initial: false)
         _ = try database.write { db in
-            try store.apply(snapshot, collection: items, target: ListenerTarget(table: "item", parentRowId: nil), db)
+            try store.apply(
+                snapshot, collection: items, target: ListenerTarget(table: "item", parentRowId: nil),
+                isolatingChanges: false, db)
         }
     }
 

@@ -23,6 +23,9 @@ public enum ConflictPolicy: Sendable {
     case lastWriteWins
     case fieldLevel
     case manual
+    /// The closure may be called more than once for the same conflict: when another change of
+    /// the same batch fails, the batch is rolled back and applied again. Decide from the
+    /// context alone, without side effects.
     case custom(@Sendable (ConflictContext) -> ConflictResolution)
 }
 

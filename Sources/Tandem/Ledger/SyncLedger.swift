@@ -64,18 +64,23 @@ struct SyncLedger: Sendable {
 
     /// Rows waiting to be pushed, failed ones and ones in conflict excluded. `syncs` is the SQL
     /// condition (on alias `t`) of each table's rows that sync or will.
+    ///
+    /// The status reads this after every batch, with up to the whole backlog dirty: so it counts
+    /// the dirty rows through their index and takes away the few failed or in conflict, looked
+    /// up by id, rather than probing both tables for every dirty row (at 100,000 dirty rows, 17
+    /// instead of 120 ms).
     func pendingCount(_ tables: [(model: TableModel, syncs: String)], _ db: Database) throws -> Int {
         var count = 0
         for (model, syncs) in tables {
             count +=
                 try Int.fetchOne(
-                    db,
-                    sql: """
-                        SELECT COUNT(*) FROM \(model.quotedName) AS t
-                        WHERE t.isDirty = 1 AND \(syncs) AND NOT EXISTS (
-                            SELECT 1 FROM tandem_row m WHERE m.tableName = ?1 AND m.rowId = t.id AND m.state = 'failed')
-                        AND NOT EXISTS (SELECT 1 FROM tandem_conflict c WHERE c.tableName = ?1 AND c.rowId = t.id)
-                        """, arguments: [model.name]) ?? 0
+                    db.cachedStatement(
+                        sql: """
+                            SELECT (SELECT COUNT(*) FROM \(model.quotedName) AS t WHERE t.isDirty = 1 AND \(syncs))
+                                - (SELECT COUNT(*) FROM \(model.quotedName) AS t WHERE t.isDirty = 1 AND \(syncs) AND t.id IN (
+                                    SELECT rowId FROM tandem_row WHERE state = 'failed' AND tableName = ?1
+                                    UNION SELECT rowId FROM tandem_conflict WHERE tableName = ?1))
+                            """), arguments: [model.name]) ?? 0
         }
         count +=
             try Int.fetchOne(
@@ -198,7 +203,7 @@ struct SyncLedger: Sendable {
 
     /// The row of `model` with this server id: its local id, and whether it has unpushed changes.
     func lookup(_ model: TableModel, serverId: String, _ db: Database) throws -> (id: Int64, isDirty: Bool)? {
-        // One integer, `id << 1 | isDirty`: a single column comes back through GRDB's direct
+        // One integer, `id << 1 | (isDirty != 0)`: a single column comes back through GRDB's direct
         // column read, where two columns need a row cursor, which cost more than the lookup
         // itself on this once-per-document path.
         try Int64.fetchOne(db.cachedStatement(sql: model.lookupSQL), arguments: [serverId]).map { packed in

@@ -39,7 +39,7 @@ extension LocalStore {
     /// third of the apply's time.)
     func apply(
         _ snapshot: ServerMessage.Snapshot, collection: CollectionPath, target: ListenerTarget,
-        isolatingChanges: Bool = false, _ db: Database
+        isolatingChanges: Bool, _ db: Database
     ) throws -> ApplyOutcome {
         guard let model = byName[target.table] else { return ApplyOutcome() }
         // A nested listener's snapshot that arrives after its parent row went (it left the

@@ -32,7 +32,7 @@ struct TableModel: Sendable {
         self.rootCollection = rootCollection
         self.policy = policy
         quotedName = SQL.quote(definition.name)
-        lookupSQL = "SELECT id << 1 | isDirty FROM \(quotedName) WHERE serverId = ?"
+        lookupSQL = "SELECT id << 1 | (isDirty != 0) FROM \(quotedName) WHERE serverId = ?"
         insertEveryFieldSQL = Self.insertSQL(
             quotedName, columns: fieldColumns + (definition.foreignKey.map { [$0] } ?? []))
     }
