@@ -18,7 +18,8 @@ struct TableModel: Sendable {
     let quotedName: String
     /// The insert of a document that carries every field: the common case, prepared once.
     let insertEveryFieldSQL: String
-    /// Finds a row by server id: its id and whether it has unpushed changes.
+    /// Finds a row by server id: its id and whether it has unpushed changes, packed in one
+    /// integer (`id << 1 | (isDirty != 0)`, read by ``SyncLedger/lookup(_:serverId:_:)``).
     let lookupSQL: String
 
     init(
