@@ -370,8 +370,12 @@ final class Ledger: Sendable {
         do {
             held = try database.read { db in
                 try relevant.map { id, written in
+                    // The row's version, or its filed delete's while the row is gone.
+                    let rows = CashFlow.tables.map { "SELECT serverVersion FROM \"\($0.name)\" WHERE serverId = ?1" }
+                    let filedDelete =
+                        "SELECT serverVersion FROM tandem_row WHERE serverId = ?1 AND pendingOp = 'delete'"
                     let version = try Int64.fetchOne(
-                        db, sql: "SELECT serverVersion FROM tandem_row WHERE serverId = ?", arguments: [id])
+                        db, sql: (rows + [filedDelete]).joined(separator: " UNION ALL "), arguments: [id])
                     return (id, written, version)
                 }
             }

@@ -37,6 +37,17 @@ import Testing
             try String.fetchOne(db, sql: "SELECT serverId FROM tandem_row WHERE pendingOp = 'delete'")
         }
         #expect(tokensBefore.count == 4)
+        // Schema 1 kept each row's server version in its bookkeeping; the rows keep it now.
+        let versionsBefore = try Self.read(folder.path("laptop.sqlite")) { db in
+            try Row.fetchAll(
+                db,
+                sql: """
+                    SELECT tableName, rowId, serverVersion FROM tandem_row
+                    WHERE serverVersion > 0 AND pendingOp IS NOT 'delete'
+                    """
+            ).map { "\($0[0] as String)#\($0[1] as Int64)@\($0[2] as Int64)" }
+        }
+        #expect(versionsBefore.count >= 4)
 
         // Opening the service migrates; look before it syncs anything.
         let laptop = try TestDevice(name: "laptop", serverURL: url, model: MigrationModel.model, folder: folder)
@@ -44,6 +55,14 @@ import Testing
             try String.fetchAll(db, sql: "SELECT identifier FROM grdb_migrations WHERE identifier LIKE 'tandem-%'")
         }
         #expect(Set(applied) == ["tandem-1", "tandem-2", "tandem-3"])
+        let versionsAfter = try await laptop.database.read { db in
+            try ["account", "entry", "note"].flatMap { table in
+                try Row.fetchAll(db, sql: "SELECT id, serverVersion FROM \(table) WHERE serverVersion > 0").map {
+                    "\(table)#\($0[0] as Int64)@\($0[1] as Int64)"
+                }
+            }
+        }
+        #expect(versionsAfter.sorted() == versionsBefore.sorted())
         #expect(try Self.resumeTokens(folder.path("laptop.sqlite")) == tokensBefore)
         #expect(laptop.service.status.pendingCount == 3, "the update, the create and the delete")
         let failed = try await laptop.service.failedRecords()

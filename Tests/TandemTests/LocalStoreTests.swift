@@ -29,19 +29,17 @@ struct StoreFixture {
         store = LocalStore(tables: models, clock: clock)
     }
 
-    /// A row the server has at `version`, as it is after its push was acknowledged.
+    /// A row the server has at `version`, as it is after its push was acknowledged (a synced
+    /// row of a root last-write-wins table has no bookkeeping row).
     func syncedRow(serverId: String, version: Int64) throws -> Int64 {
         try database.write { db in
             try db.execute(sql: "INSERT INTO item (title) VALUES ('Rent')")
             let rowId = db.lastInsertedRowID
             try db.execute(
-                sql: "UPDATE item SET serverId = ?, isDirty = 0, localRevision = localRevision + 1 WHERE id = ?",
-                arguments: [serverId, rowId])
-            try db.execute(
                 sql: """
-                    INSERT INTO tandem_row (tableName, rowId, serverId, collection, serverVersion, state)
-                    VALUES ('item', ?, ?, 'items', ?, 'synced')
-                    """, arguments: [rowId, serverId, version])
+                    UPDATE item SET serverId = ?, serverVersion = ?, isDirty = 0, localRevision = localRevision + 1
+                    WHERE id = ?
+                    """, arguments: [serverId, version, rowId])
             return rowId
         }
     }

@@ -22,7 +22,9 @@ struct SchemaTests {
     private func syncColumns(_ database: DatabaseQueue, _ table: String, _ id: Int64) throws -> Row {
         try database.read { db in
             try Row.fetchOne(
-                db, sql: "SELECT serverId, isDirty, updatedAt, isDeleted, localRevision FROM \(table) WHERE id = ?",
+                db,
+                sql:
+                    "SELECT serverId, isDirty, updatedAt, isDeleted, localRevision, serverVersion FROM \(table) WHERE id = ?",
                 arguments: [id])!
         }
     }
@@ -90,7 +92,7 @@ struct SchemaTests {
         #expect(try syncColumns(database, "note", 1)["isDirty"] == false)
     }
 
-    @Test("an update that would put back a stale serverId is refused with an explanation")
+    @Test("an update that would put back a stale serverId or serverVersion is refused with an explanation")
     func staleServerIdRefused() throws {
         let (database, _) = try prepared()
         try database.write { db in
@@ -108,7 +110,18 @@ struct SchemaTests {
         } throws: { error in
             "\(error)".contains("maintained by Tandem")
         }
+        // A record that saved an old copy of the server version (its next push would carry a
+        // stale base, and an echo would look new).
+        try database.write { db in
+            try db.execute(sql: "UPDATE account SET serverVersion = 5, localRevision = localRevision + 1")
+        }
+        #expect {
+            try database.write { db in try db.execute(sql: "UPDATE account SET serverVersion = 2, name = 'x'") }
+        } throws: { error in
+            "\(error)".contains("maintained by Tandem")
+        }
         #expect(try syncColumns(database, "account", 1)["serverId"] == "S1")
+        #expect(try syncColumns(database, "account", 1)["serverVersion"] == 5)
     }
 
     @Test("deleting a row the server knows files the delete for pushing; the row is gone at once")
@@ -116,17 +129,22 @@ struct SchemaTests {
         let (database, service) = try prepared()
         try database.write { db in
             try db.execute(sql: "INSERT INTO account (name, isShared) VALUES ('Home', 1)")
-            try db.execute(sql: "UPDATE account SET serverId = 'S1', isDirty = 0, localRevision = localRevision + 1")
+            // Synced at version 3: a root last-write-wins row holds all of its sync state itself.
             try db.execute(
-                sql:
-                    "INSERT INTO tandem_row (tableName, rowId, serverId, collection, serverVersion, state) VALUES ('account', 1, 'S1', 'accounts', 3, 'synced')"
-            )
+                sql: """
+                    UPDATE account SET serverId = 'S1', serverVersion = 3, isDirty = 0,
+                        localRevision = localRevision + 1
+                    """)
+            #expect(try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tandem_row") == 0)
             try db.execute(sql: "DELETE FROM account WHERE id = 1")
         }
         let filed = try database.read { db in
-            try Row.fetchOne(db, sql: "SELECT pendingOp, serverVersion FROM tandem_row WHERE rowId = 1")
+            try Row.fetchOne(
+                db, sql: "SELECT pendingOp, serverId, collection, serverVersion FROM tandem_row WHERE rowId = 1")
         }
         #expect(filed?["pendingOp"] == "delete")
+        #expect(filed?["serverId"] == "S1")
+        #expect(filed?["collection"] == "accounts")
         #expect(filed?["serverVersion"] == 3)
         #expect(try database.read { db in try CashFlow.Account.fetchCount(db) } == 0)
         _ = service

@@ -60,7 +60,7 @@ extension LocalStore {
     ) throws -> Settlement {
         switch resolution {
         case .keepLocal:
-            try ledger.rebase(model.name, rowId, on: remote, db)
+            try ledger.rebase(model, rowId, on: remote, db)
             try ledger.markDirty(model, rowId: rowId, db)
             return .keptLocal
         case .useServer:
@@ -84,7 +84,7 @@ extension LocalStore {
             return .tookServer
         }
         if merged == local.filter({ $0.key != "updatedAt" }) {
-            try ledger.rebase(model.name, rowId, on: remote, db)
+            try ledger.rebase(model, rowId, on: remote, db)
             try ledger.storeFieldTimes(model, rowId: rowId, merge.times, db)
             return .keptLocal
         }
@@ -111,7 +111,7 @@ extension LocalStore {
         .execute(arguments: arguments)
         try recordMissingReferences(model, rowId: rowId, incoming.missing, db)
         if let times { try ledger.storeFieldTimes(model, rowId: rowId, times, db) }
-        if rebase { try ledger.rebase(model.name, rowId, on: remote, db) }
+        if rebase { try ledger.rebase(model, rowId, on: remote, db) }
     }
 
     // MARK: - Manual conflicts

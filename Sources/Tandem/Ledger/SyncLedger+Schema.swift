@@ -140,10 +140,10 @@ extension SyncLedger {
     ///   bumps `localRevision`; a failed row becomes pending again. Tandem's own updates bump
     ///   `localRevision` themselves, which is how the trigger tells them apart: an update that
     ///   leaves `localRevision` alone is the app's.
-    /// - A delete by the app of a row known to the server files the delete in `tandem_row`, so
-    ///   that it is pushed; the row itself is gone at once, as the app expects. Tandem's own
+    /// - A delete by the app of a row known to the server files the delete in `tandem_row`, with
+    ///   the document's id, collection and version, so that it is pushed; the row itself is gone at once, as the app expects. Tandem's own
     ///   deletes set `isDeleted` first and are not filed.
-    /// - An update that would put back a stale `localRevision` or `serverId` (a record type
+    /// - An update that would put back a stale `localRevision`, `serverId` or `serverVersion` (a record type
     ///   that encodes Tandem's columns and saved an old copy) is refused with an explanation.
     ///
     /// `updatedAt` comes from `tandem_now()`, a SQL function that reads the sync service's clock.
@@ -153,8 +153,11 @@ extension SyncLedger {
         let literal = SQL.literal(name)
         let trigger = { (suffix: String) in SQL.quote("tandem_\(name)_\(suffix)") }
         let tracked = model.trackedColumns.map(SQL.quote).joined(separator: ", ")
+        // A filed delete needs the document's collection: a root table's is known; a nested
+        // table's was recorded when the row synced (see ``TableModel/recordsSyncedRows``).
+        let collection = model.rootCollection.map { SQL.literal($0.rawValue) } ?? "NULL"
         let explanation = SQL.literal(
-            "Tandem: the sync columns of \(name) (serverId, localRevision) are maintained by Tandem; "
+            "Tandem: the sync columns of \(name) (serverId, serverVersion, localRevision) are maintained by Tandem; "
                 + "leave them out of the columns your record encodes")
         for suffix in ["insert", "update", "guard", "delete", "references"] {
             try db.execute(sql: "DROP TRIGGER IF EXISTS \(trigger(suffix))")
@@ -195,18 +198,22 @@ extension SyncLedger {
                 END;
                 CREATE TRIGGER \(trigger("guard")) BEFORE UPDATE ON \(table)
                 WHEN NEW.localRevision NOT IN (OLD.localRevision, OLD.localRevision + 1)
-                    OR (OLD.serverId IS NOT NULL AND NEW.serverId IS NOT OLD.serverId
-                        AND NEW.localRevision = OLD.localRevision)
+                    OR (NEW.localRevision = OLD.localRevision
+                        AND ((OLD.serverId IS NOT NULL AND NEW.serverId IS NOT OLD.serverId)
+                            OR NEW.serverVersion IS NOT OLD.serverVersion))
                 BEGIN
                     SELECT RAISE(ABORT, \(explanation));
                 END;
                 CREATE TRIGGER \(trigger("delete")) AFTER DELETE ON \(table)
                 WHEN OLD.isDeleted = 0
                 BEGIN
-                    UPDATE tandem_row SET pendingOp = 'delete', idempotencyKey = NULL, attempts = 0,
-                        state = 'pending', errorCode = NULL, serverErrorCode = NULL, lastError = NULL,
-                        outOfScope = 0
-                    WHERE tableName = \(literal) AND rowId = OLD.id AND OLD.serverId IS NOT NULL;
+                    INSERT INTO tandem_row (tableName, rowId, serverId, collection, serverVersion, pendingOp, state)
+                    SELECT \(literal), OLD.id, OLD.serverId, \(collection), OLD.serverVersion, 'delete', 'pending'
+                    WHERE OLD.serverId IS NOT NULL
+                    ON CONFLICT (tableName, rowId) DO UPDATE SET serverId = excluded.serverId,
+                        collection = COALESCE(excluded.collection, collection), serverVersion = excluded.serverVersion,
+                        pendingOp = 'delete', idempotencyKey = NULL, attempts = 0, state = 'pending', errorCode = NULL,
+                        serverErrorCode = NULL, lastError = NULL, outOfScope = 0;
                     DELETE FROM tandem_field WHERE tableName = \(literal) AND rowId = OLD.id;
                     DELETE FROM tandem_conflict WHERE tableName = \(literal) AND rowId = OLD.id;
                 END;

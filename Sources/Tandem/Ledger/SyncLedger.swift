@@ -18,9 +18,13 @@ import TandemWire
 /// | local-only | not shared (or its parent does not sync) | none |
 /// | dirty | `isDirty = 1` | none, or kept from before with `pendingOp` NULL |
 /// | sent | `isDirty = 1` | `pendingOp` create/update, `idempotencyKey`, `pushedRevision` |
-/// | synced | `isDirty = 0`, `serverId` | `state = 'synced'`, `serverVersion` (`serverFields` for merging tables) |
+/// | synced | `isDirty = 0`, `serverId`, `serverVersion` | none; for a table that merges or is nested (``TableModel/recordsSyncedRows``): `state = 'synced'`, `collection`, `serverFields` for merging tables |
 /// | failed | as it was | `state = 'failed'`, `errorCode`, `lastError`, `attempts` |
-/// | deleted, not pushed | gone | `pendingOp = 'delete'` (its key once sent) |
+/// | deleted, not pushed | gone | `pendingOp = 'delete'`, `serverId`, `collection`, `serverVersion` (its key once sent) |
+///
+/// The row's `serverVersion` is the version of the document it holds (the base of its next
+/// push, and what tells an echo of its own write). `tandem_row.serverVersion` is read only for
+/// a filed delete, whose row is gone: the delete trigger copies it from the row.
 /// | in conflict (manual tables; or out of scope, any table) | as it was | as it was, and a `tandem_conflict` row |
 /// | out of scope | as it was | `outOfScope = 1` (and, until the app resolves it, a `left-scope` conflict) |
 ///
@@ -211,11 +215,26 @@ struct SyncLedger: Sendable {
         }
     }
 
-    /// The server version this device last knew of the row (0: none).
-    func serverVersion(_ model: TableModel, rowId: Int64, _ db: Database) throws -> Int64 {
-        try Int64.fetchOne(
-            db.cachedStatement(sql: "SELECT serverVersion FROM tandem_row WHERE tableName = ? AND rowId = ?"),
-            arguments: [model.name, rowId]) ?? 0
+    /// The row of `model` with this server id, as ``lookup(_:serverId:_:)`` finds it, and
+    /// whether it holds `version` of its document or a newer one (then a change at `version`
+    /// is the echo of this device's own write, or older, and brings nothing).
+    func lookup(_ model: TableModel, serverId: String, holding version: Int64, _ db: Database) throws
+        -> (id: Int64, isDirty: Bool, holdsVersion: Bool)?
+    {
+        try Int64.fetchOne(db.cachedStatement(sql: model.lookupHoldingSQL), arguments: [serverId, version]).map {
+            packed in (id: packed >> 2, isDirty: packed & 2 != 0, holdsVersion: packed & 1 != 0)
+        }
+    }
+
+    /// A database from before the rows kept their server version (the column was just added to
+    /// `table`): each row takes the version its bookkeeping row has.
+    static func moveServerVersions(to table: String, _ db: Database) throws {
+        guard try db.tableExists("tandem_row") else { return }
+        try db.execute(
+            sql: """
+                UPDATE \(SQL.quote(table)) AS t SET serverVersion = m.serverVersion
+                FROM tandem_row AS m WHERE m.tableName = ? AND m.rowId = t.id
+                """, arguments: [table])
     }
 
     /// The last server fields this device saw of the row (kept for tables that merge).
@@ -272,7 +291,7 @@ struct SyncLedger: Sendable {
         let foreignKey = model.foreignKey.map { "t.\(SQL.quote($0))" } ?? "NULL"
         let columns =
             ([
-                "t.id", "t.localRevision", "t.updatedAt", "t.serverId", foreignKey, "m.serverVersion",
+                "t.id", "t.localRevision", "t.updatedAt", "t.serverId", foreignKey, "t.serverVersion",
                 "m.idempotencyKey", "m.collection", "m.pushedRevision",
             ] + model.fieldColumns.map { "t.\(SQL.quote($0))" }).joined(separator: ", ")
         return try Row.fetchCursor(
@@ -341,10 +360,11 @@ struct SyncLedger: Sendable {
             clean = try Bool.fetchOne(
                 db.cachedStatement(
                     sql: """
-                        UPDATE \(model.quotedName) SET serverId = ?,
+                        UPDATE \(model.quotedName) SET serverId = ?, serverVersion = ?,
                             isDirty = (localRevision != ? OR ?), localRevision = localRevision + 1
                         WHERE id = ? RETURNING isDirty = 0
-                        """), arguments: [result.id.rawValue, push.revision, push.incomplete, push.rowId])
+                        """),
+                arguments: [result.id.rawValue, result.version, push.revision, push.incomplete, push.rowId])
         } catch let error as DatabaseError
             where error.extendedResultCode == .SQLITE_CONSTRAINT_UNIQUE && push.op.kind == .create
         {
@@ -361,29 +381,35 @@ struct SyncLedger: Sendable {
             ).execute(arguments: [result.id.rawValue, result.version, fieldsText, model.name, push.rowId])
             return .deletedMeanwhile
         }
+        guard model.recordsSyncedRows else {
+            // Synced, or dirty with nothing sent: either way nothing the row does not hold.
+            try forget(model.name, push.rowId, db)
+            return .row(clean: clean)
+        }
         try db.cachedStatement(
             sql: """
-                UPDATE tandem_row SET serverId = ?, serverVersion = ?, serverFields = ?, pendingOp = NULL,
+                UPDATE tandem_row SET serverId = ?, serverFields = ?, pendingOp = NULL,
                     idempotencyKey = NULL, pushedRevision = NULL, attempts = 0, state = ?, errorCode = NULL,
                     serverErrorCode = NULL, lastError = NULL
                 WHERE tableName = ? AND rowId = ?
                 """
-        ).execute(arguments: [
-            result.id.rawValue, result.version, fieldsText, clean ? "synced" : "pending", model.name, push.rowId,
-        ])
+        ).execute(arguments: [result.id.rawValue, fieldsText, clean ? "synced" : "pending", model.name, push.rowId])
         return .row(clean: clean)
     }
 
     /// The server's document becomes the base of the row's next push, which stays pending
     /// under a new key (a filed delete stays a delete, now at the server's version).
-    func rebase(_ table: String, _ rowId: Int64, on server: Document, _ db: Database) throws {
+    func rebase(_ model: TableModel, _ rowId: Int64, on server: Document, _ db: Database) throws {
+        try db.cachedStatement(
+            sql: "UPDATE \(model.quotedName) SET serverVersion = ?, localRevision = localRevision + 1 WHERE id = ?"
+        ).execute(arguments: [server.version, rowId])
         try db.cachedStatement(
             sql: """
                 UPDATE tandem_row SET serverVersion = ?, serverFields = ?, idempotencyKey = NULL, pushedRevision = NULL,
                     pendingOp = CASE WHEN pendingOp = 'delete' THEN 'delete' ELSE NULL END
                 WHERE tableName = ? AND rowId = ?
                 """
-        ).execute(arguments: [server.version, Self.fieldsText(server.fields), table, rowId])
+        ).execute(arguments: [server.version, Self.fieldsText(server.fields), model.name, rowId])
     }
 
     /// → failed: a refusal that resending cannot fix.
@@ -476,24 +502,28 @@ struct SyncLedger: Sendable {
 
     // MARK: - Listener changes
 
-    /// → synced: the row holds the server's document at its version.
+    /// → synced: the row holds the server's document at its version (written into the row,
+    /// with `serverVersion`, by the caller). `isNewRow`: the caller has just inserted the row,
+    /// which has no bookkeeping yet.
     func recordSynced(
-        _ model: TableModel, rowId: Int64, _ document: Document, _ collection: CollectionPath, _ db: Database
-    )
-        throws
-    {
+        _ model: TableModel, rowId: Int64, _ document: Document, _ collection: CollectionPath, isNewRow: Bool,
+        _ db: Database
+    ) throws {
+        guard model.recordsSyncedRows else {
+            if !isNewRow { try forget(model.name, rowId, db) }
+            return
+        }
         try db.cachedStatement(
             sql: """
-                INSERT INTO tandem_row (tableName, rowId, serverId, collection, serverVersion, serverFields, state)
-                VALUES (?, ?, ?, ?, ?, ?, 'synced')
+                INSERT INTO tandem_row (tableName, rowId, serverId, collection, serverFields, state)
+                VALUES (?, ?, ?, ?, ?, 'synced')
                 ON CONFLICT (tableName, rowId) DO UPDATE SET serverId = excluded.serverId,
-                    collection = excluded.collection, serverVersion = excluded.serverVersion,
-                    serverFields = excluded.serverFields, pendingOp = NULL, idempotencyKey = NULL,
-                    pushedRevision = NULL, attempts = 0, state = 'synced', errorCode = NULL, serverErrorCode = NULL,
-                    lastError = NULL
+                    collection = excluded.collection, serverFields = excluded.serverFields, pendingOp = NULL,
+                    idempotencyKey = NULL, pushedRevision = NULL, attempts = 0, state = 'synced', errorCode = NULL,
+                    serverErrorCode = NULL, lastError = NULL
                 """
         ).execute(arguments: [
-            model.name, rowId, document.id.rawValue, collection.rawValue, document.version,
+            model.name, rowId, document.id.rawValue, collection.rawValue,
             model.keepsServerFields ? Self.fieldsText(document.fields) : nil,
         ])
     }
@@ -573,7 +603,7 @@ struct SyncLedger: Sendable {
         if keepsLocal {
             try db.cachedStatement(
                 sql: """
-                    UPDATE tandem_row SET serverId = ?, collection = ?, serverVersion = 0, serverFields = NULL,
+                    UPDATE tandem_row SET serverId = ?, collection = ?, serverFields = NULL,
                         pendingOp = NULL, idempotencyKey = NULL, pushedRevision = NULL, attempts = 0,
                         state = 'pending', errorCode = NULL, serverErrorCode = NULL, lastError = NULL
                     WHERE tableName = ? AND rowId = ?

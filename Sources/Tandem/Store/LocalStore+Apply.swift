@@ -89,7 +89,7 @@ extension LocalStore {
         let document = change.document
         let serverId = document.id.rawValue
         receiveTimes(of: document)
-        let local = try ledger.lookup(model, serverId: serverId, db)
+        let local = try ledger.lookup(model, serverId: serverId, holding: document.version, db)
 
         if context.gone {
             // What the device knew of this document's delete: the tombstone brings it now, or
@@ -129,7 +129,7 @@ extension LocalStore {
         if let local {
             let rowId = local.id
             // An echo of this device's own write, or older: nothing to do.
-            guard document.version > (try ledger.serverVersion(model, rowId: rowId, db)) else { return }
+            guard !local.holdsVersion else { return }
             if try local.isDirty || ledger.isInConflict(model, rowId: rowId, db) {
                 // Unpushed local changes: the table's policy decides.
                 let settlement = try settle(model, rowId: rowId, remote: document, collection: collection, db)
@@ -318,14 +318,14 @@ extension LocalStore {
     {
         let incoming = try incomingValues(model, document, db)
         var assignments = incoming.columns.map { "\(SQL.quote($0)) = ?" }
-        assignments += ["updatedAt = ?", "isDirty = 0", "localRevision = localRevision + 1"]
+        assignments += ["updatedAt = ?", "serverVersion = ?", "isDirty = 0", "localRevision = localRevision + 1"]
         var arguments = StatementArguments(converted: incoming.values)
-        arguments += [Self.updatedAt(of: document), rowId]
+        arguments += [Self.updatedAt(of: document), document.version, rowId]
         try db.cachedStatement(
             sql: "UPDATE \(model.quotedName) SET \(assignments.joined(separator: ", ")) WHERE id = ?"
         )
         .execute(arguments: arguments)
-        try ledger.recordSynced(model, rowId: rowId, document, collection, db)
+        try ledger.recordSynced(model, rowId: rowId, document, collection, isNewRow: false, db)
         if model.mergesFields { try ledger.storeFieldTimes(model, rowId: rowId, Self.fieldTimes(of: document), db) }
         // The document says what each reference is now: forget what the row waited for.
         for column in model.references.keys where document.fields[column] != nil {
@@ -358,14 +358,14 @@ extension LocalStore {
         }
         values += [
             document.id.rawValue.databaseValue, 0.databaseValue, Self.updatedAt(of: document).databaseValue,
-            1.databaseValue, 1.databaseValue,
+            1.databaseValue, 1.databaseValue, document.version.databaseValue,
         ]
         let sql =
             incoming.columns.count == model.fieldColumns.count
             ? model.insertEveryFieldSQL : TableModel.insertSQL(model.quotedName, columns: columns)
         try db.cachedStatement(sql: sql).execute(arguments: StatementArguments(converted: values))
         let rowId = db.lastInsertedRowID
-        try ledger.recordSynced(model, rowId: rowId, document, collection, db)
+        try ledger.recordSynced(model, rowId: rowId, document, collection, isNewRow: true, db)
         if model.mergesFields { try ledger.storeFieldTimes(model, rowId: rowId, Self.fieldTimes(of: document), db) }
         try recordMissingReferences(model, rowId: rowId, incoming.missing, db)
         if !incoming.missing.isEmpty { context.waiting = true }

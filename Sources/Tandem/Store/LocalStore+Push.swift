@@ -267,7 +267,7 @@ extension LocalStore {
         switch push.op.kind {
         case .delete:
             // A local delete wins over a remote edit: delete again, at the server's version.
-            try ledger.rebase(model.name, push.rowId, on: server, db)
+            try ledger.rebase(model, push.rowId, on: server, db)
             return false
         case .create:
             let message = "the server refused the create: a document \(server.id) exists"
@@ -277,7 +277,7 @@ extension LocalStore {
             return false
         case .update:
             guard exists else {
-                try ledger.rebase(model.name, push.rowId, on: server, db)
+                try ledger.rebase(model, push.rowId, on: server, db)
                 return false
             }
             return try settle(model, rowId: push.rowId, remote: server, collection: collection, db) != .recorded

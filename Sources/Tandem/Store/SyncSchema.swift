@@ -13,6 +13,10 @@ enum SyncSchema {
         ("isDeleted", "INTEGER NOT NULL DEFAULT 0"),
         ("isShared", "INTEGER NOT NULL DEFAULT 0"),
         ("localRevision", "INTEGER NOT NULL DEFAULT 0"),
+        // The server version the row holds (0: none yet). Kept on the row, not in Tandem's
+        // bookkeeping, so that a synced row of a root table that does not merge needs no
+        // bookkeeping row at all (see ``SyncLedger``).
+        ("serverVersion", "INTEGER NOT NULL DEFAULT 0"),
     ]
 
     static var syncColumnNames: Set<String> { Set(syncColumns.map(\.name)) }
@@ -70,6 +74,11 @@ enum SyncSchema {
         let existing = Set(columns.map(\.name))
         for column in syncColumns where !existing.contains(column.name) {
             try db.execute(sql: "ALTER TABLE \(quoted) ADD COLUMN \(SQL.quote(column.name)) \(column.definition)")
+        }
+        if !existing.contains("serverVersion") {
+            // A database from before the rows kept their server version: it was in the
+            // bookkeeping, which has it still.
+            try SyncLedger.moveServerVersions(to: table.name, db)
         }
         columns = try db.columns(in: table.name)
         try db.execute(

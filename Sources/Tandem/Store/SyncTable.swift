@@ -199,11 +199,11 @@ public struct SyncTable: Sendable {
 /// A GRDB record type whose table syncs.
 ///
 /// The table needs an `id INTEGER PRIMARY KEY AUTOINCREMENT` column; Tandem adds its sync
-/// columns (`serverId`, `isDirty`, `updatedAt`, `isDeleted`, `isShared`, `localRevision`)
-/// when the ``SyncService`` opens the database. Leave the sync columns out of the record's
-/// encoded columns, apart from `isShared`, which the app sets on root rows it wants to share:
-/// they are Tandem's to write, and Tandem refuses an update that would put back a stale
-/// `serverId` or `localRevision`.
+/// columns (`serverId`, `isDirty`, `updatedAt`, `isDeleted`, `isShared`, `localRevision`,
+/// `serverVersion`) when the ``SyncService`` opens the database. Leave the sync columns out of
+/// the record's encoded columns, apart from `isShared`, which the app sets on root rows it
+/// wants to share: they are Tandem's to write, and Tandem refuses an update that would put
+/// back a stale `serverId`, `serverVersion` or `localRevision`.
 public protocol SyncableRecord: TableRecord {
     static var syncTable: SyncTable { get }
 }

@@ -21,6 +21,10 @@ struct TableModel: Sendable {
     /// Finds a row by server id: its id and whether it has unpushed changes, packed in one
     /// integer (`id << 1 | (isDirty != 0)`, read by ``SyncLedger/lookup(_:serverId:_:)``).
     let lookupSQL: String
+    /// As `lookupSQL`, and whether the row holds a given server version or a newer one:
+    /// `id << 2 | ((isDirty != 0) << 1) | (serverVersion >= ?2)` (SQLite's bit operators share
+    /// one precedence, left to right: hence the parentheses).
+    let lookupHoldingSQL: String
 
     init(
         definition: SyncTable, fieldColumns: [String], references: [String: String], optionalReferences: Set<String>,
@@ -34,13 +38,16 @@ struct TableModel: Sendable {
         self.policy = policy
         quotedName = SQL.quote(definition.name)
         lookupSQL = "SELECT id << 1 | (isDirty != 0) FROM \(quotedName) WHERE serverId = ?"
+        lookupHoldingSQL =
+            "SELECT id << 2 | ((isDirty != 0) << 1) | (serverVersion >= ?2) FROM \(quotedName) WHERE serverId = ?1"
         insertEveryFieldSQL = Self.insertSQL(
             quotedName, columns: fieldColumns + (definition.foreignKey.map { [$0] } ?? []))
     }
 
-    /// `INSERT INTO table (columns…, serverId, isDirty, updatedAt, isShared, localRevision) VALUES (?, …)`.
+    /// `INSERT INTO table (columns…, serverId, isDirty, updatedAt, isShared, localRevision, serverVersion)
+    /// VALUES (?, …)`.
     static func insertSQL(_ quotedName: String, columns: [String]) -> String {
-        let all = columns + ["serverId", "isDirty", "updatedAt", "isShared", "localRevision"]
+        let all = columns + ["serverId", "isDirty", "updatedAt", "isShared", "localRevision", "serverVersion"]
         let placeholders = Array(repeating: "?", count: all.count).joined(separator: ", ")
         return "INSERT INTO \(quotedName) (\(all.map(SQL.quote).joined(separator: ", "))) VALUES (\(placeholders))"
     }
@@ -55,6 +62,12 @@ struct TableModel: Sendable {
     var keepsServerFields: Bool {
         if case .lastWriteWins = policy { false } else { true }
     }
+
+    /// Whether a synced row of this table has a bookkeeping row (`tandem_row`): when the
+    /// table keeps the server's fields, or is nested (the row's collection is recorded, since
+    /// it depends on its parent, which may be gone when the row's delete is pushed). A synced
+    /// row of a root table that does not merge holds all its sync state itself.
+    var recordsSyncedRows: Bool { keepsServerFields || parentTable != nil }
 
     /// Manual tables keep conflicts for the app (`tandem_conflict`).
     var isManual: Bool {
