@@ -47,6 +47,7 @@ let package = Package(
         //   TandemWire       the wire protocol: messages, JSON, resume tokens; no I/O
         //   TandemSocket     the libwebsockets transport (client and server)
         //   TandemClient     the protocol client: connection, requests, listens; no GRDB
+        //   TandemSQLite     values bound straight to GRDB statements, for per-document paths
         //   Tandem           the client sync library (GRDB), on TandemClient
         //   TandemServer     the companion server (SQLite or PostgreSQL)
         //   TandemScenarios  what the command runs besides serving: demo, soak, bench
@@ -65,10 +66,12 @@ let package = Package(
             name: "TandemClient",
             dependencies: ["TandemWire", .product(name: "Logging", package: "swift-log")] + clientTransport
         ),
+        .target(name: "TandemSQLite", dependencies: [.product(name: "GRDB", package: "GRDB.swift")]),
         .target(
             name: "Tandem",
             dependencies: [
                 "TandemClient",
+                "TandemSQLite",
                 "TandemWire",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
@@ -77,6 +80,7 @@ let package = Package(
         .target(
             name: "TandemServer",
             dependencies: [
+                "TandemSQLite",
                 "TandemWire",
                 "TandemSocket",
                 "CLibPQ",

@@ -267,4 +267,31 @@ struct ServiceBehaviorTests {
         }
         #expect(token != nil)
     }
+
+    @Test("an app's ValueObservation sees the rows the listener inserts and updates")
+    func appObservesListenerWrites() async throws {
+        let server = try await TestServer()
+        let phone = try TestDevice(name: "phone", serverURL: server.url)
+        let laptop = try TestDevice(name: "laptop", serverURL: server.url)
+        // The laptop's app watches its accounts, as a SwiftUI list would.
+        let seen = Mutex<[[String]]>([])
+        let observation = ValueObservation.tracking { db in
+            try String.fetchAll(db, sql: "SELECT name FROM account ORDER BY name")
+        }
+        let cancellable = observation.start(
+            in: laptop.database, scheduling: .async(onQueue: DispatchQueue(label: "observer")),
+            onError: { Issue.record($0) }, onChange: { names in seen.withLock { $0.append(names) } })
+        defer { cancellable.cancel() }
+        phone.service.start()
+        laptop.service.start()
+
+        let account = try await phone.addAccount("Household")
+        try await waitUntil("the laptop's app saw the inserted row") {
+            seen.withLock { $0.last } == ["Household"]
+        }
+        try await phone.database.write { db in
+            try db.execute(sql: "UPDATE account SET name = 'Home' WHERE id = ?", arguments: [account.id!])
+        }
+        try await waitUntil("the laptop's app saw the updated row") { seen.withLock { $0.last } == ["Home"] }
+    }
 }

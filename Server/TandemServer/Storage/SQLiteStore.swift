@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import TandemSQLite
 import Logging
 import TandemWire
 

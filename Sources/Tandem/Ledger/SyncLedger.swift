@@ -1,4 +1,5 @@
 import GRDB
+import TandemSQLite
 import TandemWire
 
 /// Tandem's bookkeeping: the one place that reads and writes the sync state of the app's rows.
@@ -210,9 +211,9 @@ struct SyncLedger: Sendable {
         // One integer, `id << 1 | (isDirty != 0)`: a single column comes back through GRDB's direct
         // column read, where two columns need a row cursor, which cost more than the lookup
         // itself on this once-per-document path.
-        try Int64.fetchOne(db.cachedStatement(sql: model.lookupSQL), arguments: [serverId]).map { packed in
-            (id: packed >> 1, isDirty: packed & 1 == 1)
-        }
+        let statement = try db.cachedStatement(sql: model.lookupSQL)
+        try statement.bindForGRDB { $0.bind(serverId) }
+        return try Int64.fetchOne(statement).map { packed in (id: packed >> 1, isDirty: packed & 1 == 1) }
     }
 
     /// The row of `model` with this server id, as ``lookup(_:serverId:_:)`` finds it, and
@@ -221,8 +222,13 @@ struct SyncLedger: Sendable {
     func lookup(_ model: TableModel, serverId: String, holding version: Int64, _ db: Database) throws
         -> (id: Int64, isDirty: Bool, holdsVersion: Bool)?
     {
-        try Int64.fetchOne(db.cachedStatement(sql: model.lookupHoldingSQL), arguments: [serverId, version]).map {
-            packed in (id: packed >> 2, isDirty: packed & 2 != 0, holdsVersion: packed & 1 != 0)
+        let statement = try db.cachedStatement(sql: model.lookupHoldingSQL)
+        try statement.bindForGRDB { values in
+            values.bind(serverId)
+            values.bind(version)
+        }
+        return try Int64.fetchOne(statement).map { packed in
+            (id: packed >> 2, isDirty: packed & 2 != 0, holdsVersion: packed & 1 != 0)
         }
     }
 
@@ -327,7 +333,15 @@ struct SyncLedger: Sendable {
                     pendingOp = excluded.pendingOp, idempotencyKey = excluded.idempotencyKey,
                     pushedRevision = excluded.pushedRevision
                 """
-        ).execute(arguments: [model.name, rowId, serverId, collection.rawValue, kind.rawValue, key.rawValue, revision])
+        ).execute { values in
+            values.bind(model.name)
+            values.bind(rowId)
+            values.bind(serverId)
+            values.bind(collection.rawValue)
+            values.bind(kind.rawValue)
+            values.bind(key.rawValue)
+            values.bind(revision)
+        }
     }
 
     /// Records the key of a filed delete's first sending.
@@ -357,14 +371,20 @@ struct SyncLedger: Sendable {
         // was sent.
         let clean: Bool?
         do {
-            clean = try Bool.fetchOne(
-                db.cachedStatement(
-                    sql: """
-                        UPDATE \(model.quotedName) SET serverId = ?, serverVersion = ?,
-                            isDirty = (localRevision != ? OR ?), localRevision = localRevision + 1
-                        WHERE id = ? RETURNING isDirty = 0
-                        """),
-                arguments: [result.id.rawValue, result.version, push.revision, push.incomplete, push.rowId])
+            let statement = try db.cachedStatement(
+                sql: """
+                    UPDATE \(model.quotedName) SET serverId = ?, serverVersion = ?,
+                        isDirty = (localRevision != ? OR ?), localRevision = localRevision + 1
+                    WHERE id = ? RETURNING isDirty = 0
+                    """)
+            try statement.bindForGRDB { values in
+                values.bind(result.id.rawValue)
+                values.bind(result.version)
+                values.bind(push.revision)
+                values.bind(push.incomplete)
+                values.bind(push.rowId)
+            }
+            clean = try Bool.fetchOne(statement)
         } catch let error as DatabaseError
             where error.extendedResultCode == .SQLITE_CONSTRAINT_UNIQUE && push.op.kind == .create
         {
@@ -471,8 +491,10 @@ struct SyncLedger: Sendable {
 
     /// Ends a row's bookkeeping (its delete was acknowledged, or it will never push).
     func forget(_ table: String, _ rowId: Int64, _ db: Database) throws {
-        try db.cachedStatement(sql: "DELETE FROM tandem_row WHERE tableName = ? AND rowId = ?")
-            .execute(arguments: [table, rowId])
+        try db.cachedStatement(sql: "DELETE FROM tandem_row WHERE tableName = ? AND rowId = ?").execute { values in
+            values.bind(table)
+            values.bind(rowId)
+        }
     }
 
     /// A document this device knows is deleted at `version`, until its tombstone arrives

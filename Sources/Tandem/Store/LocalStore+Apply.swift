@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import TandemSQLite
 import TandemWire
 
 /// What applying a snapshot did.
@@ -319,12 +320,14 @@ extension LocalStore {
         let incoming = try incomingValues(model, document, db)
         var assignments = incoming.columns.map { "\(SQL.quote($0)) = ?" }
         assignments += ["updatedAt = ?", "serverVersion = ?", "isDirty = 0", "localRevision = localRevision + 1"]
-        var arguments = StatementArguments(converted: incoming.values)
-        arguments += [Self.updatedAt(of: document), document.version, rowId]
         try db.cachedStatement(
             sql: "UPDATE \(model.quotedName) SET \(assignments.joined(separator: ", ")) WHERE id = ?"
-        )
-        .execute(arguments: arguments)
+        ).execute { values in
+            for value in incoming.values { values.bind(value) }
+            values.bind(Self.updatedAt(of: document))
+            values.bind(document.version)
+            values.bind(rowId)
+        }
         try ledger.recordSynced(model, rowId: rowId, document, collection, isNewRow: false, db)
         if model.mergesFields { try ledger.storeFieldTimes(model, rowId: rowId, Self.fieldTimes(of: document), db) }
         // The document says what each reference is now: forget what the row waited for.
@@ -350,20 +353,21 @@ extension LocalStore {
             context.waiting = true
             return false
         }
-        var columns = incoming.columns
-        var values = incoming.values
-        if let foreignKey = model.foreignKey {
-            columns.append(foreignKey)
-            values.append(parentRowId.databaseValue)
-        }
-        values += [
-            document.id.rawValue.databaseValue, 0.databaseValue, Self.updatedAt(of: document).databaseValue,
-            1.databaseValue, 1.databaseValue, document.version.databaseValue,
-        ]
         let sql =
             incoming.columns.count == model.fieldColumns.count
-            ? model.insertEveryFieldSQL : TableModel.insertSQL(model.quotedName, columns: columns)
-        try db.cachedStatement(sql: sql).execute(arguments: StatementArguments(converted: values))
+            ? model.insertEveryFieldSQL
+            : TableModel.insertSQL(model.quotedName, columns: incoming.columns + (model.foreignKey.map { [$0] } ?? []))
+        // serverId, isDirty, updatedAt, isShared, localRevision, serverVersion: see `insertSQL`.
+        try db.cachedStatement(sql: sql).execute { values in
+            for value in incoming.values { values.bind(value) }
+            if model.foreignKey != nil { values.bind(parentRowId) }
+            values.bind(document.id.rawValue)
+            values.bind(false)
+            values.bind(Self.updatedAt(of: document))
+            values.bind(true)
+            values.bind(1 as Int64)
+            values.bind(document.version)
+        }
         let rowId = db.lastInsertedRowID
         try ledger.recordSynced(model, rowId: rowId, document, collection, isNewRow: true, db)
         if model.mergesFields { try ledger.storeFieldTimes(model, rowId: rowId, Self.fieldTimes(of: document), db) }
