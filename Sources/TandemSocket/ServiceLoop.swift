@@ -112,8 +112,9 @@ final class ServiceLoop: @unchecked Sendable {
         let serverTLS = listen != nil && (configuration.tlsCertificate != nil || configuration.tlsPrivateKey != nil)
         if listen == nil || serverTLS { info.options |= UInt64(LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT) }
         if serverTLS {
+            // Every stored property is set by now, so a throw from here on runs `deinit`, which
+            // frees what the context was to be made with (freeing it here too freed it twice).
             guard configuration.tlsCertificate != nil, configuration.tlsPrivateKey != nil else {
-                Self.release(protocols: protocols, name: protocolName, policy: idlePolicy)
                 throw WebSocketError(.contextCreationFailed, "TLS needs both a certificate and a private key")
             }
             info.ssl_cert_filepath = keep(configuration.tlsCertificate)
@@ -140,7 +141,6 @@ final class ServiceLoop: @unchecked Sendable {
         }
 
         guard let context = lws_create_context(&info) else {
-            Self.release(protocols: protocols, name: protocolName, policy: idlePolicy)
             if let certificate = configuration.tlsCertificate, let key = configuration.tlsPrivateKey, listen != nil {
                 throw WebSocketError(
                     .contextCreationFailed,

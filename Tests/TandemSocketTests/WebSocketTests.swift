@@ -208,6 +208,28 @@ struct WebSocketTests {
         #expect(events.closes.first?.failedToConnect == true)
     }
 
+    @Test("a server on a port in use, or with half of a TLS pair, fails with a clear error, and again and again")
+    func contextCreationFails() throws {
+        let holder = try WebSocketServer(port: 0, delegate: Recorder())
+        defer { holder.shutdownWithoutWaiting() }
+        // Repeated: what a failed context was made with must be freed once, not twice (a
+        // double free does not always crash on the first).
+        for _ in 0..<20 {
+            #expect {
+                try WebSocketServer(port: holder.port, delegate: Recorder())
+            } throws: { error in
+                "\(error)".contains("could not listen on 127.0.0.1:\(holder.port)")
+            }
+            var halfTLS = WebSocketConfiguration()
+            halfTLS.tlsCertificate = "/nonexistent/certificate.pem"
+            #expect {
+                try WebSocketServer(port: 0, configuration: halfTLS, delegate: Recorder())
+            } throws: { error in
+                "\(error)".contains("TLS needs both a certificate and a private key")
+            }
+        }
+    }
+
     @Test(
         "an invalid URL is rejected with a clear error",
         arguments: ["http://x:1/", "ws://", "not a url", "ws://h:99999/"])
