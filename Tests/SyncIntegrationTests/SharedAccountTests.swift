@@ -151,7 +151,8 @@ struct SharedAccountTests {
     /// Alice and bob's devices on a server with `rules`; alice has made Home (alice and bob,
     /// one entry, "Rent"), and both hold it.
     static func homeOfTwo(
-        rules: String, bob configure: @escaping @Sendable (inout SyncConfiguration) -> Void = { _ in }
+        rules: String, policy: ConflictPolicy = .fieldLevel,
+        bob configure: @escaping @Sendable (inout SyncConfiguration) -> Void = { _ in }
     )
         async throws -> (server: TestServer, alice: TestDevice, bob: TestDevice)
     {
@@ -159,11 +160,11 @@ struct SharedAccountTests {
         let server = try await TestServer { $0.access = access }
         let alice = try TestDevice(name: "alice", serverURL: server.url, model: .sharedAccounts) {
             $0.token = "t-alice"
-            $0.conflictPolicy = .fieldLevel
+            $0.conflictPolicy = policy
         }
         let bob = try TestDevice(name: "bob", serverURL: server.url, model: .sharedAccounts) {
             $0.token = "t-bob"
-            $0.conflictPolicy = .fieldLevel
+            $0.conflictPolicy = policy
             configure(&$0)
         }
         alice.service.start()
@@ -228,12 +229,22 @@ struct SharedAccountTests {
     /// bob's scope only because it no longer lists him, and his edit may still be written. Bob
     /// renames Home, and his push waits (a long `pushDelay`) while alice takes him out: the
     /// removal reaches him before his push.
-    static func bobRenamesWhileTakenOut() async throws -> (server: TestServer, alice: TestDevice, bob: TestDevice) {
+    ///
+    /// Under last-write-wins, a synced account has no bookkeeping row until it leaves the scope.
+    /// The name Home ends with once bob's rename meets alice's later member changes: field by
+    /// field both stay; by whole rows, alice's later write wins.
+    static func settledName(_ policy: ConflictPolicy) -> String {
+        if case .lastWriteWins = policy { "Home" } else { "Home (bob)" }
+    }
+
+    static func bobRenamesWhileTakenOut(_ policy: ConflictPolicy) async throws
+        -> (server: TestServer, alice: TestDevice, bob: TestDevice)
+    {
         let open = #"""
             {"rules": [{"match": "accounts", "read": true, "write": true},
                        {"match": "accounts/{account}/entries", "read": true, "write": true}]}
             """#
-        let (server, alice, bob) = try await Self.homeOfTwo(rules: open) { configuration in
+        let (server, alice, bob) = try await Self.homeOfTwo(rules: open, policy: policy) { configuration in
             configuration.pushDelay = .seconds(3600)
             configuration.pushInterval = .seconds(3600)
         }
@@ -246,10 +257,11 @@ struct SharedAccountTests {
     }
 
     @Test(
-        "an edit not pushed yet when its row stops matching the scope: a left-scope conflict; kept, it is pushed (merged with the server's side) and then the row goes"
-    )
-    func dirtyRowLeavesScopeAndIsKept() async throws {
-        let (server, alice, bob) = try await Self.bobRenamesWhileTakenOut()
+        "an edit not pushed yet when its row stops matching the scope: a left-scope conflict; kept, it is pushed (settled with the server's side by the policy) and then the row goes",
+        arguments: [ConflictPolicy.fieldLevel, .lastWriteWins])
+    func dirtyRowLeavesScopeAndIsKept(policy: ConflictPolicy) async throws {
+        let (server, alice, bob) = try await Self.bobRenamesWhileTakenOut(policy)
+        let name = Self.settledName(policy)
         defer { Task { await alice.service.stop() } }
         defer { Task { await bob.service.stop() } }
         let conflict = try #require(try await bob.service.conflicts().first)
@@ -262,8 +274,8 @@ struct SharedAccountTests {
         // then nothing keeps the rows here.
         try await waitUntil("the rows went") { try Self.holdings(bob) == [:] }
         let home = try #require(try await serverDocuments(server, "accounts").first)
-        #expect(home.fields["name"] == "Home (bob)" && home.fields["members"] == ["alice"])
-        try await waitUntil("alice has bob's name") { try Self.holdings(alice) == ["Home (bob)": ["Rent"]] }
+        #expect(home.fields["name"] == .string(name) && home.fields["members"] == ["alice"])
+        try await waitUntil("alice has the settled name") { try Self.holdings(alice) == [name: ["Rent"]] }
         #expect(try await bob.service.conflicts().isEmpty)
         // The status follows the rows' removal; it must get there, not already be there.
         try await waitUntil("bob's status shows nothing pending") {
@@ -271,17 +283,23 @@ struct SharedAccountTests {
         }
     }
 
-    @Test("a row out of scope whose document comes back before the app decides: the conflict closes by itself")
-    func rowComesBackIntoScope() async throws {
-        let (server, alice, bob) = try await Self.bobRenamesWhileTakenOut()
+    @Test(
+        "a row out of scope whose document comes back before the app decides: the conflict closes by itself",
+        arguments: [ConflictPolicy.fieldLevel, .lastWriteWins])
+    func rowComesBackIntoScope(policy: ConflictPolicy) async throws {
+        let (server, alice, bob) = try await Self.bobRenamesWhileTakenOut(policy)
+        let name = Self.settledName(policy)
         defer { Task { await alice.service.stop() } }
         defer { Task { await bob.service.stop() } }
         try await Self.setMembers(alice, "Home", to: ["alice", "bob"])
         try await waitUntil("the conflict closed") { try await bob.service.conflicts().isEmpty }
-        // His edit is still his, and goes out (merged with alice's members) when he pushes.
-        #expect(try Self.holdings(bob) == ["Home (bob)": ["Rent"]])
+        // The document that came back met his edit, and the policy settled them (field by field
+        // his name stays, and goes out when he pushes; by whole rows alice's later write wins).
+        #expect(try Self.holdings(bob) == [name: ["Rent"]])
         _ = try await bob.service.syncNow()
-        try await waitUntil("alice has bob's name") { try Self.holdings(alice) == ["Home (bob)": ["Rent"]] }
+        try await waitUntil("both have the settled name") {
+            try Self.holdings(alice) == [name: ["Rent"]] && Self.holdings(bob) == [name: ["Rent"]]
+        }
         #expect(try await serverDocuments(server, "accounts").first?.fields["members"] == ["alice", "bob"])
     }
 }

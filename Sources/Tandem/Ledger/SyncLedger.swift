@@ -22,12 +22,14 @@ import TandemWire
 /// | synced | `isDirty = 0`, `serverId`, `serverVersion` | none; for a table that merges or is nested (``TableModel/recordsSyncedRows``): `state = 'synced'`, `collection`, `serverFields` for merging tables |
 /// | failed | as it was | `state = 'failed'`, `errorCode`, `lastError`, `attempts` |
 /// | deleted, not pushed | gone | `pendingOp = 'delete'`, `serverId`, `collection`, `serverVersion` (its key once sent) |
+/// | in conflict (manual tables; or out of scope, any table) | as it was | as it was, and a `tandem_conflict` row |
+/// | out of scope | as it was | `outOfScope = 1` (and, until the app resolves it, a `left-scope` conflict) |
 ///
 /// The row's `serverVersion` is the version of the document it holds (the base of its next
 /// push, and what tells an echo of its own write). `tandem_row.serverVersion` is read only for
-/// a filed delete, whose row is gone: the delete trigger copies it from the row.
-/// | in conflict (manual tables; or out of scope, any table) | as it was | as it was, and a `tandem_conflict` row |
-/// | out of scope | as it was | `outOfScope = 1` (and, until the app resolves it, a `left-scope` conflict) |
+/// a filed delete, whose row is gone: the delete trigger copies it from the row. A row without
+/// an entry that fails, or leaves its scope, gets one (``fail(_:_:_:_:)``,
+/// ``markOutOfScope(_:rowId:_:)``), which stays until the row is synced and in scope.
 ///
 /// ## Transitions, and what makes each
 ///
@@ -402,8 +404,9 @@ struct SyncLedger: Sendable {
             return .deletedMeanwhile
         }
         guard model.recordsSyncedRows else {
-            // Synced, or dirty with nothing sent: either way nothing the row does not hold.
-            try forget(model.name, push.rowId, db)
+            // Synced, or dirty with nothing sent: either way nothing the row does not hold,
+            // unless it is out of scope.
+            try forgetSynced(model, push.rowId, db)
             return .row(clean: clean)
         }
         try db.cachedStatement(
@@ -489,6 +492,25 @@ struct SyncLedger: Sendable {
         }
     }
 
+    /// A row of a table that keeps no bookkeeping for synced rows is synced (or dirty with
+    /// nothing sent): its entry goes, unless the row is out of scope, which only the entry
+    /// says; then the entry stays, with nothing sent.
+    private func forgetSynced(_ model: TableModel, _ rowId: Int64, _ db: Database) throws {
+        try db.cachedStatement(sql: "DELETE FROM tandem_row WHERE tableName = ? AND rowId = ? AND outOfScope = 0")
+            .execute { values in
+                values.bind(model.name)
+                values.bind(rowId)
+            }
+        guard db.changesCount == 0 else { return }
+        try db.cachedStatement(
+            sql: """
+                UPDATE tandem_row SET pendingOp = NULL, idempotencyKey = NULL, pushedRevision = NULL, attempts = 0,
+                    state = 'synced', errorCode = NULL, serverErrorCode = NULL, lastError = NULL
+                WHERE tableName = ? AND rowId = ?
+                """
+        ).execute(arguments: [model.name, rowId])
+    }
+
     /// Ends a row's bookkeeping (its delete was acknowledged, or it will never push).
     func forget(_ table: String, _ rowId: Int64, _ db: Database) throws {
         try db.cachedStatement(sql: "DELETE FROM tandem_row WHERE tableName = ? AND rowId = ?").execute { values in
@@ -532,7 +554,7 @@ struct SyncLedger: Sendable {
         _ db: Database
     ) throws {
         guard model.recordsSyncedRows else {
-            if !isNewRow { try forget(model.name, rowId, db) }
+            if !isNewRow { try forgetSynced(model, rowId, db) }
             return
         }
         try db.cachedStatement(
@@ -816,8 +838,14 @@ struct SyncLedger: Sendable {
     /// → out of scope: the row's document left its table's scope while the row (or one under
     /// it) had unpushed changes.
     func markOutOfScope(_ model: TableModel, rowId: Int64, _ db: Database) throws {
-        try db.cachedStatement(sql: "UPDATE tandem_row SET outOfScope = 1 WHERE tableName = ? AND rowId = ?")
-            .execute(arguments: [model.name, rowId])
+        // A synced or dirty row of a root table that does not merge has no entry yet.
+        try db.cachedStatement(
+            sql: """
+                INSERT INTO tandem_row (tableName, rowId, serverId, collection, outOfScope)
+                SELECT ?, id, serverId, ?, 1 FROM \(model.quotedName) WHERE id = ?
+                ON CONFLICT (tableName, rowId) DO UPDATE SET outOfScope = 1
+                """
+        ).execute(arguments: [model.name, model.rootCollection?.rawValue, rowId])
     }
 
     /// out of scope → as it was: the document came back into the scope; its `left-scope`
