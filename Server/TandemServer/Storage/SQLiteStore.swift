@@ -1,7 +1,7 @@
 import Foundation
 import GRDB
-import TandemSQLite
 import Logging
+import TandemSQLite
 import TandemWire
 
 /// The embedded store: one SQLite file (`tandem.sqlite`) in the data folder, for one server

@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import TandemSQLite
 import TandemWire
 
 /// How a conflict ended.
@@ -103,12 +104,13 @@ extension LocalStore {
         let incoming = try incomingValues(model, probe, db)
         var assignments = incoming.columns.map { "\(SQL.quote($0)) = ?" }
         assignments += ["updatedAt = ?", "isDirty = 1", "localRevision = localRevision + 1"]
-        var arguments = StatementArguments(converted: incoming.values)
-        arguments += [clock.now(), rowId]
         try db.cachedStatement(
             sql: "UPDATE \(model.quotedName) SET \(assignments.joined(separator: ", ")) WHERE id = ?"
-        )
-        .execute(arguments: arguments)
+        ).execute { values in
+            for value in incoming.values { values.bind(value) }
+            values.bind(clock.now())
+            values.bind(rowId)
+        }
         try recordMissingReferences(model, rowId: rowId, incoming.missing, db)
         if let times { try ledger.storeFieldTimes(model, rowId: rowId, times, db) }
         if rebase { try ledger.rebase(model, rowId, on: remote, db) }

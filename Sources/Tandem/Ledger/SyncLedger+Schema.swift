@@ -141,10 +141,12 @@ extension SyncLedger {
     ///   `localRevision` themselves, which is how the trigger tells them apart: an update that
     ///   leaves `localRevision` alone is the app's.
     /// - A delete by the app of a row known to the server files the delete in `tandem_row`, with
-    ///   the document's id, collection and version, so that it is pushed; the row itself is gone at once, as the app expects. Tandem's own
-    ///   deletes set `isDeleted` first and are not filed.
-    /// - An update that would put back a stale `localRevision`, `serverId` or `serverVersion` (a record type
-    ///   that encodes Tandem's columns and saved an old copy) is refused with an explanation.
+    ///   the document's id, collection and version, so that it is pushed; the row itself is gone
+    ///   at once, as the app expects. Tandem's own deletes set `isDeleted` first and are not
+    ///   filed.
+    /// - An update that would put back a stale `localRevision`, `serverId` or `serverVersion` (a
+    ///   record type that encodes Tandem's columns and saved an old copy) is refused with an
+    ///   explanation.
     ///
     /// `updatedAt` comes from `tandem_now()`, a SQL function that reads the sync service's clock.
     static func installTriggers(_ db: Database, _ model: TableModel) throws {

@@ -237,7 +237,6 @@ struct SyncLedger: Sendable {
     /// A database from before the rows kept their server version (the column was just added to
     /// `table`): each row takes the version its bookkeeping row has.
     static func moveServerVersions(to table: String, _ db: Database) throws {
-        guard try db.tableExists("tandem_row") else { return }
         try db.execute(
             sql: """
                 UPDATE \(SQL.quote(table)) AS t SET serverVersion = m.serverVersion

@@ -42,12 +42,3 @@ enum FieldCoding {
         String(decoding: Wire.encodeCanonical(value), as: UTF8.self).databaseValue
     }
 }
-
-extension StatementArguments {
-    /// Positional arguments from values already converted. GRDB's generic initializer maps
-    /// them through a key path that it builds at run time on every call, which cost a tenth of
-    /// applying a document; the existential initializer takes them as they are.
-    init(converted values: [DatabaseValue]) {
-        self.init(values.map { Optional<any DatabaseValueConvertible>.some($0) })
-    }
-}
