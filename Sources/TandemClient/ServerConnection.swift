@@ -103,7 +103,8 @@ public final class ServerConnection: Sendable {
                 [.invalidURL, .unavailable].contains(error.code) ? .invalidArgument : .unreachable, error.message)
         }
         let connection = ServerConnection(
-            url: url, clientId: name, socket: socket, inbox: DispatchQueue(label: "tandem.connection"), logger: logger)
+            url: url, clientId: name, socket: socket,
+            inbox: DispatchQueue(label: "tandem.connection", target: .global()), logger: logger)
         connection.state.withLock { $0.onClose = onClose }
         relay.attach(connection)
 
