@@ -335,6 +335,9 @@ extension SyncService {
             }
             if parentsChanged { refreshListeners() }
             if outcomes.contains(where: \.leftWorkToPush) { schedulePush(after: configuration.pushDelay) }
+            // Echoes of this device's own writes (the usual snapshot after a push) leave the
+            // counts as they were: no read for them.
+            if outcomes.allSatisfy(\.changedNothing) { return }
         } catch {
             let paths = Set(snapshots.map { $0.1.rawValue }).sorted().joined(separator: ", ")
             noteError(TandemError("cannot apply a snapshot of \(paths)", error, otherwise: .database))

@@ -17,6 +17,11 @@ struct ApplyOutcome: Sendable {
     /// filed delete (at a newer version). The service pushes it at once, not at the next
     /// periodic push, since no local commit announces it.
     var leftWorkToPush = false
+    /// Changes that found nothing to do: echoes of this device's own writes, or older than
+    /// what the device has.
+    var unchanged = 0
+    /// The snapshot changed nothing but its resume token: the counts of the status stand.
+    var changedNothing = false
 }
 
 extension LocalStore {
@@ -80,6 +85,7 @@ extension LocalStore {
                 try removeQuietly(model, rowId: $0, db)
             }
         }
+        outcome.changedNothing = !resetting && outcome.unchanged == snapshot.changes.count
         return outcome
     }
 
@@ -96,7 +102,10 @@ extension LocalStore {
             // What the device knew of this document's delete: the tombstone brings it now, or
             // the change is older than the delete (queued before it) and brings nothing.
             if let goneAt = try ledger.goneVersion(collection, serverId, db) {
-                if document.version <= goneAt && !document.deleted { return }
+                if document.version <= goneAt && !document.deleted {
+                    outcome.unchanged += 1
+                    return
+                }
                 try ledger.clearGone(collection, serverId, db)
             }
         }
@@ -129,8 +138,12 @@ extension LocalStore {
 
         if let local {
             let rowId = local.id
-            // An echo of this device's own write, or older: nothing to do.
-            guard !local.holdsVersion else { return }
+            // An echo of this device's own write, or older: nothing to do (but to bring the
+            // row back into scope, above).
+            guard !local.holdsVersion else {
+                if !context.outOfScope { outcome.unchanged += 1 }
+                return
+            }
             if try local.isDirty || ledger.isInConflict(model, rowId: rowId, db) {
                 // Unpushed local changes: the table's policy decides.
                 let settlement = try settle(model, rowId: rowId, remote: document, collection: collection, db)

@@ -24,6 +24,9 @@ struct PushCursor {
     /// A row was passed over and is still to push: its parent or a required reference target
     /// had no server id yet, or it went out with a reference still missing.
     var passedOver = false
+    /// The last batch read every filed delete and dirty row there was: no batch after it
+    /// would find any.
+    var reachedEnd = false
 }
 
 extension LocalStore {
@@ -38,7 +41,10 @@ extension LocalStore {
     {
         var prepared: [PreparedPush] = []
         var bytes = 0
-        for row in try ledger.filedDeletes(after: cursor.lastDelete, limit: maxOps, db) {
+        let deletes = try ledger.filedDeletes(after: cursor.lastDelete, limit: maxOps, db)
+        // A query that returned as many rows as its limit may have left some.
+        var reachedEnd = deletes.count < maxOps
+        for row in deletes {
             let table: String = row[0], rowId: Int64 = row[1]
             cursor.lastDelete = (table, rowId)
             guard let serverId = try? DocumentID(row[2] as String? ?? ""),
@@ -58,13 +64,21 @@ extension LocalStore {
         }
 
         var memo: [String: CollectionPath?] = [:]
-        for model in tables where prepared.count < maxOps && bytes < maxBytes {
+        for model in tables {
+            guard prepared.count < maxOps && bytes < maxBytes else {
+                reachedEnd = false
+                break
+            }
             // The row and its bookkeeping in one step.
             let fieldOffset = SyncLedger.dirtyRowColumns
+            let limit = maxOps - prepared.count
             let rows = try ledger.dirtyRows(
                 model, syncs: syncsCondition(model, alias: "t"), after: cursor.lastRow[model.name] ?? .min,
-                limit: maxOps - prepared.count, db)
+                limit: limit, db)
+            var read = 0
             while let row = try rows.next() {
+                read += 1
+                if read == limit { reachedEnd = false }
                 let rowId: Int64 = row[0]
                 cursor.lastRow[model.name] = rowId
                 let revision: Int64 = row[1]
@@ -130,9 +144,13 @@ extension LocalStore {
                     PreparedPush(table: model.name, rowId: rowId, op: op, revision: keyRevision, incomplete: incomplete)
                 )
                 bytes += 64
-                if bytes >= maxBytes { break }
+                if bytes >= maxBytes {
+                    reachedEnd = false
+                    break
+                }
             }
         }
+        cursor.reachedEnd = reachedEnd
         return prepared
     }
 

@@ -20,7 +20,10 @@ extension SyncService {
     @discardableResult
     func push() throws -> SyncReport {
         state.withLock { $0.pushDue = nil }
-        defer { refreshStatus() }
+        // A push that ends early shows what it left; one that ends normally reads the counts
+        // once, for its report and the status.
+        var countsShown = false
+        defer { if !countsShown { refreshStatus() } }
         guard let connection = state.withLock({ $0.running ? $0.connection : nil }), connection.isOpen else {
             throw TandemError(.disconnected, "not connected to \(serverURL)")
         }
@@ -35,11 +38,19 @@ extension SyncService {
         var cursor = PushCursor()
         var inFlight: [(batch: [PreparedPush], answer: ServerConnection.PendingWrite)] = []
         var exhausted = false
+        // The last batch read every row there was when it was taken.
+        var endReached = false
         var batches = 0
         var createsAcknowledged = 0
         // Ops of a refused or conflicting batch that were not applied, and must go out again.
         var leftBehind = false
         while true {
+            // A local commit since then queued another push, which waits behind this one: what
+            // it filed goes out in this push instead, while it runs.
+            if endReached, state.withLock({ $0.pushDue != nil }) {
+                exhausted = false
+                endReached = false
+            }
             while !exhausted, inFlight.count < depth, !(inFlight.last.map { creates(dependedOn: $0.batch) } ?? false) {
                 if batches == 64 {
                     // Long enough: listener work waits behind this barrier. Another push is
@@ -55,6 +66,10 @@ extension SyncService {
                     exhausted = true
                     break
                 }
+                // Nothing was left after this batch when it was taken: no need to look again
+                // unless a local commit says so (above).
+                endReached = cursor.reachedEnd
+                exhausted = endReached
                 batches += 1
                 configuration.hooks.beforeSend?(batch.map(\.op))
                 inFlight.append((batch, connection.startWrite(batch.map(\.op), timeout: configuration.requestTimeout)))
@@ -130,10 +145,11 @@ extension SyncService {
             }
         }
         if leftBehind || (cursor.passedOver && createsAcknowledged > 0) { schedulePush(after: .zero) }
-        let (pending, failed) = try readState { db in (try store.pendingCount(db), try store.ledger.failedCount(db)) }
-        report.pending = pending
-        report.failed = failed
         if report.conflicts > 0 { updateStatus { $0.resolvedConflicts += report.conflicts } }
+        let counts = try showCurrentCounts()
+        countsShown = true
+        report.pending = counts.pending
+        report.failed = counts.failed
         return report
     }
 

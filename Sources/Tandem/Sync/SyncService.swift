@@ -400,12 +400,20 @@ public final class SyncService: Sendable {
             refreshStatusSoon()
             return
         }
-        let read = nextCountRead()
         do {
-            showCounts(try readState(countsNow), read: read)
+            _ = try showCurrentCounts()
         } catch {
             logger.error("reading the sync status failed", metadata: ["tandem.error": "\(error)"])
         }
+    }
+
+    /// Reads the counts, shows them in the status and returns them: one read for a push's
+    /// report and the status both.
+    func showCurrentCounts() throws -> (pending: Int, failed: Int, conflicts: Int) {
+        let read = nextCountRead()
+        let counts = try readState(countsNow)
+        showCounts(counts, read: read)
+        return counts
     }
 
     /// From async code: the status is current when it returns.
@@ -425,9 +433,13 @@ public final class SyncService: Sendable {
         }
     }
 
-    private func countsNow(_ db: Database) throws -> (Int, Int, Int) { try Self.counts(store, db) }
+    private func countsNow(_ db: Database) throws -> (pending: Int, failed: Int, conflicts: Int) {
+        try Self.counts(store, db)
+    }
 
-    private static func counts(_ store: LocalStore, _ db: Database) throws -> (Int, Int, Int) {
+    private static func counts(_ store: LocalStore, _ db: Database) throws -> (
+        pending: Int, failed: Int, conflicts: Int
+    ) {
         (try store.pendingCount(db), try store.ledger.failedCount(db), try store.ledger.conflictCount(db))
     }
 
