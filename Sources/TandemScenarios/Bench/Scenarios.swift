@@ -33,10 +33,14 @@ public enum Bench {
 
     /// Device A on `serverA` writes documents one at a time; for each, the time from A's local
     /// commit to B's (on `serverB`) local commit of it.
+    ///
+    /// The writes run on a thread of their own that sleeps until B's apply hook signals: a
+    /// loop polling for the arrival would take CPU from the devices and servers it measures.
     static func propagationLatencies(
         from serverA: TestServer, to serverB: TestServer, count: Int, progress: Progress
     ) async throws -> Latencies {
         let arrivals = Mutex<[String: ContinuousClock.Instant]>([:])
+        let arrived = DispatchSemaphore(value: 0)
         let a = try benchDevice("a", server: serverA)
         let b = try benchDevice("b", server: serverB) { configuration in
             configuration.hooks.afterApply = { snapshot in
@@ -46,6 +50,7 @@ public enum Bench {
                         if let title = change.document.fields["title"]?.stringValue { arrivals[title] = now }
                     }
                 }
+                arrived.signal()
             }
         }
         a.service.start()
@@ -53,18 +58,28 @@ public enum Bench {
         try await poll("b is connected") { b.service.status.isConnected && a.service.status.isConnected }
         try await Task.sleep(for: .milliseconds(200))
 
-        var latencies = Latencies()
-        for index in 0..<count {
-            let title = "p\(index)"
-            try await a.database.write { db in
-                try db.execute(
-                    sql: "INSERT INTO item (title, amount, note) VALUES (?, ?, ?)",
-                    arguments: [title, index, BenchModel.note])
+        // The thread is joined before this function returns, so `progress` does not escape it.
+        let latencies = try await withoutActuallyEscaping(progress) { progress in
+            try await onOwnThread {
+                var latencies = Latencies()
+                for index in 0..<count {
+                    let title = "p\(index)"
+                    try a.database.write { db in
+                        try db.execute(
+                            sql: "INSERT INTO item (title, amount, note) VALUES (?, ?, ?)",
+                            arguments: [title, index, BenchModel.note])
+                    }
+                    let committed = ContinuousClock.now
+                    while arrivals.withLock({ $0[title] }) == nil {
+                        guard arrived.wait(timeout: .now() + .seconds(60)) == .success else {
+                            throw ScenarioError("b did not get \(title) within 60 s")
+                        }
+                    }
+                    latencies.record(arrivals.withLock { $0[title]! } - committed)
+                    if index % 50 == 0 { progress("propagation: \(index)/\(count) documents") }
+                }
+                return latencies
             }
-            let committed = ContinuousClock.now
-            try await poll("b has \(title)", interval: .microseconds(50)) { arrivals.withLock { $0[title] } != nil }
-            latencies.record(arrivals.withLock { $0[title]! } - committed)
-            if index % 50 == 0 { progress("propagation: \(index)/\(count) documents") }
         }
         await a.service.stop()
         await b.service.stop()
