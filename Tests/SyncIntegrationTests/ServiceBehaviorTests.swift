@@ -130,6 +130,25 @@ struct ServiceBehaviorTests {
         try await waitUntil("none is left pending") { phone.service.status.pendingCount == 0 }
     }
 
+    @Test("one syncNow pushes a new account and the entry under it: the entry goes once the account has its id")
+    func parentAndChildInOnePush() async throws {
+        let server = try await TestServer()
+        // Only the pushes the test asks for.
+        let phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
+            configuration.pushDelay = .seconds(3600)
+            configuration.pushInterval = .seconds(3600)
+        }
+        phone.service.start()
+        try await phone.waitUntilConnected()
+        let account = try await phone.addAccount("Household")
+        try await phone.addEntry("Rent", amount: -100, account: account.id!)
+        let report = try await phone.service.syncNow()
+        #expect(report.pushed == 2)
+        #expect(report.pending == 0)
+        let accountId = try #require(try await phone.serverId(ofAccount: account.id!))
+        #expect(try await serverDocuments(server, "accounts/\(accountId)/entries").count == 1)
+    }
+
     @Test("last write wins: of two offline edits of one entry, the later one wins on every device")
     func lastWriteWins() async throws {
         let clock = TestClock()

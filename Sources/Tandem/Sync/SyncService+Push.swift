@@ -67,8 +67,10 @@ extension SyncService {
                     break
                 }
                 // Nothing was left after this batch when it was taken: no need to look again
-                // unless a local commit says so (above).
-                endReached = cursor.reachedEnd
+                // unless a local commit says so (above). Rows under or referring to the rows
+                // this batch creates were not read at all (they wait for their server ids):
+                // after its answer, the push looks again.
+                endReached = cursor.reachedEnd && !creates(dependedOn: batch)
                 exhausted = endReached
                 batches += 1
                 configuration.hooks.beforeSend?(batch.map(\.op))
