@@ -274,7 +274,7 @@ struct CommandLineTests {
                 Issue.record("not a change line: \(line)")
                 continue
             }
-            #expect(words[0] == "added" && oldIndex == -1, "\(line)")
+            #expect(words[0] == "added" && words[2] == "1" && oldIndex == -1, "\(line)")
             if (0...view.count).contains(newIndex) { view.insert(words[1], at: newIndex) }
         }
         #expect(watch.outputLines.count == 6, "\(watch.outputLines)")

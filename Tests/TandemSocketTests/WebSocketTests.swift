@@ -203,23 +203,11 @@ struct WebSocketTests {
         // A port bound but not listening refuses connections, and stays ours while the test
         // runs: a port freed by a server shut down here could be taken by another test's
         // server in between, and the client would connect to that one.
-        let socket = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        try #require(socket >= 0)
-        defer { close(socket) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        try withUnsafeMutablePointer(to: &address) { pointer in
-            try pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { address in
-                try #require(bind(socket, address, length) == 0, "bind: errno \(errno)")
-                try #require(getsockname(socket, address, &length) == 0, "getsockname: errno \(errno)")
-            }
-        }
-        let port = Int(UInt16(bigEndian: address.sin_port))
-        _ = try client.connect(to: "ws://127.0.0.1:\(port)/", delegate: events)
+        let refusing = try RefusingPort()
+        _ = try client.connect(to: "ws://127.0.0.1:\(refusing.port)/", delegate: events)
         try await waitUntil("the failure is reported") { events.closes.count == 1 }
         #expect(events.closes.first?.failedToConnect == true)
+        withExtendedLifetime(refusing) {}
     }
 
     @Test("a server on a port in use, or with half of a TLS pair, fails with a clear error, and again and again")
