@@ -144,17 +144,41 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
         }
     }
 
+    /// Passes a message to the core queue, decoded there when small.
+    ///
+    /// A large message (a write of many documents) is decoded first on the session's own
+    /// `decoder` queue, on another core: decoding is a third of the core queue's work under a
+    /// stream of writes, and the core queue is the server's one serial stage. A small one goes
+    /// straight to the core queue, since the extra hand-over would cost it more time than its
+    /// decoding. Order is kept: while the decoder holds any message of the session, the ones
+    /// after it go through the decoder too, and it passes each on before counting it done.
     func webSocket(_ connection: WebSocketConnection, didReceive message: WebSocketMessage) {
         guard let session = connection.userData as? Session else { return }
         if session.pendingMessages.add(1, ordering: .relaxed).newValue > Self.pendingHighMark {
             connection.pauseReceiving()
         }
-        queue.async { [self] in
-            if !session.isClosed && !isStopped { handle(message, from: session) }
-            if session.pendingMessages.subtract(1, ordering: .relaxed).newValue <= Self.pendingLowMark {
-                connection.resumeReceiving()
-            }
+        if message.bytes.count < Self.decodeInlineBytes && session.decoding.load(ordering: .acquiring) == 0 {
+            queue.async { [self] in handle(Self.decode(message), from: session) }
+            return
         }
+        session.decoding.add(1, ordering: .relaxed)
+        session.decoder.async { [self] in
+            let decoded = Self.decode(message)
+            queue.async { [self] in handle(decoded, from: session) }
+            session.decoding.subtract(1, ordering: .releasing)
+        }
+    }
+
+    /// Messages under this many bytes are decoded on the core queue (see
+    /// ``webSocket(_:didReceive:)``).
+    private static let decodeInlineBytes = 4096
+
+    private static func decode(_ frame: WebSocketMessage) -> Result<ClientMessage, WireError> {
+        guard frame.kind == .text else {
+            return .failure(
+                WireError(.badMessage, "binary frames are not supported; send each message as a JSON text frame"))
+        }
+        return Result { () throws(WireError) in try Wire.decode(ClientMessage.self, from: frame.bytes) }
     }
 
     func webSocketDidDrain(_ connection: WebSocketConnection) {
@@ -185,21 +209,24 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
 
     // MARK: - Messages (queue)
 
-    private func handle(_ frame: WebSocketMessage, from session: Session) {
+    /// Handles one decoded message and counts it off the session's pending messages.
+    private func handle(_ decoded: Result<ClientMessage, WireError>, from session: Session) {
+        if !session.isClosed && !isStopped { respond(to: decoded, from: session) }
+        if session.pendingMessages.subtract(1, ordering: .relaxed).newValue <= Self.pendingLowMark {
+            session.connection.resumeReceiving()
+        }
+    }
+
+    private func respond(to decoded: Result<ClientMessage, WireError>, from session: Session) {
         session.messagesHandled += 1
         if let faults, faults.dropsConnection(messageCount: session.messagesHandled) {
             drop(session, "injected fault: connection dropped")
             return
         }
-        guard frame.kind == .text else {
-            session.send(
-                WireError(.badMessage, "binary frames are not supported; send each message as a JSON text frame"))
-            return
-        }
         let message: ClientMessage
-        do {
-            message = try Wire.decode(ClientMessage.self, from: frame.bytes)
-        } catch {
+        switch decoded {
+        case .success(let decodedMessage): message = decodedMessage
+        case .failure(let error):
             session.send(error)
             return
         }

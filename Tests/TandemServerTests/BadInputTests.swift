@@ -83,6 +83,14 @@ let badInputs: [BadInput] = [
 
 @Suite("Bad input: documented errors, nothing stored, other clients unaffected")
 struct BadInputTests {
+    /// A raw connection that said hello and read its welcome.
+    static func welcomed(on server: TestServer, as clientId: String) async throws -> RawWebSocket {
+        let raw = try await RawWebSocket.open(
+            port: server.port, hello: #"{"type":"hello","protocol":1,"clientId":"\#(clientId)"}"#)
+        _ = try await raw.readText()
+        return raw
+    }
+
     @Test("each bad input gets its documented answer", arguments: badInputs)
     func badInput(_ input: BadInput) async throws {
         let server = try await TestServer { configuration in
@@ -166,9 +174,7 @@ struct BadInputTests {
     @Test("a flood of tiny frames is answered in order without unbounded queueing")
     func flood() async throws {
         let server = try await TestServer()
-        let raw = try await RawWebSocket.open(
-            port: server.port, hello: #"{"type":"hello","protocol":1,"clientId":"flood"}"#)
-        _ = try await raw.readText()
+        let raw = try await Self.welcomed(on: server, as: "flood")
         // Made on a thread of its own, as the million fragments below: seconds of work in a debug
         // build that would otherwise hold a thread of the pool every test shares.
         let frames = try await onOwnThread {
@@ -187,12 +193,34 @@ struct BadInputTests {
         #expect(await server.server.stats.connections == 1)
     }
 
+    /// The server decodes a large message off its core queue and a small one on it; the
+    /// small get right behind a large write must still wait for it.
+    @Test("a get sent right behind a large write is answered after it, and finds its document")
+    func largeThenSmall() async throws {
+        let server = try await TestServer()
+        let raw = try await Self.welcomed(on: server, as: "mixed")
+        let blob = String(repeating: "x", count: 200_000)
+        let frames = (0..<10).flatMap { index in
+            let write =
+                #"{"type":"write","request":"w\#(index)","ops":[{"op":"create","collection":"c","id":"d\#(index)","#
+                + #""fields":{"blob":"\#(blob)"},"idempotencyKey":"k\#(index)"}]}"#
+            let get = #"{"type":"get","request":"g\#(index)","collection":"c","id":"d\#(index)"}"#
+            return RawWebSocket.frame(opcode: .text, payload: Array(write.utf8))
+                + RawWebSocket.frame(opcode: .text, payload: Array(get.utf8))
+        }
+        try await raw.write(frames)
+        let replies = try await raw.readTexts(20)
+        for (index, reply) in replies.enumerated() {
+            let request = index % 2 == 0 ? "w\(index / 2)" : "g\(index / 2)"
+            #expect(reply.contains(#""request":"\#(request)""#), "reply \(index): \(reply.prefix(120))")
+            #expect(!reply.contains(#""type":"error""#), "reply \(index): \(reply.prefix(120))")
+        }
+    }
+
     @Test("a message sent as a million one-byte fragments is put together and answered")
     func millionFragments() async throws {
         let server = try await TestServer()
-        let raw = try await RawWebSocket.open(
-            port: server.port, hello: #"{"type":"hello","protocol":1,"clientId":"fragments"}"#)
-        _ = try await raw.readText()
+        let raw = try await Self.welcomed(on: server, as: "fragments")
         let wire = try await onOwnThread {
             let message = Array(#"{"type":"get","request":"whole","collection":"c","id":"x"}"#.utf8)
             let padded = message + Array(repeating: UInt8(ascii: " "), count: 1_000_000 - message.count)

@@ -1,11 +1,12 @@
+import Dispatch
 import Synchronization
 import TandemSocket
 import TandemWire
 
 /// One client connection as the server sees it: who it is and what it listens to.
 ///
-/// Confined to the server's core queue, except `pendingMessages`, which the socket's service
-/// thread increments as messages arrive.
+/// Confined to the server's core queue, except `pendingMessages`, `decoder` and `decoding`,
+/// which the socket's service thread uses as messages arrive.
 final class Session: @unchecked Sendable {
     let connection: WebSocketConnection
     let metrics: ServerMetrics
@@ -19,6 +20,11 @@ final class Session: @unchecked Sendable {
     var isClosed = false
     /// Messages received and not yet handled: past a high mark the socket stops reading.
     let pendingMessages = Atomic<Int>(0)
+    /// Where large messages are decoded, in order, off the core queue (see
+    /// `ServerCore.webSocket(_:didReceive:)`).
+    let decoder = DispatchQueue(label: "tandem.session.decode", target: .global())
+    /// Messages given to `decoder` and not yet passed on to the core queue.
+    let decoding = Atomic<Int>(0)
     /// Messages handled so far (for injected faults).
     var messagesHandled = 0
     /// Outgoing frames held back by an injected delay, in order; nil when not holding.
