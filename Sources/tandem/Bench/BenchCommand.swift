@@ -83,6 +83,7 @@ struct BenchCommand: AsyncParsableCommand {
             case .queries: result = try await Bench.queries(quick: quick, progress: progress.show)
             case .queryLimit: result = try await Bench.queryLimit(quick: quick, progress: progress.show)
             }
+            await Bench.settle()
             progress.finish()
             results.append(result)
             if json {
