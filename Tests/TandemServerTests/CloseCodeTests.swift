@@ -112,34 +112,43 @@ struct CloseCodeTests {
             configuration.idleTimeout = 5
         }
         let silent = try await Self.session(server)
-        // The talker says hello and then sends a get every 100 ms from a thread of its own,
-        // started at once (a task, or the test's own task after an await, waits for the
-        // cooperative pool, which a loaded machine may hold up for longer than the timeout).
-        // It never answers a ping.
-        let talker = try await RawWebSocket.open(port: server.port)
+        // The talker connects, says hello and then sends a get every 100 ms, all from a thread
+        // of its own, started at once. The server's clock starts at the upgrade: a task, or
+        // the test's own task after an await, waits for the cooperative pool, which a loaded
+        // machine may hold up for longer than the timeout, and a wait between the upgrade and
+        // the first send counts as silence (it did, once, in a parallel run). It never answers
+        // a ping.
+        let port = server.port
         let gaps = Mutex<Duration>(.zero)
-        let talking = OwnThread {
-            try talker.send(text: #"{"type":"hello","protocol":1,"clientId":"talker"}"#)
-            let started = ContinuousClock.now
-            var last = started
-            while ContinuousClock.now - started < .seconds(8) {
-                try talker.send(text: #"{"type":"get","request":"r","collection":"c","id":"x"}"#)
-                let now = ContinuousClock.now
-                gaps.withLock { $0 = max($0, now - last) }
-                last = now
-                Thread.sleep(forTimeInterval: 0.1)
+        let talking = OwnThread { () throws -> (talker: RawWebSocket, failure: String?) in
+            let talker = try RawWebSocket(port: port)
+            var last = ContinuousClock.now
+            do {
+                try talker.send(text: #"{"type":"hello","protocol":1,"clientId":"talker"}"#)
+                let started = ContinuousClock.now
+                while ContinuousClock.now - started < .seconds(8) {
+                    try talker.send(text: #"{"type":"get","request":"r","collection":"c","id":"x"}"#)
+                    let now = ContinuousClock.now
+                    gaps.withLock { $0 = max($0, now - last) }
+                    last = now
+                    Thread.sleep(forTimeInterval: 0.1)
+                }
+            } catch {
+                return (talker, "\(error)")
             }
+            return (talker, nil)
         }
         let close = try await silent.readClose(timeout: .seconds(30))
         #expect(close.closeCode == 1001, "\(close.closeReason)")
         #expect(close.closeReason.hasPrefix("idle timeout"), "\(close.closeReason)")
-        do { try await talking.value } catch {
+        let (talker, failure) = try await talking.value
+        if let failure {
             var frames: [String] = []
             while let frame = try? await talker.readFrame(timeout: .seconds(1)) {
                 frames.append("\(frame.opcode) \(frame.closeCode ?? 0) \(frame.closeReason) \(frame.text.prefix(80))")
             }
             Issue.record(
-                "the talker was closed: \(error); it received: \(frames.suffix(3)); longest pause between its sends: \(gaps.withLock { $0 })"
+                "the talker was closed: \(failure); it received: \(frames.suffix(3)); longest pause between its sends (from the upgrade): \(gaps.withLock { $0 })"
             )
             return
         }
