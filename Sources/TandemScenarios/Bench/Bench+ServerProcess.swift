@@ -88,7 +88,7 @@ extension Bench {
 
     /// As ``fanout(quick:progress:)``, at 10,000 listener connections, to a server in its own
     /// process.
-    public static func wideFanout(quick: Bool, progress: Progress) async throws -> BenchResult {
+    public static func wideFanout(quick: Bool, progress: @escaping Progress) async throws -> BenchResult {
         let listeners = quick ? 1000 : 10_000
         let writes = quick ? 10 : 50
         raiseOpenFilesLimit()
@@ -117,7 +117,7 @@ extension Bench {
     /// Opens `listeners` connections listening on one collection, then writes one document at
     /// a time; for each, the time from sending the write until the last listener has it.
     static func fanoutLatencies(
-        url: String, listeners: Int, writes: Int, scenario: String, progress: Progress
+        url: String, listeners: Int, writes: Int, scenario: String, progress: @escaping Progress
     ) async throws -> Latencies {
         let items = try CollectionPath("items")
         /// Arrivals per document, in shards by listener: thousands of listeners' queues
@@ -185,31 +185,28 @@ extension Bench {
         defer { writer.close() }
         // The writes go from a thread of their own, which sleeps until the last arrival wakes
         // it: a loop polling the tally every 100 µs took CPU from the listeners and the server
-        // it measured. The thread is joined before this function returns, so `progress` does
-        // not escape it.
-        return try await withoutActuallyEscaping(progress) { progress in
-            try await onOwnThread {
-                var latencies = Latencies()
-                for index in 0..<writes {
-                    tally.awaited.store(listeners * (index + 1), ordering: .sequentiallyConsistent)
-                    let start = ContinuousClock.now
-                    let write = WriteOp.create(
-                        in: items, fields: BenchModel.fields(index), idempotencyKey: try ClientName("w\(index)"))
-                    guard case .ack(let results) = try writer.writeAndWait([write]).get() else {
-                        throw ScenarioError("the fan-out write was refused")
-                    }
-                    guard tally.allArrived.wait(timeout: .now() + .seconds(60)) == .success else {
-                        throw ScenarioError("write \(index) did not reach every listener within 60 s")
-                    }
-                    let arrivals = tally.arrivals(of: results[0].id.rawValue)
-                    guard arrivals.count == listeners, let last = arrivals.last else {
-                        throw ScenarioError("write \(index) reached \(arrivals.count) of \(listeners) listeners")
-                    }
-                    latencies.record(last - start)
-                    progress("\(scenario): \(index + 1)/\(writes) writes delivered to \(listeners) listeners")
+        // it measured.
+        return try await onOwnThread {
+            var latencies = Latencies()
+            for index in 0..<writes {
+                tally.awaited.store(listeners * (index + 1), ordering: .sequentiallyConsistent)
+                let start = ContinuousClock.now
+                let write = WriteOp.create(
+                    in: items, fields: BenchModel.fields(index), idempotencyKey: try ClientName("w\(index)"))
+                guard case .ack(let results) = try writer.writeAndWait([write]).get() else {
+                    throw ScenarioError("the fan-out write was refused")
                 }
-                return latencies
+                guard tally.allArrived.wait(timeout: .now() + .seconds(60)) == .success else {
+                    throw ScenarioError("write \(index) did not reach every listener within 60 s")
+                }
+                let arrivals = tally.arrivals(of: results[0].id.rawValue)
+                guard arrivals.count == listeners, let last = arrivals.last else {
+                    throw ScenarioError("write \(index) reached \(arrivals.count) of \(listeners) listeners")
+                }
+                latencies.record(last - start)
+                progress("\(scenario): \(index + 1)/\(writes) writes delivered to \(listeners) listeners")
             }
+            return latencies
         }
     }
 

@@ -6,7 +6,8 @@ extension Bench {
     /// Three nodes over one PostgreSQL database (a throwaway cluster with `fsync` on, or the
     /// database `postgres` names): propagation from a device on node A to a device on node B,
     /// and throughput from three writing devices, one per node, to a device on node A.
-    public static func cluster(quick: Bool, postgres: String?, progress: Progress) async throws -> BenchResult {
+    public static func cluster(quick: Bool, postgres: String?, progress: @escaping Progress) async throws -> BenchResult
+    {
         progress("cluster: starting PostgreSQL")
         let ownCluster = postgres == nil ? try await PostgresCluster.start(durable: true) : nil
         defer { ownCluster?.stop() }

@@ -16,7 +16,7 @@ public enum Bench {
 
     /// Device A writes documents one at a time (push delay 0); the time from A's local commit
     /// to B's local commit of the same document.
-    public static func propagation(quick: Bool, progress: Progress) async throws -> BenchResult {
+    public static func propagation(quick: Bool, progress: @escaping Progress) async throws -> BenchResult {
         let count = quick ? 200 : 1000
         let server = try await benchServer()
         defer { server.stopWithoutWaiting() }
@@ -37,7 +37,7 @@ public enum Bench {
     /// The writes run on a thread of their own that sleeps until B's apply hook signals: a
     /// loop polling for the arrival would take CPU from the devices and servers it measures.
     static func propagationLatencies(
-        from serverA: TestServer, to serverB: TestServer, count: Int, progress: Progress
+        from serverA: TestServer, to serverB: TestServer, count: Int, progress: @escaping Progress
     ) async throws -> Latencies {
         let arrivals = Mutex<[String: ContinuousClock.Instant]>([:])
         let arrived = DispatchSemaphore(value: 0)
@@ -58,28 +58,25 @@ public enum Bench {
         try await poll("b is connected") { b.service.status.isConnected && a.service.status.isConnected }
         try await Task.sleep(for: .milliseconds(200))
 
-        // The thread is joined before this function returns, so `progress` does not escape it.
-        let latencies = try await withoutActuallyEscaping(progress) { progress in
-            try await onOwnThread {
-                var latencies = Latencies()
-                for index in 0..<count {
-                    let title = "p\(index)"
-                    try a.database.write { db in
-                        try db.execute(
-                            sql: "INSERT INTO item (title, amount, note) VALUES (?, ?, ?)",
-                            arguments: [title, index, BenchModel.note])
-                    }
-                    let committed = ContinuousClock.now
-                    while arrivals.withLock({ $0[title] }) == nil {
-                        guard arrived.wait(timeout: .now() + .seconds(60)) == .success else {
-                            throw ScenarioError("b did not get \(title) within 60 s")
-                        }
-                    }
-                    latencies.record(arrivals.withLock { $0[title]! } - committed)
-                    if index % 50 == 0 { progress("propagation: \(index)/\(count) documents") }
+        let latencies = try await onOwnThread {
+            var latencies = Latencies()
+            for index in 0..<count {
+                let title = "p\(index)"
+                try a.database.write { db in
+                    try db.execute(
+                        sql: "INSERT INTO item (title, amount, note) VALUES (?, ?, ?)",
+                        arguments: [title, index, BenchModel.note])
                 }
-                return latencies
+                let committed = ContinuousClock.now
+                while arrivals.withLock({ $0[title] }) == nil {
+                    guard arrived.wait(timeout: .now() + .seconds(60)) == .success else {
+                        throw ScenarioError("b did not get \(title) within 60 s")
+                    }
+                }
+                latencies.record(arrivals.withLock { $0[title]! } - committed)
+                if index % 50 == 0 { progress("propagation: \(index)/\(count) documents") }
             }
+            return latencies
         }
         await a.service.stop()
         await b.service.stop()
@@ -159,7 +156,7 @@ public enum Bench {
 
     /// Listener connections on one collection; writes one at a time; for each write, the time
     /// until the last listener has it.
-    public static func fanout(quick: Bool, progress: Progress) async throws -> BenchResult {
+    public static func fanout(quick: Bool, progress: @escaping Progress) async throws -> BenchResult {
         let listeners = quick ? 100 : 1000
         let writes = quick ? 20 : 100
         raiseOpenFilesLimit()
