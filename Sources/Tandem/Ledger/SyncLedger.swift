@@ -91,16 +91,17 @@ struct SyncLedger: Sendable {
         }
         count +=
             try Int.fetchOne(
-                db, sql: "SELECT COUNT(*) FROM tandem_row WHERE pendingOp = 'delete' AND state != 'failed'") ?? 0
+                db.cachedStatement(
+                    sql: "SELECT COUNT(*) FROM tandem_row WHERE pendingOp = 'delete' AND state != 'failed'")) ?? 0
         return count
     }
 
     func failedCount(_ db: Database) throws -> Int {
-        try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tandem_row WHERE state = 'failed'") ?? 0
+        try Int.fetchOne(db.cachedStatement(sql: "SELECT COUNT(*) FROM tandem_row WHERE state = 'failed'")) ?? 0
     }
 
     func conflictCount(_ db: Database) throws -> Int {
-        try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tandem_conflict") ?? 0
+        try Int.fetchOne(db.cachedStatement(sql: "SELECT COUNT(*) FROM tandem_conflict")) ?? 0
     }
 
     // MARK: - Clock

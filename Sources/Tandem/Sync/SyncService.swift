@@ -540,24 +540,29 @@ public final class SyncService: Sendable {
     }
 
     private func localChangesCommitted(parentsChanged: Bool) {
-        schedulePush(after: configuration.pushDelay)
+        let pushDue = schedulePush(after: configuration.pushDelay)
         if parentsChanged {
             queue.addOperation { [weak self] in self?.refreshListeners() }
         }
-        DispatchQueue.global().async { [weak self] in self?.refreshStatus() }
+        // A push queued at once shows the new counts when it ends (even one that finds no
+        // connection), so a read here would only hold it up: on a `DatabaseQueue`, its first
+        // write waits for the read (propagation p50 1.24 → 1.04 ms without it).
+        if !pushDue || configuration.pushDelay > .zero { refreshStatusSoon() }
     }
 
-    /// Queues a push after `delay`, unless one is due as soon already.
-    func schedulePush(after delay: Duration) {
+    /// Queues a push after `delay`, unless one is due as soon already. Returns whether a push
+    /// is due by then: false when the service is stopped.
+    @discardableResult
+    func schedulePush(after delay: Duration) -> Bool {
         // A push due sooner (a resolved conflict, while a local edit's push waits out a long
         // `pushDelay`) takes the place of the one scheduled; a later one is not needed.
         let due = ContinuousClock.now + delay
-        let schedule = state.withLock { state -> Bool in
-            guard state.running, state.pushDue.map({ due < $0 }) ?? true else { return false }
+        let (running, schedule) = state.withLock { state -> (Bool, Bool) in
+            guard state.running, state.pushDue.map({ due < $0 }) ?? true else { return (state.running, false) }
             state.pushDue = due
-            return true
+            return (true, true)
         }
-        guard schedule else { return }
+        guard schedule else { return running }
         let enqueue: @Sendable () -> Void = { [weak self] in
             guard let self, state.withLock({ $0.pushDue == due }) else { return }
             queue.addBarrierBlock { [weak self] in _ = try? self?.push() }
@@ -567,6 +572,7 @@ public final class SyncService: Sendable {
         } else {
             DispatchQueue.global().asyncAfter(deadline: .now() + delay.dispatchInterval, execute: enqueue)
         }
+        return true
     }
 }
 
