@@ -338,10 +338,13 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         var written = 0
         var drained = false
         while true {
-            // Whether the socket takes more is asked only when there is more: libwebsockets
-            // answers with a `poll()` of the socket, a system call that, in a fan-out of one
-            // message per connection, came once per send and took half as long as the send.
-            if written > 0 && state.withLock({ !$0.outbound.isEmpty }) && lws_send_pipe_choked(wsi) != 0 {
+            // Whether the socket takes more is asked only when more waits (a message, or a
+            // close, which goes out once what came before it has): libwebsockets answers with a
+            // `poll()` of the socket, a system call that, in a fan-out of one message per
+            // connection, came once per send and took half as long as the send.
+            if written > 0 && state.withLock({ !$0.outbound.isEmpty || $0.closeRequest != nil })
+                && lws_send_pipe_choked(wsi) != 0
+            {
                 lws_callback_on_writable(wsi)
                 break
             }
