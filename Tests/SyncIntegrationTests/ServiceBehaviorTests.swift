@@ -39,6 +39,17 @@ struct ServiceBehaviorTests {
         #expect(phone.service.status.pendingCount == 1)
     }
 
+    @Test("with pushDelay zero and the server down, a local commit shows as pending (its push reads the counts)")
+    func pendingShownByTheImmediatePush() async throws {
+        let offline = try RefusingPort()
+        let phone = try TestDevice(name: "phone", serverURL: offline.url) { $0.pushDelay = .zero }
+        phone.service.start()
+        try await phone.addAccount("Household")
+        // The commit reads no counts itself: the push it queued, which finds no connection,
+        // shows them.
+        try await waitUntil("the new row is pending") { phone.service.status.pendingCount == 1 }
+    }
+
     @Test("a row the server refuses fails at once and is listed with the reason; the others still sync")
     func refusalFailsAtOnce() async throws {
         let server = try await TestServer { $0.limits.maxDocumentBytes = 512 }
