@@ -101,6 +101,91 @@ struct RaceTests {
         #expect(try await device.serverId(ofAccount: account.id!) == document.id.rawValue)
     }
 
+    /// The write-back takes the rows of one table in groups of up to 64 per statement. Each row
+    /// still gets its own outcome: one edited and one deleted while the push was held, in the
+    /// first group of 64 and in the group of 4 after it.
+    @Test("a write-back of 70 rows at once: rows edited or deleted meanwhile keep their own fate")
+    func groupedWriteBack() async throws {
+        let server = try await TestServer()
+        let afterAck = Checkpoint()
+        let device = try TestDevice(name: "phone", serverURL: server.url) { configuration in
+            configuration.hooks.afterAck = { _ in afterAck.pause() }
+        }
+        let ids = try await device.database.write { db in
+            try (0..<70).map { index in
+                var account = CashFlow.Account(name: "a\(index)", isShared: true)
+                try account.insert(db)
+                return account.id!
+            }
+        }
+        device.service.start()
+        try await afterAck.reached()
+        try await device.database.write { db in
+            for index in [3, 66] {
+                try db.execute(sql: "UPDATE account SET name = 'edited' WHERE id = ?", arguments: [ids[index]])
+            }
+            for index in [10, 67] { try db.execute(sql: "DELETE FROM account WHERE id = ?", arguments: [ids[index]]) }
+        }
+        afterAck.release()
+
+        try await waitUntil("the server has the edits and the deletes") {
+            let documents = try await serverDocuments(server, "accounts")
+            return documents.count == 68 && documents.filter { $0.fields["name"] == "edited" }.count == 2
+        }
+        try await waitUntil("every row is clean") {
+            try await device.database.read { db in
+                try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM account WHERE isDirty = 1") == 0
+            }
+        }
+        let rows = try device.database.read { db in
+            try Row.fetchAll(db, sql: "SELECT name, serverId, serverVersion FROM account ORDER BY id")
+        }
+        let documents = try await serverDocuments(server, "accounts")
+        let byId = Dictionary(uniqueKeysWithValues: documents.map { ($0.id.rawValue, $0) })
+        #expect(rows.count == 68)
+        for row in rows {
+            let document = try #require(byId[row["serverId"] as String? ?? ""], "\(row)")
+            #expect(document.fields["name"]?.stringValue == row["name"])
+            #expect(document.version == row["serverVersion"])
+        }
+        #expect(try await device.service.unsyncedRowCount() == 0)
+        #expect(try await device.service.failedRecords().isEmpty)
+        #expect(
+            try await device.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tandem_row") } == 0)
+    }
+
+    /// Without the barrier, the echoes of three creates are inserted before their write-back;
+    /// the group's statement then meets their server ids, and the row-by-row pass names each.
+    @Test("a grouped write-back that meets duplicates fails each of them, and only them")
+    func groupedWriteBackWithDuplicates() async throws {
+        let server = try await TestServer()
+        let afterAck = Checkpoint()
+        let applied = Seen<ServerMessage.Snapshot>()
+        let device = try TestDevice(name: "phone", serverURL: server.url) { configuration in
+            configuration.serialization = .unserialized
+            configuration.hooks.afterAck = { _ in afterAck.pause() }
+            configuration.hooks.afterApply = { applied.append($0) }
+        }
+        device.service.start()
+        try await device.waitUntilConnected()
+        try await waitUntil("the accounts listener is current") { applied.count >= 1 }
+        try await device.database.write { db in
+            for name in ["a", "b", "c"] {
+                var account = CashFlow.Account(name: name, isShared: true)
+                try account.insert(db)
+            }
+        }
+        try await afterAck.reached()
+        try await waitUntil("the three echoes were inserted") { try device.accountCount() == 6 }
+        afterAck.release()
+        try await waitUntil("the three creates failed as duplicates") {
+            try await device.service.failedRecords().count == 3
+        }
+        let failures = try await device.service.failedRecords()
+        #expect(failures.allSatisfy { $0.error.code == .database && $0.error.message.contains("duplicate") })
+        #expect(try await serverDocuments(server, "accounts").count == 3)
+    }
+
     @Test("a lost acknowledgement: the resend with the same idempotency key yields the same server id and one document")
     func lostAcknowledgement() async throws {
         let server = try await TestServer()

@@ -393,14 +393,7 @@ struct SyncLedger: Sendable {
             return .duplicate(otherRowId: try lookup(model, serverId: result.id.rawValue, db)?.id)
         }
         guard let clean else {
-            try db.cachedStatement(
-                sql: """
-                    UPDATE tandem_row SET serverId = ?, serverVersion = ?, serverFields = ?, pendingOp = 'delete',
-                        idempotencyKey = CASE WHEN pendingOp = 'delete' THEN idempotencyKey ELSE NULL END,
-                        pushedRevision = NULL, attempts = 0, state = 'pending'
-                    WHERE tableName = ? AND rowId = ?
-                    """
-            ).execute(arguments: [result.id.rawValue, result.version, fieldsText, model.name, push.rowId])
+            try fileDelete(model, push.rowId, answer: result, fields: fieldsText, db)
             return .deletedMeanwhile
         }
         guard model.recordsSyncedRows else {
@@ -418,6 +411,110 @@ struct SyncLedger: Sendable {
                 """
         ).execute(arguments: [result.id.rawValue, fieldsText, clean ? "synced" : "pending", model.name, push.rowId])
         return .row(clean: clean)
+    }
+
+    /// What ``acknowledge(_:_:_:_:)`` does, for the answered ops of one table, in order: in
+    /// statements of up to 64 rows each (the rows' update, then their entries), instead of two
+    /// per row.
+    ///
+    /// A table that keeps bookkeeping for its synced rows, and a lone op, go row by row. So does
+    /// a group that meets another row holding the same server id: the group's statement then
+    /// changed nothing (SQLite undoes a failed statement), and the row-by-row pass names the
+    /// duplicate.
+    func acknowledge(
+        _ model: TableModel, _ answered: ArraySlice<(push: PreparedPush, result: WriteResult)>, _ db: Database
+    ) throws -> [Acknowledged] {
+        guard !model.recordsSyncedRows, answered.count > 1 else {
+            return try answered.map { try acknowledge(model, $0.push, $0.result, db) }
+        }
+        var outcomes: [Acknowledged] = []
+        outcomes.reserveCapacity(answered.count)
+        for group in Self.groups(of: answered.indices) {
+            outcomes += try acknowledgeGroup(model, answered[group], db)
+        }
+        return outcomes
+    }
+
+    private func acknowledgeGroup(
+        _ model: TableModel, _ answered: ArraySlice<(push: PreparedPush, result: WriteResult)>, _ db: Database
+    ) throws -> [Acknowledged] {
+        // As in the row-by-row step: the server id, clean unless the row changed since its op
+        // was sent. A row deleted meanwhile returns nothing.
+        let statement = try db.cachedStatement(
+            sql: """
+                UPDATE \(model.quotedName) SET serverId = answer.column2, serverVersion = answer.column3,
+                    isDirty = (localRevision != answer.column4 OR answer.column5), localRevision = localRevision + 1
+                FROM (VALUES \(Self.placeholders(rows: answered.count, columns: 5))) AS answer
+                WHERE \(model.quotedName).id = answer.column1
+                RETURNING id, isDirty = 0
+                """)
+        try statement.bindForGRDB { values in
+            for (push, result) in answered {
+                values.bind(push.rowId)
+                values.bind(result.id.rawValue)
+                values.bind(result.version)
+                values.bind(push.revision)
+                values.bind(push.incomplete)
+            }
+        }
+        var clean: [Int64: Bool] = [:]
+        clean.reserveCapacity(answered.count)
+        do {
+            let rows = try Row.fetchCursor(statement)
+            while let row = try rows.next() { clean[row[0]] = row[1] }
+        } catch let error as DatabaseError where error.extendedResultCode == .SQLITE_CONSTRAINT_UNIQUE {
+            return try answered.map { try acknowledge(model, $0.push, $0.result, db) }
+        }
+        var synced: [Int64] = []
+        synced.reserveCapacity(clean.count)
+        var outcomes: [Acknowledged] = []
+        outcomes.reserveCapacity(answered.count)
+        for (push, result) in answered {
+            if let isClean = clean[push.rowId] {
+                synced.append(push.rowId)
+                outcomes.append(.row(clean: isClean))
+            } else {
+                try fileDelete(model, push.rowId, answer: result, fields: nil, db)
+                outcomes.append(.deletedMeanwhile)
+            }
+        }
+        for group in Self.groups(of: synced.indices) { try forgetSynced(model, synced[group], db) }
+        return outcomes
+    }
+
+    /// How rows are cut into groups for statements that take many rows at once: of 64, 16, 4 or
+    /// 1 rows, so that a table needs at most four such statements compiled, whatever the count.
+    static func groups(of indices: Range<Int>) -> [Range<Int>] {
+        var groups: [Range<Int>] = []
+        var start = indices.lowerBound
+        while start < indices.upperBound {
+            let left = indices.upperBound - start
+            let size = left >= 64 ? 64 : left >= 16 ? 16 : left >= 4 ? 4 : 1
+            groups.append(start..<start + size)
+            start += size
+        }
+        return groups
+    }
+
+    /// `(?, ?), (?, ?)` for two rows of two columns.
+    static func placeholders(rows: Int, columns: Int) -> String {
+        let row = "(" + Array(repeating: "?", count: columns).joined(separator: ", ") + ")"
+        return Array(repeating: row, count: rows).joined(separator: ", ")
+    }
+
+    /// A row deleted while its op was on its way: the document exists now, so its delete is
+    /// filed at the answer's version.
+    private func fileDelete(
+        _ model: TableModel, _ rowId: Int64, answer result: WriteResult, fields: String?, _ db: Database
+    ) throws {
+        try db.cachedStatement(
+            sql: """
+                UPDATE tandem_row SET serverId = ?, serverVersion = ?, serverFields = ?, pendingOp = 'delete',
+                    idempotencyKey = CASE WHEN pendingOp = 'delete' THEN idempotencyKey ELSE NULL END,
+                    pushedRevision = NULL, attempts = 0, state = 'pending'
+                WHERE tableName = ? AND rowId = ?
+                """
+        ).execute(arguments: [result.id.rawValue, result.version, fields, model.name, rowId])
     }
 
     /// The server's document becomes the base of the row's next push, which stays pending
@@ -509,6 +606,33 @@ struct SyncLedger: Sendable {
                 WHERE tableName = ? AND rowId = ?
                 """
         ).execute(arguments: [model.name, rowId])
+    }
+
+    /// ``forgetSynced(_:_:_:)`` for a group of rows (see ``groups(of:)``): the entries that stay
+    /// are those of rows out of scope.
+    private func forgetSynced(_ model: TableModel, _ rowIds: ArraySlice<Int64>, _ db: Database) throws {
+        guard rowIds.count > 1 else {
+            if let rowId = rowIds.first { try forgetSynced(model, rowId, db) }
+            return
+        }
+        let list = Array(repeating: "?", count: rowIds.count).joined(separator: ", ")
+        try db.cachedStatement(
+            sql: "DELETE FROM tandem_row WHERE tableName = ? AND outOfScope = 0 AND rowId IN (\(list))"
+        ).execute { values in
+            values.bind(model.name)
+            for rowId in rowIds { values.bind(rowId) }
+        }
+        guard db.changesCount < rowIds.count else { return }
+        try db.cachedStatement(
+            sql: """
+                UPDATE tandem_row SET pendingOp = NULL, idempotencyKey = NULL, pushedRevision = NULL, attempts = 0,
+                    state = 'synced', errorCode = NULL, serverErrorCode = NULL, lastError = NULL
+                WHERE tableName = ? AND rowId IN (\(list))
+                """
+        ).execute { values in
+            values.bind(model.name)
+            for rowId in rowIds { values.bind(rowId) }
+        }
     }
 
     /// Ends a row's bookkeeping (its delete was acknowledged, or it will never push).

@@ -209,41 +209,61 @@ extension LocalStore {
         let waiting = try ledger.anythingWaits(db)
         var latest: Int64 = 0
         defer { clock.receive(HybridLogicalClock.timestamp(milliseconds: latest)) }
-        for (push, result) in zip(pushes, results) {
-            guard let model = byName[push.table] else { continue }
-            latest = max(latest, result.updateTime)
-            if let stored = result.document { receiveTimes(of: stored) }
+        let answered: [(push: PreparedPush, result: WriteResult)] = zip(pushes, results).map { ($0, $1) }
+        var start = 0
+        while start < answered.count {
+            let (push, result) = answered[start]
+            guard let model = byName[push.table] else {
+                start += 1
+                continue
+            }
             if push.op.kind == .delete {
+                latest = max(latest, result.updateTime)
+                if let stored = result.document { receiveTimes(of: stored) }
                 try ledger.forget(push.table, push.rowId, db)
                 try ledger.rememberGone(push.op.collection, result.id, version: result.version, db)
+                start += 1
                 continue
             }
-            let clean: Bool
-            switch try ledger.acknowledge(model, push, result, db) {
-            case .row(let isClean):
-                clean = isClean
-            case .deletedMeanwhile:
-                // Deleted while its push was in flight: the document exists now, so it is deleted next.
-                continue
-            case .duplicate(let other):
-                let message =
-                    "duplicate: the server's document \(result.id) was already inserted as row "
-                    + "\(other.map(String.init) ?? "?") by the listener before this push's write-back"
-                try ledger.fail(model.name, push.rowId, TandemError(.database, message), db)
-                duplicates.append("\(model.name) row \(push.rowId): \(message)")
-                continue
+            // The creates and updates of one table that follow each other are acknowledged
+            // together.
+            var end = start + 1
+            while end < answered.count, answered[end].push.table == push.table, answered[end].push.op.kind != .delete {
+                end += 1
             }
-            if push.op.kind == .create, waiting {
-                try resolveWaiting(model, serverId: result.id.rawValue, localId: push.rowId, db)
-            }
-            // A field-level merge kept fields of other writers that were newer than ours.
-            if let stored = result.document, stored.fields != push.op.fields {
-                if clean {
-                    try overwrite(model, rowId: push.rowId, with: stored, collection: push.op.collection, db)
-                } else if try settle(model, rowId: push.rowId, remote: stored, collection: push.op.collection, db)
-                    != .recorded
-                {
-                    conflicts += 1
+            let run = answered[start..<end]
+            start = end
+            let outcomes = try ledger.acknowledge(model, run, db)
+            for ((push, result), outcome) in zip(run, outcomes) {
+                latest = max(latest, result.updateTime)
+                if let stored = result.document { receiveTimes(of: stored) }
+                let clean: Bool
+                switch outcome {
+                case .row(let isClean):
+                    clean = isClean
+                case .deletedMeanwhile:
+                    // Deleted while its push was in flight: the document exists now, so it is deleted next.
+                    continue
+                case .duplicate(let other):
+                    let message =
+                        "duplicate: the server's document \(result.id) was already inserted as row "
+                        + "\(other.map(String.init) ?? "?") by the listener before this push's write-back"
+                    try ledger.fail(model.name, push.rowId, TandemError(.database, message), db)
+                    duplicates.append("\(model.name) row \(push.rowId): \(message)")
+                    continue
+                }
+                if push.op.kind == .create, waiting {
+                    try resolveWaiting(model, serverId: result.id.rawValue, localId: push.rowId, db)
+                }
+                // A field-level merge kept fields of other writers that were newer than ours.
+                if let stored = result.document, stored.fields != push.op.fields {
+                    if clean {
+                        try overwrite(model, rowId: push.rowId, with: stored, collection: push.op.collection, db)
+                    } else if try settle(model, rowId: push.rowId, remote: stored, collection: push.op.collection, db)
+                        != .recorded
+                    {
+                        conflicts += 1
+                    }
                 }
             }
         }
