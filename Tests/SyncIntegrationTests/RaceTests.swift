@@ -108,7 +108,9 @@ struct RaceTests {
     func groupedWriteBack() async throws {
         let server = try await TestServer()
         let afterAck = Checkpoint()
+        let sent = Seen<String>()
         let device = try TestDevice(name: "phone", serverURL: server.url) { configuration in
+            configuration.hooks.beforeSend = { ops in ops.forEach { sent.append($0.idempotencyKey.rawValue) } }
             configuration.hooks.afterAck = { _ in afterAck.pause() }
         }
         let ids = try await device.database.write { db in
@@ -120,6 +122,14 @@ struct RaceTests {
         }
         device.service.start()
         try await afterAck.reached()
+        // Each row's key was recorded, with its row, before the batch went out.
+        let recorded = try device.database.read { db in
+            try Row.fetchAll(db, sql: "SELECT rowId, idempotencyKey, pendingOp FROM tandem_row ORDER BY rowId")
+        }
+        #expect(recorded.map { $0["rowId"] as Int64 } == ids)
+        #expect(Set(recorded.map { $0["idempotencyKey"] as String }) == Set(sent.all))
+        #expect(sent.all.count == 70)
+        #expect(recorded.allSatisfy { $0["pendingOp"] == "create" })
         try await device.database.write { db in
             for index in [3, 66] {
                 try db.execute(sql: "UPDATE account SET name = 'edited' WHERE id = ?", arguments: [ids[index]])

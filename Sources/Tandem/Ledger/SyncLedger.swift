@@ -37,7 +37,7 @@ import TandemWire
 ///   `localRevision` + 1; failed → dirty again on any edit of a tracked column.
 /// - **app delete** (trigger): a row the server knows → deleted, not pushed; its field times
 ///   and conflict go.
-/// - ``recordSending(_:rowId:serverId:collection:kind:key:revision:_:)`` (push): dirty → sent,
+/// - ``recordSending(_:_:_:)`` (push): dirty → sent,
 ///   with the key recorded before anything goes out, so that a resend after a crash carries it.
 /// - ``acknowledge(_:_:_:)`` (`ack`): sent → synced, or back to dirty when the row changed
 ///   after it was sent (`localRevision` moved past `pushedRevision`); a row deleted meanwhile →
@@ -322,27 +322,41 @@ struct SyncLedger: Sendable {
             arguments: [model.name, rowId]) ?? false
     }
 
-    /// dirty → sent: the op's key and the revision it carries, recorded before it goes out.
-    func recordSending(
-        _ model: TableModel, rowId: Int64, serverId: String?, collection: CollectionPath, kind: WriteOp.Kind,
-        key: ClientName, revision: Int64, _ db: Database
-    ) throws {
-        try db.cachedStatement(
-            sql: """
-                INSERT INTO tandem_row (tableName, rowId, serverId, collection, pendingOp, idempotencyKey, pushedRevision)
-                VALUES (?, ?, ?, ?, ?, ?, ?)
-                ON CONFLICT (tableName, rowId) DO UPDATE SET collection = excluded.collection,
-                    pendingOp = excluded.pendingOp, idempotencyKey = excluded.idempotencyKey,
-                    pushedRevision = excluded.pushedRevision
-                """
-        ).execute { values in
-            values.bind(model.name)
-            values.bind(rowId)
-            values.bind(serverId)
-            values.bind(collection.rawValue)
-            values.bind(kind.rawValue)
-            values.bind(key.rawValue)
-            values.bind(revision)
+    /// An op about to go out, as ``recordSending(_:_:_:)`` records it for its row.
+    struct Sending {
+        var rowId: Int64
+        var serverId: String?
+        var collection: CollectionPath
+        var kind: WriteOp.Kind
+        var key: ClientName
+        /// The row's revision the op carries (see ``PreparedPush/revision``).
+        var revision: Int64
+    }
+
+    /// dirty → sent, for the rows of one table that a batch takes: each op's key and the
+    /// revision it carries, recorded before it goes out, in statements of up to 64 rows (see
+    /// ``groups(of:)``).
+    func recordSending(_ model: TableModel, _ sendings: [Sending], _ db: Database) throws {
+        for group in Self.groups(of: sendings.indices) {
+            try db.cachedStatement(
+                sql: """
+                    INSERT INTO tandem_row (tableName, rowId, serverId, collection, pendingOp, idempotencyKey, pushedRevision)
+                    VALUES \(Self.placeholders(rows: group.count, columns: 7))
+                    ON CONFLICT (tableName, rowId) DO UPDATE SET collection = excluded.collection,
+                        pendingOp = excluded.pendingOp, idempotencyKey = excluded.idempotencyKey,
+                        pushedRevision = excluded.pushedRevision
+                    """
+            ).execute { values in
+                for sending in sendings[group] {
+                    values.bind(model.name)
+                    values.bind(sending.rowId)
+                    values.bind(sending.serverId)
+                    values.bind(sending.collection.rawValue)
+                    values.bind(sending.kind.rawValue)
+                    values.bind(sending.key.rawValue)
+                    values.bind(sending.revision)
+                }
+            }
         }
     }
 

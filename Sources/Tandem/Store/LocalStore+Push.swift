@@ -76,6 +76,8 @@ extension LocalStore {
                 model, syncs: syncsCondition(model, alias: "t"), after: cursor.lastRow[model.name] ?? .min,
                 limit: limit, db)
             var read = 0
+            // The keys are recorded once the rows are read, before the batch is sent.
+            var sendings: [SyncLedger.Sending] = []
             while let row = try rows.next() {
                 read += 1
                 if read == limit { reachedEnd = false }
@@ -136,9 +138,10 @@ extension LocalStore {
                     op.fieldTimes = try ledger.localFieldTimes(model, rowId: rowId, updatedAt: updatedAt, db)
                         .filter { document[$0.key] != nil }
                 }
-                try ledger.recordSending(
-                    model, rowId: rowId, serverId: serverId, collection: collection, kind: op.kind, key: key,
-                    revision: keyRevision, db)
+                sendings.append(
+                    SyncLedger.Sending(
+                        rowId: rowId, serverId: serverId, collection: collection, kind: op.kind, key: key,
+                        revision: keyRevision))
                 if incomplete { cursor.passedOver = true }
                 prepared.append(
                     PreparedPush(table: model.name, rowId: rowId, op: op, revision: keyRevision, incomplete: incomplete)
@@ -149,6 +152,7 @@ extension LocalStore {
                     break
                 }
             }
+            try ledger.recordSending(model, sendings, db)
         }
         cursor.reachedEnd = reachedEnd
         return prepared

@@ -505,9 +505,11 @@ public final class SyncService: Sendable {
         return try database.read(body)
     }
 
-    /// From async code: waits for the database without holding a thread.
+    /// From async code: waits for the database without holding a thread (and, on a queue,
+    /// without the pragma, as above).
     func readState<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
-        try await database.read(body)
+        if let queue = database as? DatabaseQueue { return try await queue.unsafeRead(body) }
+        return try await database.read(body)
     }
 
     // MARK: - Writes
