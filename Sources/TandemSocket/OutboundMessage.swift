@@ -17,7 +17,8 @@ public struct OutboundMessage: Sendable {
     var storage: [UInt8]
     public let isBinary: Bool
 
-    static let headroom = tandem_lws_pre()
+    /// How many bytes a buffer keeps in front of the payload (`LWS_PRE`).
+    public static let headroom = tandem_lws_pre()
 
     /// A text message from UTF-8 bytes.
     public init(text bytes: some Collection<UInt8>) {
@@ -43,6 +44,14 @@ public struct OutboundMessage: Sendable {
         body(&storage)
         self.storage = storage
         self.isBinary = isBinary
+    }
+
+    /// A text message from a buffer whose first ``headroom`` bytes are free for the frame header
+    /// and the payload follows: taken as it is, without a copy.
+    public init(textAfterHeadroom storage: [UInt8]) {
+        precondition(storage.count >= Self.headroom, "the buffer has no headroom")
+        self.storage = storage
+        self.isBinary = false
     }
 
     private init(bytes: some Collection<UInt8>, isBinary: Bool) {

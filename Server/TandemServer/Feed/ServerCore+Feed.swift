@@ -545,7 +545,7 @@ extension ServerCore {
     func encodeChanges(
         _ rows: [StoredDocument], after position: Int64, for client: String?, cutIntoFrames: Bool = true
     ) -> EncodedChanges {
-        var encoded = EncodedChanges(pageBytes: cutIntoFrames ? configuration.snapshotPageBytes : .max)
+        var encoded = EncodedChanges(pageBytes: cutIntoFrames ? configuration.snapshotPageBytes : .max, rows: rows)
         for row in rows {
             guard let kind = row.changeKind(after: position, for: client) else { continue }
             encoded.append(row, kind)
@@ -557,7 +557,10 @@ extension ServerCore {
     func snapshotFrame(target: String, changes: [UInt8], resumeToken: String, initial: Bool, hasMore: Bool)
         -> OutboundMessage
     {
-        var writer = JSONWriter(capacity: changes.count + target.utf8.count + 96)
+        // Written straight after the socket's headroom: the frame is sent without another copy.
+        var writer = JSONWriter(
+            capacity: changes.count + target.utf8.count + resumeToken.utf8.count + 128, prefix: OutboundMessage.headroom
+        )
         writer.beginObject()
         writer.key("type")
         writer.string("snapshot")
@@ -572,7 +575,7 @@ extension ServerCore {
         writer.key("hasMore")
         writer.bool(hasMore)
         writer.endObject()
-        return OutboundMessage(text: writer.bytes)
+        return OutboundMessage(textAfterHeadroom: writer.bytes)
     }
 }
 
@@ -581,21 +584,36 @@ extension ServerCore {
 struct EncodedChanges {
     let pageBytes: Int
     private(set) var chunks: [(json: [UInt8], position: Int64)] = []
-    private var writer = JSONWriter()
+    private var writer: JSONWriter
     private var count = 0
     private var lastSequence: Int64 = 0
+    /// About how many bytes the changes still to come take: each chunk's buffer is reserved
+    /// once for them (up to a page), not grown by doubling. Large buffers come fresh from the
+    /// system, so every regrowth also faulted in and zeroed new pages.
+    private var expectedBytes: Int
 
-    init(pageBytes: Int) {
+    /// - Parameter rows: The rows that may be appended, for the buffer's size (none: unknown).
+    init(pageBytes: Int, rows: some Collection<StoredDocument> = [StoredDocument]()) {
         self.pageBytes = pageBytes
+        expectedBytes = rows.reduce(0) { $0 + Self.estimatedBytes(of: $1) }
+        writer = JSONWriter(capacity: Self.capacity(expectedBytes, pageBytes))
         writer.beginArray()
+    }
+
+    private static func estimatedBytes(of row: StoredDocument) -> Int { row.fieldsBytes + 192 }
+
+    private static func capacity(_ expected: Int, _ pageBytes: Int) -> Int {
+        max(256, min(expected, pageBytes) + 64)
     }
 
     /// - Parameter indices: For a query listener, the change's positions in its view.
     mutating func append(_ row: StoredDocument, _ kind: Change.Kind, indices: (old: Int, new: Int)? = nil) {
-        if count > 0 && writer.bytes.count + row.fieldsBytes + 192 > pageBytes {
+        let estimate = Self.estimatedBytes(of: row)
+        if count > 0 && writer.bytes.count + estimate > pageBytes {
             closeChunk(at: lastSequence)
         }
         row.writeChange(kind, indices: indices, to: &writer)
+        expectedBytes = max(0, expectedBytes - estimate)
         count += 1
         lastSequence = row.sequence
     }
@@ -603,7 +621,7 @@ struct EncodedChanges {
     private mutating func closeChunk(at position: Int64) {
         writer.endArray()
         chunks.append((writer.bytes, position))
-        writer = JSONWriter()
+        writer = JSONWriter(capacity: Self.capacity(expectedBytes, pageBytes))
         writer.beginArray()
         count = 0
     }
