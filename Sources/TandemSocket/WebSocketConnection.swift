@@ -422,6 +422,12 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
             return 0
         }
         if let input, length > 0 {
+            // Room for the rest of the frame at once: a large message arrives in pieces of a few
+            // kilobytes, and growing by doubling copied it into fresh pages several times.
+            let needed = receiveBuffer.count + length + Int(lws_remaining_packet_payload(wsi))
+            if needed > receiveBuffer.capacity {
+                receiveBuffer.reserveCapacity(max(needed, receiveBuffer.capacity * 2))
+            }
             receiveBuffer.append(contentsOf: UnsafeRawBufferPointer(start: input, count: length))
         }
         guard lws_is_final_fragment(wsi) != 0, lws_remaining_packet_payload(wsi) == 0 else { return 0 }

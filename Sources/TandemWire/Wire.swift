@@ -27,6 +27,14 @@ public enum Wire {
         return writer.bytes
     }
 
+    /// A value's JSON after `prefix` zero bytes: room that a transport fills in front of the
+    /// payload (a WebSocket frame's header), so that the bytes are sent without another copy.
+    public static func encode(_ value: some JSONWritable, after prefix: Int) -> [UInt8] {
+        var writer = JSONWriter(prefix: prefix)
+        value.write(to: &writer)
+        return writer.bytes
+    }
+
     /// A value's JSON as a string.
     public static func encodeString(_ value: some JSONWritable) -> String {
         String(decoding: encode(value), as: UTF8.self)

@@ -39,7 +39,7 @@ final class Session: @unchecked Sendable {
     /// is closing drops it silently: its session is about to go.
     func send(_ message: ServerMessage) {
         guard !isClosed else { return }
-        send(frame: OutboundMessage(text: Wire.encode(message)))
+        send(frame: OutboundMessage(textAfterHeadroom: Wire.encode(message, after: OutboundMessage.headroom)))
     }
 
     /// Queues an encoded frame (or holds it, during an injected delay).
