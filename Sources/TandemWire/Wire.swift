@@ -20,16 +20,10 @@ public enum Wire {
     /// `[[[[…]]]]` cannot exhaust the parser's stack.
     public static let maxNestingDepth = 64
 
-    /// The UTF-8 bytes of a value's JSON.
-    public static func encode(_ value: some JSONWritable) -> [UInt8] {
-        var writer = JSONWriter()
-        value.write(to: &writer)
-        return writer.bytes
-    }
-
-    /// A value's JSON after `prefix` zero bytes: room that a transport fills in front of the
-    /// payload (a WebSocket frame's header), so that the bytes are sent without another copy.
-    public static func encode(_ value: some JSONWritable, after prefix: Int) -> [UInt8] {
+    /// The UTF-8 bytes of a value's JSON, after `prefix` zero bytes: room that a transport fills
+    /// in front of the payload (a WebSocket frame's header), so that it sends them without
+    /// another copy.
+    public static func encode(_ value: some JSONWritable, after prefix: Int = 0) -> [UInt8] {
         var writer = JSONWriter(prefix: prefix)
         value.write(to: &writer)
         return writer.bytes

@@ -37,8 +37,8 @@ import TandemWire
 ///   `localRevision` + 1; failed → dirty again on any edit of a tracked column.
 /// - **app delete** (trigger): a row the server knows → deleted, not pushed; its field times
 ///   and conflict go.
-/// - ``recordSending(_:_:_:)`` (push): dirty → sent,
-///   with the key recorded before anything goes out, so that a resend after a crash carries it.
+/// - ``recordSending(_:_:_:)`` (push): dirty → sent, with the key recorded before anything
+///   goes out, so that a resend after a crash carries it.
 /// - ``acknowledge(_:_:_:)`` (`ack`): sent → synced, or back to dirty when the row changed
 ///   after it was sent (`localRevision` moved past `pushedRevision`); a row deleted meanwhile →
 ///   deleted, not pushed. ``forget(_:_:_:)`` ends a deleted row's bookkeeping once its delete is
@@ -413,7 +413,7 @@ struct SyncLedger: Sendable {
         guard model.recordsSyncedRows else {
             // Synced, or dirty with nothing sent: either way nothing the row does not hold,
             // unless it is out of scope.
-            try forgetSynced(model, push.rowId, db)
+            try forgetSynced(model, CollectionOfOne(push.rowId), db)
             return .row(clean: clean)
         }
         try db.cachedStatement(
@@ -603,36 +603,15 @@ struct SyncLedger: Sendable {
         }
     }
 
-    /// A row of a table that keeps no bookkeeping for synced rows is synced (or dirty with
-    /// nothing sent): its entry goes, unless the row is out of scope, which only the entry
-    /// says; then the entry stays, with nothing sent.
-    private func forgetSynced(_ model: TableModel, _ rowId: Int64, _ db: Database) throws {
-        try db.cachedStatement(sql: "DELETE FROM tandem_row WHERE tableName = ? AND rowId = ? AND outOfScope = 0")
-            .execute { values in
-                values.bind(model.name)
-                values.bind(rowId)
-            }
-        guard db.changesCount == 0 else { return }
+    /// Rows of a table that keeps no bookkeeping for synced rows are synced (or dirty with
+    /// nothing sent): their entries go, unless a row is out of scope, which only its entry says;
+    /// then the entry stays, with nothing sent. One row, or a group (see ``groups(of:)``).
+    private func forgetSynced(_ model: TableModel, _ rowIds: some Collection<Int64>, _ db: Database) throws {
+        let list = Self.placeholders(rows: 1, columns: rowIds.count)
         try db.cachedStatement(
-            sql: """
-                UPDATE tandem_row SET pendingOp = NULL, idempotencyKey = NULL, pushedRevision = NULL, attempts = 0,
-                    state = 'synced', errorCode = NULL, serverErrorCode = NULL, lastError = NULL
-                WHERE tableName = ? AND rowId = ?
-                """
-        ).execute(arguments: [model.name, rowId])
-    }
-
-    /// ``forgetSynced(_:_:_:)`` for a group of rows (see ``groups(of:)``): the entries that stay
-    /// are those of rows out of scope.
-    private func forgetSynced(_ model: TableModel, _ rowIds: ArraySlice<Int64>, _ db: Database) throws {
-        guard rowIds.count > 1 else {
-            if let rowId = rowIds.first { try forgetSynced(model, rowId, db) }
-            return
-        }
-        let list = Array(repeating: "?", count: rowIds.count).joined(separator: ", ")
-        try db.cachedStatement(
-            sql: "DELETE FROM tandem_row WHERE tableName = ? AND outOfScope = 0 AND rowId IN (\(list))"
-        ).execute { values in
+            sql: "DELETE FROM tandem_row WHERE tableName = ? AND outOfScope = 0 AND rowId IN \(list)"
+        )
+        .execute { values in
             values.bind(model.name)
             for rowId in rowIds { values.bind(rowId) }
         }
@@ -641,7 +620,7 @@ struct SyncLedger: Sendable {
             sql: """
                 UPDATE tandem_row SET pendingOp = NULL, idempotencyKey = NULL, pushedRevision = NULL, attempts = 0,
                     state = 'synced', errorCode = NULL, serverErrorCode = NULL, lastError = NULL
-                WHERE tableName = ? AND rowId IN (\(list))
+                WHERE tableName = ? AND rowId IN \(list)
                 """
         ).execute { values in
             values.bind(model.name)
@@ -692,7 +671,7 @@ struct SyncLedger: Sendable {
         _ db: Database
     ) throws {
         guard model.recordsSyncedRows else {
-            if !isNewRow { try forgetSynced(model, rowId, db) }
+            if !isNewRow { try forgetSynced(model, CollectionOfOne(rowId), db) }
             return
         }
         try db.cachedStatement(
