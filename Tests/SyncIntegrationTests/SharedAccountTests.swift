@@ -1,9 +1,10 @@
 import Foundation
 import GRDB
-import Tandem
+@_spi(Testing) import Tandem
 import TandemServer
 import TandemTesting
 import TandemWire
+import Synchronization
 import Testing
 
 /// The shared-account app of the seeds, end to end: three users' devices, each syncing only the
@@ -237,9 +238,9 @@ struct SharedAccountTests {
         if case .lastWriteWins = policy { "Home" } else { "Home (bob)" }
     }
 
-    static func bobRenamesWhileTakenOut(_ policy: ConflictPolicy) async throws
-        -> (server: TestServer, alice: TestDevice, bob: TestDevice)
-    {
+    static func bobRenamesWhileTakenOut(
+        _ policy: ConflictPolicy, bob configure: @escaping @Sendable (inout SyncConfiguration) -> Void = { _ in }
+    ) async throws -> (server: TestServer, alice: TestDevice, bob: TestDevice) {
         let open = #"""
             {"rules": [{"match": "accounts", "read": true, "write": true},
                        {"match": "accounts/{account}/entries", "read": true, "write": true}]}
@@ -247,6 +248,7 @@ struct SharedAccountTests {
         let (server, alice, bob) = try await Self.homeOfTwo(rules: open, policy: policy) { configuration in
             configuration.pushDelay = .seconds(3600)
             configuration.pushInterval = .seconds(3600)
+            configure(&configuration)
         }
         try await bob.database.write { db in
             try db.execute(sql: "UPDATE account SET name = 'Home (bob)' WHERE name = 'Home'")
@@ -281,6 +283,56 @@ struct SharedAccountTests {
         try await waitUntil("bob's status shows nothing pending") {
             bob.service.status.failedCount == 0 && bob.service.status.pendingCount == 0
         }
+    }
+
+    /// Bob's rename leaves his scope with Home, and he keeps it: the account stays out of
+    /// scope, bookkeeping and all, while its push is on its way. An edit meanwhile must go out
+    /// as a new op once that push is answered: with the answered op's key left on the row's
+    /// entry, it would go as a resend of that op, and the server would answer it with the
+    /// first result and apply nothing.
+    ///
+    /// Under last-write-wins, bob's later row wins whole, his membership included: Home comes
+    /// back into his scope once his push is through.
+    @Test(
+        "a row out of scope edited while its push is on its way: once the push is answered, the edit goes out as a new op"
+    )
+    func outOfScopeRowEditedWhilePushed() async throws {
+        let holding = Atomic<Bool>(false)
+        let afterAck = Checkpoint()
+        let (server, alice, bob) = try await Self.bobRenamesWhileTakenOut(.lastWriteWins) { configuration in
+            configuration.hooks.afterAck = { _ in
+                if holding.load(ordering: .sequentiallyConsistent) { afterAck.pause() }
+            }
+        }
+        defer { Task { await alice.service.stop() } }
+        defer { Task { await bob.service.stop() } }
+        // Renamed once more, after alice's change, so that his side wins the server's
+        // `conflict` answer and the push goes again, to be acknowledged.
+        try await bob.database.write { db in try db.execute(sql: "UPDATE account SET name = 'Home (bob, later)'") }
+        let conflict = try #require(try await bob.service.conflicts().first)
+
+        holding.store(true, ordering: .sequentiallyConsistent)
+        try await bob.service.resolve(conflict, with: .keepLocal)
+        try await afterAck.reached()
+        #expect(
+            try await bob.database.read { db in
+                try Bool.fetchOne(db, sql: "SELECT outOfScope FROM tandem_row WHERE tableName = 'account'")
+            } == true, "still out of scope when the answer is written back")
+        try await bob.database.write { db in try db.execute(sql: "UPDATE account SET name = 'Home (bob, again)'") }
+        afterAck.release()
+        // The edit's push (this device pushes only when asked).
+        _ = try await bob.service.syncNow()
+
+        try await waitUntil("the server has bob's second rename") {
+            try await serverDocuments(server, "accounts").first?.fields["name"] == "Home (bob, again)"
+        }
+        for device in [alice, bob] {
+            try await waitUntil("\(device.name) holds the second rename") {
+                try Self.holdings(device) == ["Home (bob, again)": ["Rent"]]
+            }
+        }
+        try await waitUntil("bob's row is clean") { bob.service.status.pendingCount == 0 }
+        #expect(try await bob.service.conflicts().isEmpty)
     }
 
     @Test(
