@@ -153,10 +153,23 @@ extension Bench {
     /// exited, at most 30 s, so that the next scenario does not share the machine with their
     /// shutdown: a server closing 10,000 connections takes a core for a while, and the server
     /// scenario after it measured a third less (36,055 against 55,383 docs/s).
+    ///
+    /// Then it waits, at most 15 s more, until this process itself is quiet (under a tenth of a
+    /// core over a quarter of a second): the in-process servers and devices of a scenario stop
+    /// without waiting, and their last work (closing connections, checkpoints, freeing a
+    /// snapshot's pages) ran into the next scenario's measurement.
     public static func settle() async {
         let deadline = ContinuousClock.now + .seconds(30)
         while ContinuousClock.now < deadline, !childProcesses().isEmpty {
             try? await Task.sleep(for: .milliseconds(20))
+        }
+        let window = Duration.milliseconds(250)
+        let quietBy = ContinuousClock.now + .seconds(15)
+        while ContinuousClock.now < quietBy {
+            guard let before = try? cpuSeconds(of: getpid()) else { return }
+            try? await Task.sleep(for: window)
+            guard let after = try? cpuSeconds(of: getpid()) else { return }
+            if after - before < 0.1 * 0.25 { return }
         }
     }
 
