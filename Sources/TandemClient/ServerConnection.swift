@@ -230,16 +230,21 @@ public final class ServerConnection: Sendable {
     ///   - view: With a query and a resume token: the ids of the view the client holds, in
     ///     order, so that the server sends only how it changed (without them, a `reset` and
     ///     the whole view).
+    ///   - excludingOwnWrites: Live snapshots leave out the changes this connection's own
+    ///     acknowledged writes made (a whole collection only; see PROTOCOL.md, `listen`).
     /// - Returns: The target, to pass to ``unlisten(_:)``.
     @discardableResult
     public func listen(
         to collection: CollectionPath, target: String? = nil, resumeToken: String? = nil, query: Query? = nil,
-        view: [DocumentID]? = nil, handler: @escaping @Sendable (ListenEvent) -> Void
+        view: [DocumentID]? = nil, excludingOwnWrites: Bool = false, handler: @escaping @Sendable (ListenEvent) -> Void
     ) -> String {
         let target = target ?? collection.rawValue
         state.withLock { $0.listeners[target] = handler }
         sendRaw(
-            .listen(.init(target: target, collection: collection, resumeToken: resumeToken, query: query, view: view)))
+            .listen(
+                .init(
+                    target: target, collection: collection, resumeToken: resumeToken, query: query, view: view,
+                    excludesOwnWrites: excludingOwnWrites)))
         return target
     }
 

@@ -49,16 +49,21 @@ public enum ClientMessage: Sendable, Hashable {
         /// For a query listener that resumes: the ids of the view its client holds, in order.
         /// The server then sends exactly what changed in it since the token.
         public var view: [DocumentID]?
+        /// Live snapshots leave out the changes this connection's own writes made
+        /// (`"excludeOwnWrites": true`): the writer knows them from its `ack`. For a whole
+        /// collection only; a query listener hears every write.
+        public var excludesOwnWrites: Bool
 
         public init(
             target: String, collection: CollectionPath, resumeToken: String? = nil, query: Query? = nil,
-            view: [DocumentID]? = nil
+            view: [DocumentID]? = nil, excludesOwnWrites: Bool = false
         ) {
             self.target = target
             self.collection = collection
             self.resumeToken = resumeToken
             self.query = query
             self.view = view
+            self.excludesOwnWrites = excludesOwnWrites
         }
 
     }

@@ -353,7 +353,8 @@ extension ClientMessage: WireCodable {
                 target: try reader.label("target"),
                 collection: try reader.read("collection", as: CollectionPath.self),
                 resumeToken: try reader.optionalString("resumeToken"),
-                query: try reader.optionalRead("query", as: Query.self))
+                query: try reader.optionalRead("query", as: Query.self),
+                excludesOwnWrites: try reader.optionalBool("excludeOwnWrites") ?? false)
             do throws(WireError) {
                 if reader.has("view") { listen.view = try Self.view(reader, listen) }
             } catch {
@@ -443,6 +444,10 @@ extension ClientMessage: WireCodable {
                 writer.beginArray()
                 for id in view { writer.string(id.rawValue) }
                 writer.endArray()
+            }
+            if listen.excludesOwnWrites {
+                writer.key("excludeOwnWrites")
+                writer.bool(true)
             }
         case .unlisten(let unlisten):
             writer.string("unlisten")

@@ -21,6 +21,8 @@ struct RaceTests {
         let applied = Seen<ServerMessage.Snapshot>()
         let device = try TestDevice(name: "phone", serverURL: server.url) { configuration in
             configuration.serialization = serialization
+            // The echo on the connection that wrote: what a device hears after a reconnect too.
+            configuration.receivesOwnWrites = true
             configuration.hooks.afterAck = { results in
                 results.forEach { acknowledged.append($0.id) }
                 afterAck.pause()
@@ -369,6 +371,7 @@ struct RaceTests {
         let afterAck = Checkpoint()
         let received = Seen<ServerMessage.Snapshot>()
         let phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
+            configuration.receivesOwnWrites = true
             configuration.hooks.afterAck = { _ in afterAck.pause() }
             configuration.hooks.snapshotReceived = { received.append($0) }
         }
@@ -569,6 +572,9 @@ struct StaleSnapshotTests {
         let deleteAfterUpdate = Mutex<(@Sendable () -> Void)?>(nil)
         let deviceBox = Mutex<TestDevice?>(nil)
         let device = try TestDevice(name: "phone", serverURL: server.url) { configuration in
+            // The echo on the connection that wrote (what a reconnect brings too) is the stale
+            // snapshot here.
+            configuration.receivesOwnWrites = true
             // Pushes only when the test asks, one batch at a time: the delete filed after the
             // update's write-back goes out in the same push.
             configuration.pushDelay = .seconds(3600)

@@ -27,6 +27,39 @@ struct ServiceBehaviorTests {
         #expect(phone.service.status.pendingCount == 0)
     }
 
+    @Test(
+        "a device does not hear its own writes back on the connection that made them: its listener gets the new resume token alone, and another device's write in full"
+    )
+    func ownWritesNotEchoed() async throws {
+        let server = try await TestServer()
+        let received = Seen<ServerMessage.Snapshot>()
+        let phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
+            configuration.hooks.snapshotReceived = { received.append($0) }
+        }
+        let laptop = try TestDevice(name: "laptop", serverURL: server.url)
+        phone.service.start()
+        laptop.service.start()
+        try await waitUntil("the phone listens") { received.all.contains { $0.initial && !$0.hasMore } }
+
+        let account = try await phone.addAccount("Household")
+        _ = try await phone.service.syncNow()
+        let own = try DocumentID(try #require(try await phone.serverId(ofAccount: account.id!) as String?))
+        try await waitUntil("the token of the phone's own write arrives alone") {
+            received.all.contains { !$0.initial && $0.changes.isEmpty }
+        }
+        let token = try #require(received.all.last { !$0.initial && $0.changes.isEmpty }?.resumeToken)
+        try await waitUntil("the phone stored that token") {
+            try await phone.database.read { db in
+                try String.fetchOne(db, sql: "SELECT resumeToken FROM tandem_listener WHERE collection = 'accounts'")
+            } == token
+        }
+
+        try await laptop.addAccount("Trip")
+        try await waitUntil("the phone has the laptop's account") { try phone.accountCount() == 2 }
+        #expect(!received.all.contains { $0.contains(own) }, "the phone's own account came back")
+        #expect(received.all.contains { $0.changes.contains { $0.document.fields["name"] == "Trip" } })
+    }
+
     @Test("with the server down, syncNow fails with disconnected once its wait is over; the row stays pending")
     func syncNowOffline() async throws {
         let offline = try RefusingPort()

@@ -284,3 +284,50 @@ struct OwnCreateResumeTests {
         #expect(resumedFeed.summary == ["deleted \(mine.id) v2"], "its own document's delete, not the other one's")
     }
 }
+
+@Suite("Listeners that leave out their own writes")
+struct ExcludeOwnWritesTests {
+    @Test(
+        "excludeOwnWrites: the writing connection gets the new resume token without its own changes; others, and its listeners without the flag, get them; another writer's later write reaches it"
+    )
+    func ownWritesLeftOut() async throws {
+        let server = try await TestServer()
+        let writer = try await connect(server, as: "writer")
+        let own = Feed()
+        let plain = Feed()
+        writer.listen(to: try path("notes"), target: "own", excludingOwnWrites: true, handler: own.handler)
+        writer.listen(to: try path("notes"), target: "plain", handler: plain.handler)
+        let other = try await connect(server, as: "other")
+        let theirs = Feed()
+        other.listen(to: try path("notes"), excludingOwnWrites: true, handler: theirs.handler)
+        try await waitUntil("all current") { own.isCurrent && plain.isCurrent && theirs.isCurrent }
+
+        let a = try await writer.create("notes", ["t": "a"])
+        try await waitUntil("the change reaches the others") {
+            plain.changes.count == 1 && theirs.changes.count == 1 && own.snapshots.count == 2
+        }
+        let tokenOnly = try #require(own.snapshots.last)
+        #expect(tokenOnly.changes.isEmpty && !tokenOnly.initial, "the token alone: \(tokenOnly)")
+        #expect(tokenOnly.resumeToken == plain.lastToken)
+        #expect(theirs.summary == ["added \(a.id) v1"])
+
+        // Written by the writer, then by the other connection, before either is delivered
+        // apart: the document's latest state is the other's, and reaches the writer.
+        _ = try await writer.update("notes", a.id, ["t": "a2"], base: 1)
+        _ = try await other.update("notes", a.id, ["t": "a3"], base: 2)
+        try await waitUntil("the other's update reaches the writer") { own.summary.contains("modified \(a.id) v3") }
+        #expect(!own.summary.contains("modified \(a.id) v2"))
+        #expect(theirs.summary.last == "modified \(a.id) v2", "the other connection hears the writer's update")
+        #expect(own.changes.last?.document.fields == ["t": "a3"])
+        try await waitUntil("the plain listener heard both") { plain.changes.count == 3 }
+
+        // A new connection of the same client resumes and hears what it wrote before.
+        let token = try #require(own.snapshots.first?.resumeToken)
+        writer.close()
+        let again = try await connect(server, as: "writer")
+        let resumed = Feed()
+        again.listen(to: try path("notes"), resumeToken: token, excludingOwnWrites: true, handler: resumed.handler)
+        try await waitUntil("resumed") { resumed.isCurrent }
+        #expect(resumed.summary == ["added \(a.id) v3"])
+    }
+}

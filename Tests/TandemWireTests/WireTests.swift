@@ -82,6 +82,7 @@ struct MessageCodingTests {
         let messages: [ClientMessage] = [
             .hello(.init(clientId: try ClientName("device-1"), token: "secret")),
             .listen(.init(target: "t1", collection: accounts, resumeToken: "e.3")),
+            .listen(.init(target: "t2", collection: accounts, excludesOwnWrites: true)),
             .unlisten(.init(target: "t1")),
             .write(
                 .init(
@@ -191,6 +192,10 @@ struct MessageCodingTests {
                 .badMessage, "ops[0].baseVersion: expected an integer"
             ),
             (#"{"type":"listen","target":"","collection":"a"}"#, .badMessage, "target: must be 1 to 128 bytes"),
+            (
+                #"{"type":"listen","target":"t","collection":"a","excludeOwnWrites":"yes"}"#, .badMessage,
+                "excludeOwnWrites: expected true or false"
+            ),
             (#"{"type":"hello","protocol":1,"clientId":"has space"}"#, .badMessage, "clientId"),
             (
                 #"{"type":"write","request":"r1","ops":[{"op":"create","collection":"a","fields":{"n":1e999},"idempotencyKey":"k"}]}"#,

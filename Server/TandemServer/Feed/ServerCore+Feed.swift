@@ -44,6 +44,7 @@ extension ServerCore {
         // whether a token is current.
         let listener = Listener(session: session, target: target, collection: listen.collection, position: 0)
         listener.view = listen.query.map { QueryView(query: $0, collection: listen.collection) }
+        listener.excludesOwnWrites = listen.excludesOwnWrites && listener.view == nil
         do {
             let scope = try decideAccess(for: listener)
             guard listener.may(read: scope) else {
@@ -87,6 +88,7 @@ extension ServerCore {
             return
         }
         session.listeners[target] = listener
+        if listener.excludesOwnWrites { session.excludesOwnWrites = true }
         advance(listener)
     }
 
@@ -381,6 +383,7 @@ extension ServerCore {
             guard let page = pages[collection], let follower = followed[collection] else { continue }
             deliver(page, to: follower, measuring: measuring)
             follower.head = max(follower.head, page.position)
+            follower.forgetOwnWrites()
             if !page.isLast { unfinished.insert(collection) }
         }
         if !unfinished.isEmpty { scheduleFeedRound(unfinished) }
@@ -426,11 +429,17 @@ extension ServerCore {
                 rows.lazy.filter { $0.deleted && $0.createSequence > position }.compactMap(\.createClient))
             let shared = encodeChanges(rows, after: position, for: nil)
             for listener in listeners {
+                // A listener that leaves out its connection's own writes: without them, and
+                // with the new resume token alone when nothing else changed.
+                let others =
+                    listener.excludesOwnWrites && !follower.ownWrites.isEmpty
+                    ? rows.filter { !follower.isOwnWrite($0, of: listener.session) } : rows
                 let changes =
-                    listener.clientId.map(creators.contains) == true
-                    ? encodeChanges(rows, after: position, for: listener.clientId) : shared
+                    others.count < rows.count || listener.clientId.map(creators.contains) == true
+                    ? encodeChanges(others, after: position, for: listener.clientId) : shared
                 listener.position = max(listener.position, page.position)
-                let chunks = changes.chunks(lastPosition: page.position)
+                var chunks = changes.chunks(lastPosition: page.position)
+                if chunks.isEmpty && others.count < rows.count { chunks = [(Array("[]".utf8), page.position)] }
                 if let committed, !chunks.isEmpty {
                     metrics.delivered(afterMilliseconds: configuration.clock() - committed)
                 }

@@ -17,6 +17,9 @@ final class Session: @unchecked Sendable {
     var user: String?
     /// The connection's listeners by target.
     var listeners: [String: Listener] = [:]
+    /// Some listener of this connection leaves out its own writes: its acknowledged writes are
+    /// noted for the fan-out (``FeedFollower/ownWrites``).
+    var excludesOwnWrites = false
     var isClosed = false
     /// Messages received and not yet handled: past a high mark the socket stops reading.
     let pendingMessages = Atomic<Int>(0)
@@ -94,6 +97,30 @@ final class FeedFollower {
     let queries = QueryIndex()
     /// Listeners by the document of this collection their permission depends on.
     var watching: [DocumentID: [ObjectIdentifier: Listener]] = [:]
+    /// Documents at the version a connection's own write brought them to, for its listeners
+    /// that leave out their own writes; until the feed passes the commit (`upTo`).
+    var ownWrites: [DocumentID: OwnWrite] = [:]
+
+    struct OwnWrite {
+        var version: Int64
+        /// The writing session's id (not its address, which a later connection may reuse).
+        var session: String
+        /// The collection's last sequence in the commit that wrote it.
+        var upTo: Int64
+    }
+
+    /// Whether `row` is the state one of `session`'s own writes left, which it knows from its
+    /// `ack`.
+    func isOwnWrite(_ row: StoredDocument, of session: Session) -> Bool {
+        guard let write = ownWrites[row.id] else { return false }
+        return write.version == row.version && write.session == session.id
+    }
+
+    /// Forgets the own writes of commits the feed has passed.
+    func forgetOwnWrites() {
+        guard !ownWrites.isEmpty else { return }
+        ownWrites = ownWrites.filter { $0.value.upTo > head }
+    }
 
     init(head: Int64) { self.head = head }
 
@@ -141,6 +168,9 @@ final class Listener: @unchecked Sendable {
     var catchUpHorizon: Int64?
     /// For a listener on a query: what its client sees (nil for a whole collection).
     var view: QueryView?
+    /// Live snapshots leave out what this connection's own writes made (a whole collection
+    /// only).
+    var excludesOwnWrites = false
     /// For a query listener resuming: the ids of the view its client holds, as of `position`.
     var resumedView: [DocumentID]?
     /// For a query listener catching up: whether its view was read, and the frames of its

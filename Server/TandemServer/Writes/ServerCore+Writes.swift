@@ -49,6 +49,7 @@ extension ServerCore {
         }
 
         var written: Set<CollectionPath> = []
+        var lastSequences: [CollectionPath: Int64] = [:]
         if !requests.isEmpty {
             let collections = Set(requests.flatMap { $0.request.ops.map(\.collection) }).sorted()
             do {
@@ -59,13 +60,18 @@ extension ServerCore {
                     let outcomes = try requests.map { try group.apply($0.request) }
                     try group.save()
                     written = group.writtenCollections
+                    for collection in written { lastSequences[collection] = group.lastSequence(in: collection) }
                     configuration.hooks.beforeCommit?()
                     return outcomes
                 }
                 for ((index, _), outcome) in zip(requests, outcomes) {
                     let request = waiting[index].write.request
                     switch outcome {
-                    case .applied(let results): answers[index] = .ack(.init(request: request, results: results))
+                    case .applied(let results):
+                        answers[index] = .ack(.init(request: request, results: results))
+                        if waiting[index].session.excludesOwnWrites {
+                            noteOwnWrites(waiting[index], results, lastSequences)
+                        }
                     case .conflict(let op, let server):
                         answers[index] = .conflict(.init(request: request, op: op, server: server))
                     case .refused(var error):
@@ -94,6 +100,20 @@ extension ServerCore {
             }
         }
         if !written.isEmpty { runFeedRound(written) }
+    }
+
+    /// Notes the versions a connection's acknowledged write left, for its listeners that
+    /// leave out their own writes. A remembered resend's result counts too: the connection
+    /// was answered with that version.
+    private func noteOwnWrites(
+        _ entry: WaitingWrite, _ results: [WriteResult], _ lastSequences: [CollectionPath: Int64]
+    ) {
+        for (op, result) in zip(entry.write.ops, results) {
+            guard let follower = followed[op.collection] else { continue }
+            follower.ownWrites[result.id] = FeedFollower.OwnWrite(
+                version: result.version, session: entry.session.id,
+                upTo: lastSequences[op.collection] ?? follower.head + 1)
+        }
     }
 
     /// The checks of a write that need no database: the op count, injected refusals, each

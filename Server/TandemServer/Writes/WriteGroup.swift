@@ -184,6 +184,9 @@ final class WriteGroup {
     /// The collections whose feed this group wrote to.
     var writtenCollections: Set<CollectionPath> { Set(sequences.keys) }
 
+    /// The last sequence this group gave out in `collection`.
+    func lastSequence(in collection: CollectionPath) -> Int64? { sequences[collection] }
+
     // MARK: - Steps
 
     /// The document at `key` as the draft, the group or the store has it.

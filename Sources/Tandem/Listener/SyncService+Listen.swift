@@ -165,9 +165,11 @@ extension SyncService {
                 return (open, close)
             }
             for path in close { connection.unlisten(path.rawValue) }
+            let excludingOwnWrites = !configuration.receivesOwnWrites && configuration.serialization == .barrier
             for (path, target) in open {
                 connection.listen(
-                    to: path, target: path.rawValue, resumeToken: tokens[path], query: target.query, view: views[path]
+                    to: path, target: path.rawValue, resumeToken: tokens[path], query: target.query, view: views[path],
+                    excludingOwnWrites: excludingOwnWrites
                 ) { [weak self] event in
                     self?.listenerEvent(event, path: path, target: target, generation: generation)
                 }

@@ -38,6 +38,13 @@ public struct SyncConfiguration: Sendable {
     /// the other mode exists only to show the race Tandem prevents (`tandem demo`, race
     /// tests), so it is behind the `Testing` SPI.
     @_spi(Testing) public var serialization = Serialization.barrier
+    /// Whether the listeners also hear this device's own writes back from the server on the
+    /// connection that made them. Default: false (`excludeOwnWrites`): the `ack` told the
+    /// device all of it, and an echo cost a decode and a lookup per document. A device still
+    /// hears them after a reconnect, where the barrier keeps them from being inserted twice.
+    /// Tests turn them on to race them; `.unserialized` always hears them (the race it shows
+    /// is theirs).
+    @_spi(Testing) public var receivesOwnWrites = false
     /// The clock for `updatedAt`.
     public var clock: any SyncClock = SystemClock()
     /// Points where a test holds or watches the engine; empty in production, and behind the
