@@ -21,6 +21,58 @@ struct JSONParser {
         return value
     }
 
+    /// Parses a message object, with the object itself and the objects in its array under
+    /// `listKey` read as member lists rather than dictionaries: a snapshot's changes are read
+    /// once each, field by field, and a dictionary for each cost more than reading it. The
+    /// array's place among the members holds an empty array; what it held is `list` (nil when
+    /// the member is missing or not an array, which the members then show as it is).
+    ///
+    /// The same input is accepted or refused as by ``parse(_:maxDepth:)``, with the same error.
+    ///
+    /// - Returns: nil when `bytes` do not start with an object (``parse(_:maxDepth:)`` then says
+    ///   what they are).
+    static func parseMessage(_ bytes: UnsafeBufferPointer<UInt8>, maxDepth: Int, listKey: String) throws(JSONError)
+        -> (members: JSONMembers, list: [JSONElement]?)?
+    {
+        var parser = JSONParser(bytes: bytes, maxDepth: maxDepth)
+        parser.skipWhitespace()
+        guard parser.index < bytes.count, bytes[parser.index] == UInt8(ascii: "{") else { return nil }
+        var list: [JSONElement]?
+        let members = try parser.memberList { parser, key throws(JSONError) in
+            guard key == listKey, parser.index < parser.bytes.count, parser.bytes[parser.index] == UInt8(ascii: "[")
+            else { return nil }
+            list = try parser.listedElements()
+            return .array([])
+        }
+        parser.skipWhitespace()
+        guard parser.index == bytes.count else { throw parser.error("unexpected content after the JSON value") }
+        return (members, list)
+    }
+
+    /// An object as its members in order, refused on a key that appears twice as
+    /// ``object()`` refuses it (see ``pushMembers(_:)`` for `special`).
+    private mutating func memberList(
+        _ special: (inout JSONParser, String) throws(JSONError) -> JSONValue? = { _, _ in nil }
+    ) throws(JSONError) -> JSONMembers {
+        let first = try pushMembers(special)
+        defer { members.removeSubrange(first...) }
+        for position in first..<members.count
+        where members[first..<position].contains(where: { $0.key == members[position].key }) {
+            throw duplicate(members[position].key, at: members[position].offset)
+        }
+        return members[first...].map { ($0.key, $0.value) }
+    }
+
+    /// An array whose objects are read as member lists, its other values as values.
+    private mutating func listedElements() throws(JSONError) -> [JSONElement] {
+        try elements { parser throws(JSONError) in
+            if parser.index < parser.bytes.count && parser.bytes[parser.index] == UInt8(ascii: "{") {
+                return .members(try parser.memberList())
+            }
+            return .value(try parser.value())
+        }
+    }
+
     private init(bytes: UnsafeBufferPointer<UInt8>, maxDepth: Int) {
         self.bytes = bytes
         self.maxDepth = maxDepth
@@ -76,17 +128,37 @@ struct JSONParser {
     }
 
     private mutating func object() throws(JSONError) -> JSONValue {
+        // The members go on the shared stack first, so that the dictionary is made once at its
+        // final size instead of growing member by member.
+        let first = try pushMembers()
+        var object = JSONObject(minimumCapacity: members.count - first)
+        for position in first..<members.count {
+            let (key, value, keyStart) = members[position]
+            if object.updateValue(value, forKey: key) != nil {
+                // RFC 8259 leaves duplicate names undefined; two readers of one message must
+                // never disagree on what it says.
+                throw duplicate(key, at: keyStart)
+            }
+        }
+        members.removeSubrange(first...)
+        return .object(object)
+    }
+
+    /// Reads an object onto the shared stack of members; returns where its members start.
+    /// `special` may read a member's value itself (returning what the member holds), or
+    /// return nil to leave it to ``value()``.
+    private mutating func pushMembers(
+        _ special: (inout JSONParser, String) throws(JSONError) -> JSONValue? = { _, _ in nil }
+    ) throws(JSONError) -> Int {
         try enter()
         index += 1
+        let first = members.count
         skipWhitespace()
         if index < bytes.count && bytes[index] == UInt8(ascii: "}") {
             index += 1
             depth -= 1
-            return .object([:])
+            return first
         }
-        // The members go on the shared stack first, so that the dictionary is made once at its
-        // final size instead of growing member by member.
-        let first = members.count
         while true {
             skipWhitespace()
             guard index < bytes.count, bytes[index] == UInt8(ascii: "\"") else { throw error("expected a string key") }
@@ -98,8 +170,11 @@ struct JSONParser {
             }
             index += 1
             skipWhitespace()
-            let value = try value()
-            members.append((key, value, keyStart))
+            if let special = try special(&self, key) {
+                members.append((key, special, keyStart))
+            } else {
+                members.append((key, try value(), keyStart))
+            }
             skipWhitespace()
             guard index < bytes.count else { throw error("unexpected end of input in an object") }
             if bytes[index] == UInt8(ascii: ",") {
@@ -109,35 +184,35 @@ struct JSONParser {
             guard bytes[index] == UInt8(ascii: "}") else { throw error("expected ',' or '}' in an object") }
             index += 1
             depth -= 1
-            break
+            return first
         }
-        var object = JSONObject(minimumCapacity: members.count - first)
-        for position in first..<members.count {
-            let (key, value, keyStart) = members[position]
-            if object.updateValue(value, forKey: key) != nil {
-                // RFC 8259 leaves duplicate names undefined; two readers of one message must
-                // never disagree on what it says.
-                index = keyStart
-                throw error("the key '\(key.prefix(40))' appears twice in one object")
-            }
-        }
-        members.removeSubrange(first...)
-        return .object(object)
+    }
+
+    private mutating func duplicate(_ key: String, at keyStart: Int) -> JSONError {
+        index = keyStart
+        return error("the key '\(key.prefix(40))' appears twice in one object")
     }
 
     private mutating func array() throws(JSONError) -> JSONValue {
+        .array(try elements { parser throws(JSONError) in try parser.value() })
+    }
+
+    /// An array, each element read by `element`.
+    private mutating func elements<Element>(_ element: (inout JSONParser) throws(JSONError) -> Element)
+        throws(JSONError) -> [Element]
+    {
         try enter()
         index += 1
-        var array: [JSONValue] = []
+        var array: [Element] = []
         skipWhitespace()
         if index < bytes.count && bytes[index] == UInt8(ascii: "]") {
             index += 1
             depth -= 1
-            return .array(array)
+            return array
         }
         while true {
             skipWhitespace()
-            array.append(try value())
+            array.append(try element(&self))
             skipWhitespace()
             guard index < bytes.count else { throw error("unexpected end of input in an array") }
             if bytes[index] == UInt8(ascii: ",") {
@@ -147,7 +222,7 @@ struct JSONParser {
             guard bytes[index] == UInt8(ascii: "]") else { throw error("expected ',' or ']' in an array") }
             index += 1
             depth -= 1
-            return .array(array)
+            return array
         }
     }
 
@@ -308,6 +383,15 @@ struct JSONParser {
 }
 
 /// A JSON syntax error.
+/// An object's members in the order they came (see ``JSONParser/parseMessage(_:maxDepth:listKey:)``).
+typealias JSONMembers = [(key: String, value: JSONValue)]
+
+/// An element of an array read by ``JSONParser/parseMessage(_:maxDepth:listKey:)``.
+enum JSONElement {
+    case members(JSONMembers)
+    case value(JSONValue)
+}
+
 struct JSONError: Error {
     var message: String
     var offset: Int

@@ -67,10 +67,13 @@ public enum Wire {
             }
         switch parsed {
         case .success(let value): return value
-        case .failure(let error):
-            if error.message.hasPrefix("JSON nested deeper") { throw WireError(.badMessage, error.message) }
-            throw WireError(.badMessage, "not valid JSON: \(error.message) at byte \(error.offset)")
+        case .failure(let error): throw Self.invalid(error)
         }
+    }
+
+    private static func invalid(_ error: JSONError) -> WireError {
+        if error.message.hasPrefix("JSON nested deeper") { return WireError(.badMessage, error.message) }
+        return WireError(.badMessage, "not valid JSON: \(error.message) at byte \(error.offset)")
     }
 
     /// Decodes and validates a message.
@@ -88,6 +91,38 @@ public enum Wire {
             if case .object(let object) = value {
                 if error.request == nil, case .string(let request)? = object["request"] { error.request = request }
                 if error.target == nil, case .string(let target)? = object["target"] { error.target = target }
+            }
+            throw error
+        }
+    }
+
+    /// Decodes and validates a message from the server: as the generic `decode(_:from:)`, with
+    /// the same result and the same errors, but the message object and a snapshot's changes
+    /// are read as lists of members instead of dictionaries (a snapshot's decoding is most of
+    /// what a device spends on receiving it).
+    public static func decode(_ type: ServerMessage.Type, from bytes: some Collection<UInt8>) throws(WireError)
+        -> ServerMessage
+    {
+        typealias Parsed = (members: JSONMembers, list: [JSONElement]?)?
+        let read: (UnsafeBufferPointer<UInt8>) -> Result<Parsed, JSONError> = { buffer in
+            Result { () throws(JSONError) in
+                try JSONParser.parseMessage(buffer, maxDepth: maxNestingDepth, listKey: "changes")
+            }
+        }
+        let parsed = bytes.withContiguousStorageIfAvailable(read) ?? Array(bytes).withUnsafeBufferPointer(read)
+        let message: (members: JSONMembers, list: [JSONElement]?)
+        switch parsed {
+        case .failure(let error): throw invalid(error)
+        case .success(nil): return try ServerMessage(json: parse(bytes), path: "")  // not an object: refused
+        case .success(let read?): message = read
+        }
+        do {
+            return try ServerMessage(ObjectReader(members: message.members, path: ""), changes: message.list)
+        } catch var error {
+            for (key, value) in message.members {
+                guard case .string(let text) = value else { continue }
+                if key == "request" && error.request == nil { error.request = text }
+                if key == "target" && error.target == nil { error.target = text }
             }
             throw error
         }

@@ -26,14 +26,27 @@ extension WireCodable {
 
 /// Reads the fields of a JSON object, naming each in errors.
 struct ObjectReader {
-    let object: JSONObject
+    private let members: Members
     let path: String
+
+    /// A dictionary, or the members in order (a message's small objects, read once each:
+    /// looking through ten members costs less than hashing them into a dictionary).
+    private enum Members {
+        case dictionary(JSONObject)
+        case list(JSONMembers)
+    }
 
     init(_ value: JSONValue, path: String) throws(WireError) {
         guard case .object(let object) = value else {
             throw WireError(.badMessage, "\(path.isEmpty ? "the message" : path): expected an object")
         }
-        self.object = object
+        self.members = .dictionary(object)
+        self.path = path
+    }
+
+    /// An object read as its members (``JSONParser/parseMessage(_:maxDepth:listKey:)``).
+    init(members: JSONMembers, path: String) {
+        self.members = .list(members)
         self.path = path
     }
 
@@ -43,7 +56,12 @@ struct ObjectReader {
     func has(_ key: String) -> Bool { present(key) != nil }
 
     private func present(_ key: String) -> JSONValue? {
-        guard let value = object[key], value != .null else { return nil }
+        let value: JSONValue? =
+            switch members {
+            case .dictionary(let object): object[key]
+            case .list(let list): list.first { $0.key == key }?.value
+            }
+        guard let value, value != .null else { return nil }
         return value
     }
 
@@ -217,7 +235,10 @@ extension Document: WireCodable {
 
 extension Change: WireCodable {
     public init(json: JSONValue, path: String) throws(WireError) {
-        let reader = try ObjectReader(json, path: path)
+        try self.init(try ObjectReader(json, path: path))
+    }
+
+    init(_ reader: ObjectReader) throws(WireError) {
         let name = try reader.string("kind")
         guard let kind = Kind(rawValue: name) else {
             throw WireError(.badMessage, "\(reader.name("kind")): unknown kind '\(name.prefix(40))'")
@@ -503,7 +524,10 @@ extension WriteResult: WireCodable {
 
 extension WireError: WireCodable {
     public init(json: JSONValue, path: String) throws(WireError) {
-        let reader = try ObjectReader(json, path: path)
+        try self.init(try ObjectReader(json, path: path))
+    }
+
+    init(_ reader: ObjectReader) throws(WireError) {
         self.init(
             ErrorCode(rawValue: try reader.string("code")), try reader.string("message"),
             request: try reader.optionalString("request"), target: try reader.optionalString("target"),
@@ -538,7 +562,12 @@ extension WireError: WireCodable {
 
 extension ServerMessage: WireCodable {
     public init(json: JSONValue, path: String) throws(WireError) {
-        let reader = try ObjectReader(json, path: path)
+        try self.init(try ObjectReader(json, path: path), changes: nil)
+    }
+
+    /// - Parameter changes: A snapshot's changes as ``JSONParser/parseMessage(_:maxDepth:listKey:)``
+    ///   read them; nil to read them from `reader`.
+    init(_ reader: ObjectReader, changes listed: [JSONElement]?) throws(WireError) {
         let type = try reader.string("type")
         switch type {
         case "welcome":
@@ -549,11 +578,20 @@ extension ServerMessage: WireCodable {
                     limits: try reader.read("limits", as: Limits.self),
                     user: try reader.optionalString("user")))
         case "snapshot":
-            let values = try reader.array("changes")
+            let elements: [JSONElement]
+            if let listed {
+                elements = listed
+            } else {
+                elements = try reader.array("changes").map { .value($0) }
+            }
             var changes: [Change] = []
-            changes.reserveCapacity(values.count)
-            for (index, value) in values.enumerated() {
-                changes.append(try Change(json: value, path: "changes[\(index)]"))
+            changes.reserveCapacity(elements.count)
+            for (index, element) in elements.enumerated() {
+                let path = "changes[\(index)]"
+                switch element {
+                case .members(let members): changes.append(try Change(ObjectReader(members: members, path: path)))
+                case .value(let value): changes.append(try Change(json: value, path: path))
+                }
             }
             self = .snapshot(
                 Snapshot(
@@ -580,7 +618,7 @@ extension ServerMessage: WireCodable {
                 DocumentReply(
                     request: try reader.string("request"), document: try reader.read("document", as: Document.self)))
         case "error":
-            self = .error(try WireError(json: json, path: path))
+            self = .error(try WireError(reader))
         default:
             throw WireError(.badMessage, "unknown server message type '\(type.prefix(40))'")
         }
