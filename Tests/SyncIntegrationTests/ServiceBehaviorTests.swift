@@ -60,6 +60,58 @@ struct ServiceBehaviorTests {
         #expect(received.all.contains { $0.changes.contains { $0.document.fields["name"] == "Trip" } })
     }
 
+    /// The server leaves a connection's own writes out of its listeners' live snapshots once it
+    /// answered them, whether or not the device still waited for the answer. A device that
+    /// gave up on one (a timeout) and stored the next snapshot's resume token would be past a
+    /// write of its own it does not know: so it drops that connection, and its frames are not
+    /// applied.
+    @Test(
+        "a write that times out drops the connection: no snapshot from it is applied while the device does not know that write"
+    )
+    func timedOutWriteDropsTheConnection() async throws {
+        let holding = Mutex(false)
+        let held = Checkpoint()
+        let server = try await TestServer { configuration in
+            configuration.hooks.beforeCommit = { if holding.withLock({ $0 }) { held.pause() } }
+        }
+        defer { held.release() }
+        let violations = Seen<String>()
+        let deviceBox = Mutex<TestDevice?>(nil)
+        let phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
+            configuration.requestTimeout = .seconds(1)
+            configuration.pushDelay = .seconds(3600)
+            configuration.pushInterval = .seconds(3600)
+            configuration.hooks.afterApply = { snapshot in
+                guard !snapshot.initial, snapshot.changes.isEmpty, let device = deviceBox.withLock({ $0 }) else {
+                    return
+                }
+                let unknown =
+                    (try? device.database.read { db in
+                        try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM account WHERE serverId IS NULL")
+                    }) ?? 0
+                if unknown > 0 { violations.append("token \(snapshot.resumeToken) applied before the write was known") }
+            }
+        }
+        deviceBox.withLock { $0 = phone }
+        phone.service.start()
+        try await phone.waitUntilConnected()
+        let account = try await phone.addAccount("Household")
+
+        holding.withLock { $0 = true }
+        let push = Task { try await phone.service.syncNow() }
+        try await held.reached()
+        holding.withLock { $0 = false }
+        await #expect(throws: (any Error).self) { try await push.value }
+        held.release()
+
+        try await waitUntil("the phone knows its account") { try await phone.serverId(ofAccount: account.id!) != nil }
+        try await waitUntil("the phone is connected again") { phone.service.status.isConnected }
+        _ = try await phone.service.syncNow()
+        #expect(try await serverDocuments(server, "accounts").count == 1)
+        #expect(try phone.accountCount() == 1)
+        #expect(violations.all.isEmpty, "\(violations.all)")
+    }
+
     @Test("with the server down, syncNow fails with disconnected once its wait is over; the row stays pending")
     func syncNowOffline() async throws {
         let offline = try RefusingPort()
