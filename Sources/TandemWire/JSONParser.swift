@@ -56,9 +56,16 @@ struct JSONParser {
     ) throws(JSONError) -> JSONMembers {
         let first = try pushMembers(special)
         defer { members.removeSubrange(first...) }
-        for position in first..<members.count
-        where members[first..<position].contains(where: { $0.key == members[position].key }) {
-            throw duplicate(members[position].key, at: members[position].offset)
+        // The first key that came before, as ``object()`` finds it: by looking back while the
+        // object is small, through a set past that (a hostile frame of many keys stays linear).
+        var keys: Set<String> = []
+        for position in first..<members.count {
+            let key = members[position].key
+            let repeated =
+                position - first <= 16
+                ? members[first..<position].contains { $0.key == key } : !keys.insert(key).inserted
+            if repeated { throw duplicate(key, at: members[position].offset) }
+            if position - first == 16 { keys = Set(members[first...position].map(\.key)) }
         }
         return members[first...].map { ($0.key, $0.value) }
     }
@@ -382,7 +389,6 @@ struct JSONParser {
     }
 }
 
-/// A JSON syntax error.
 /// An object's members in the order they came (see ``JSONParser/parseMessage(_:maxDepth:listKey:)``).
 typealias JSONMembers = [(key: String, value: JSONValue)]
 
@@ -392,6 +398,7 @@ enum JSONElement {
     case value(JSONValue)
 }
 
+/// A JSON syntax error.
 struct JSONError: Error {
     var message: String
     var offset: Int

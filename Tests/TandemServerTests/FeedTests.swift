@@ -337,14 +337,14 @@ struct ExcludeOwnWritesTests {
     /// not tell it, so it reaches the writer.
     @Test("a later state of the writer's document, committed together with the writer's own write, reaches the writer")
     func laterWriteInTheSameCommit() async throws {
-        for _ in 1...3 where try await Self.laterWriteAttempt() { return }
-        Issue.record("in three attempts, the other's update never reached the server after the writer's")
+        for _ in 1...5 where try await Self.laterWriteAttempt() { return }
+        Issue.record("in five attempts, the two updates never shared a commit in the order the test needs")
     }
 
     /// One attempt: the server's core is held on a third connection's commit while both updates
     /// arrive, so that they go into one group commit, the writer's first. The other's update is
     /// conditional on the writer's version; in the other order it is a conflict, and the
-    /// attempt returns false.
+    /// attempt returns false, as it does when the two were committed apart.
     static func laterWriteAttempt() async throws -> Bool {
         let held = Checkpoint()
         let holding = Mutex(false)
@@ -376,9 +376,11 @@ struct ExcludeOwnWritesTests {
         try await waitUntil("the other's state reaches the writer") {
             own.changes.contains { $0.document.id == note.id && $0.document.version == 3 }
         }
+        // Committed apart (the other's update was read after the group was committed): not the
+        // case this test is about, and the attempt starts again.
+        guard own.snapshots.count == 3 else { return false }
         #expect(own.changes.last?.document.fields == ["t": "theirs"])
         #expect(!own.changes.contains { $0.document.version == 2 }, "its own update is left out")
-        #expect(own.snapshots.count == 3, "one snapshot for the commit of both: \(own.summary)")
         return true
     }
 }

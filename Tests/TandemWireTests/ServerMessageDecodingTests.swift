@@ -116,6 +116,15 @@ struct ServerMessageDecodingTests {
                 ("{\"type\":\"snapshot\",\"target\":\"t\",\"resumeToken\":\"x\",\"changes\":[{\"kind\":\"added\",\"id\":\"a\",\"version\":1,\"fields\":"
                     + String(repeating: "[", count: 70) + String(repeating: "]", count: 70) + "}]}").utf8),
         ]
+        // Objects of many members, whose repeated keys the member lists find through a set.
+        let many = (0..<30).map { #""x\#($0)":\#($0)"# }.joined(separator: ",")
+        for repeated in ["x3", "x20", "kind", "type"] {
+            inputs.append(
+                Array(
+                    (#"{"type":"snapshot","target":"t","resumeToken":"x","changes":[{"kind":"added","id":"a","version":1,"#
+                        + many + #","\#(repeated)":0}]}"#).utf8))
+            inputs.append(Array((#"{"type":"reset","target":"t","reason":"r","# + many + #","\#(repeated)":0}"#).utf8))
+        }
         for seed in 0..<20 {
             for message in Self.messages(seed: UInt64(seed)) {
                 let bytes = Wire.encode(message)

@@ -439,10 +439,10 @@ extension ServerCore {
                     ? encodeChanges(others, after: position, for: listener.clientId) : shared
                 listener.position = max(listener.position, page.position)
                 var chunks = changes.chunks(lastPosition: page.position)
-                if chunks.isEmpty && others.count < rows.count { chunks = [(Array("[]".utf8), page.position)] }
                 if let committed, !chunks.isEmpty {
                     metrics.delivered(afterMilliseconds: configuration.clock() - committed)
                 }
+                if chunks.isEmpty && others.count < rows.count { chunks = [(Array("[]".utf8), page.position)] }
                 for chunk in chunks {
                     delayIfInjected(listener.session)
                     listener.session.send(
