@@ -88,7 +88,6 @@ extension ServerCore {
             return
         }
         session.listeners[target] = listener
-        if listener.excludesOwnWrites { session.excludesOwnWrites = true }
         advance(listener)
     }
 
@@ -415,6 +414,7 @@ extension ServerCore {
     private func deliver(_ page: FeedPage, to follower: FeedFollower, measuring: Bool) {
         let committed = measuring ? page.rows.last?.updateTime : nil
         deliverToQueries(page, follower, committed: committed)
+        let ownWrites = follower.ownWrites(in: page.rows)
         var byPosition: [Int64: [Listener]] = [:]
         for listener in follower.listeners where listener.isLive && !listener.session.isClosed {
             if listener.position < page.bounds.horizon {
@@ -431,9 +431,8 @@ extension ServerCore {
             for listener in listeners {
                 // A listener that leaves out its connection's own writes: without them, and
                 // with the new resume token alone when nothing else changed.
-                let others =
-                    listener.excludesOwnWrites && !follower.ownWrites.isEmpty
-                    ? rows.filter { !follower.isOwnWrite($0, of: listener.session) } : rows
+                let mine = listener.excludesOwnWrites ? ownWrites[listener.session.id] : nil
+                let others = mine.map { mine in rows.filter { !mine.contains($0.id) } } ?? rows
                 let changes =
                     others.count < rows.count || listener.clientId.map(creators.contains) == true
                     ? encodeChanges(others, after: position, for: listener.clientId) : shared

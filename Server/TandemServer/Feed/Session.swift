@@ -19,7 +19,7 @@ final class Session: @unchecked Sendable {
     var listeners: [String: Listener] = [:]
     /// Some listener of this connection leaves out its own writes: its acknowledged writes are
     /// noted for the fan-out (``FeedFollower/ownWrites``).
-    var excludesOwnWrites = false
+    var excludesOwnWrites: Bool { listeners.values.contains { $0.excludesOwnWrites } }
     var isClosed = false
     /// Messages received and not yet handled: past a high mark the socket stops reading.
     let pendingMessages = Atomic<Int>(0)
@@ -109,11 +109,17 @@ final class FeedFollower {
         var upTo: Int64
     }
 
-    /// Whether `row` is the state one of `session`'s own writes left, which it knows from its
-    /// `ack`.
-    func isOwnWrite(_ row: StoredDocument, of session: Session) -> Bool {
-        guard let write = ownWrites[row.id] else { return false }
-        return write.version == row.version && write.session == session.id
+    /// For each session that wrote some of `rows`, the documents among them whose state is the
+    /// one its own write left (which it knows from its `ack`). Read once per page, so that the
+    /// listeners of sessions that wrote nothing in it share the page's encoding.
+    func ownWrites(in rows: [StoredDocument]) -> [String: Set<DocumentID>] {
+        guard !ownWrites.isEmpty else { return [:] }
+        var bySession: [String: Set<DocumentID>] = [:]
+        for row in rows {
+            guard let write = ownWrites[row.id], write.version == row.version else { continue }
+            bySession[write.session, default: []].insert(row.id)
+        }
+        return bySession
     }
 
     /// Forgets the own writes of commits the feed has passed.

@@ -46,128 +46,126 @@ extension SyncService {
         var leftBehind = false
         // An answer taken off `inFlight` and not yet written back.
         var answering = false
-        do {
-            while true {
-                answering = false
-                // A local commit since then queued another push, which waits behind this one: what
-                // it filed goes out in this push instead, while it runs.
-                if endReached, state.withLock({ $0.pushDue != nil }) {
-                    exhausted = false
-                    endReached = false
-                }
-                while !exhausted, inFlight.count < depth,
-                    !(inFlight.last.map { creates(dependedOn: $0.batch) } ?? false)
-                {
-                    if batches == 64 {
-                        // Long enough: listener work waits behind this barrier. Another push is
-                        // queued for the rest.
-                        leftBehind = true
-                        exhausted = true
-                        break
-                    }
-                    let batch = try ownWrite { db in
-                        try store.preparePush(maxOps: maxOps, maxBytes: maxBytes, after: &cursor, db)
-                    }
-                    if batch.isEmpty {
-                        exhausted = true
-                        break
-                    }
-                    // Nothing was left after this batch when it was taken: no need to look again
-                    // unless a local commit says so (above). Rows under or referring to the rows
-                    // this batch creates were not read at all (they wait for their server ids):
-                    // after its answer, the push looks again.
-                    endReached = cursor.reachedEnd && !creates(dependedOn: batch)
-                    exhausted = endReached
-                    batches += 1
-                    configuration.hooks.beforeSend?(batch.map(\.op))
-                    inFlight.append(
-                        (batch, connection.startWrite(batch.map(\.op), timeout: configuration.requestTimeout)))
-                }
-                guard !inFlight.isEmpty else { break }
-                let (batch, answer) = inFlight.removeFirst()
-                answering = true
-
-                switch answer.wait() {
-                case .success(.ack(let results)):
-                    if configuration.hooks.dropAcknowledgement?() == true {
-                        // As if the network failed before the answer: nothing that came after it on
-                        // this connection (the listener's echo included) is seen either.
-                        dropConnection(connection)
-                        let error = TandemError(
-                            .disconnected, "the connection dropped before the acknowledgement arrived")
-                        try ownWrite { db in
-                            try store.ledger.countFailedAttempt(
-                                batch, error, maxAttempts: configuration.maxAttempts, db)
-                        }
-                        noteError(error)
-                        throw error
-                    }
-                    configuration.hooks.afterAck?(results)
-                    let (duplicates, merged) = try ownWrite { db in try store.recordAcknowledgement(batch, results, db)
-                    }
-                    configuration.hooks.afterWriteBack?(batch.map(\.op), results)
-                    for duplicate in duplicates { noteError(TandemError(.database, duplicate)) }
-                    report.conflicts += merged
-                    report.pushed += results.count
-                    createsAcknowledged += batch.count { $0.op.kind == .create }
-                    newParents =
-                        newParents || batch.contains { $0.op.kind == .create && parentTables.contains($0.table) }
-
-                case .success(.conflict(let index, let server)):
-                    if try ownWrite({ db in try store.resolvePushConflict(batch[index], server: server, db) }) {
-                        report.conflicts += 1
-                    }
+        // A push that stops with answers unread or not written back (a timeout, batches still
+        // on their way, a write-back that failed): the server counts those writes as known to
+        // this connection, and its listeners leave them out. A new connection hears them again,
+        // and the recorded keys settle the rest.
+        var finished = false
+        defer { if !finished && (answering || !inFlight.isEmpty) { dropConnection(connection) } }
+        while true {
+            answering = false
+            // A local commit since then queued another push, which waits behind this one: what
+            // it filed goes out in this push instead, while it runs.
+            if endReached, state.withLock({ $0.pushDue != nil }) {
+                exhausted = false
+                endReached = false
+            }
+            while !exhausted, inFlight.count < depth,
+                !(inFlight.last.map { creates(dependedOn: $0.batch) } ?? false)
+            {
+                if batches == 64 {
+                    // Long enough: listener work waits behind this barrier. Another push is
+                    // queued for the rest.
                     leftBehind = true
+                    exhausted = true
+                    break
+                }
+                let batch = try ownWrite { db in
+                    try store.preparePush(maxOps: maxOps, maxBytes: maxBytes, after: &cursor, db)
+                }
+                if batch.isEmpty {
+                    exhausted = true
+                    break
+                }
+                // Nothing was left after this batch when it was taken: no need to look again
+                // unless a local commit says so (above). Rows under or referring to the rows
+                // this batch creates were not read at all (they wait for their server ids):
+                // after its answer, the push looks again.
+                endReached = cursor.reachedEnd && !creates(dependedOn: batch)
+                exhausted = endReached
+                batches += 1
+                configuration.hooks.beforeSend?(batch.map(\.op))
+                inFlight.append(
+                    (batch, connection.startWrite(batch.map(\.op), timeout: configuration.requestTimeout)))
+            }
+            guard !inFlight.isEmpty else { break }
+            let (batch, answer) = inFlight.removeFirst()
+            answering = true
 
-                case .failure(let error):
-                    let serverError = (error as? TandemError)?.serverError
-                    // The server's own answer: nothing of this batch was applied.
-                    if serverError != nil { answering = false }
-                    if let serverError, let index = serverError.op, batch.indices.contains(index) {
-                        // One op was refused; the others were not applied and go out again.
-                        let push = batch[index]
-                        let refusal = TandemError(
-                            .server, "\(push.table) row \(push.rowId): \(serverError.message)", serverError: serverError
-                        )
-                        try ownWrite { db in
-                            if serverError.code == .notFound {
-                                try store.recordNotFound(push, db)
-                            } else if serverError.code.isRejection {
-                                try store.ledger.fail(push.table, push.rowId, refusal, db)
-                            } else {
-                                try store.ledger.countFailedAttempt(
-                                    [push], refusal, maxAttempts: configuration.maxAttempts, db)
-                            }
-                        }
-                        noteError(refusal)
-                        leftBehind = true
-                        continue
-                    }
-                    if let serverError, serverError.code.isRejection {
-                        let refusal = TandemError(server: serverError)
-                        try ownWrite { db in
-                            for push in batch { try store.ledger.fail(push.table, push.rowId, refusal, db) }
-                        }
-                        noteError(refusal)
-                        continue
-                    }
-                    let failure = TandemError("push failed", error, otherwise: .database)
+            switch answer.wait() {
+            case .success(.ack(let results)):
+                if configuration.hooks.dropAcknowledgement?() == true {
+                    // As if the network failed before the answer: nothing that came after it on
+                    // this connection (the listener's echo included) is seen either.
+                    dropConnection(connection)
+                    let error = TandemError(
+                        .disconnected, "the connection dropped before the acknowledgement arrived")
                     try ownWrite { db in
-                        try store.ledger.countFailedAttempt(batch, failure, maxAttempts: configuration.maxAttempts, db)
+                        try store.ledger.countFailedAttempt(
+                            batch, error, maxAttempts: configuration.maxAttempts, db)
                     }
-                    noteError(failure)
-                    // The batches still on their way keep their keys; the next push sends them again.
+                    noteError(error)
                     throw error
                 }
+                configuration.hooks.afterAck?(results)
+                let (duplicates, merged) = try ownWrite { db in try store.recordAcknowledgement(batch, results, db)
+                }
+                configuration.hooks.afterWriteBack?(batch.map(\.op), results)
+                for duplicate in duplicates { noteError(TandemError(.database, duplicate)) }
+                report.conflicts += merged
+                report.pushed += results.count
+                createsAcknowledged += batch.count { $0.op.kind == .create }
+                newParents =
+                    newParents || batch.contains { $0.op.kind == .create && parentTables.contains($0.table) }
+
+            case .success(.conflict(let index, let server)):
+                if try ownWrite({ db in try store.resolvePushConflict(batch[index], server: server, db) }) {
+                    report.conflicts += 1
+                }
+                leftBehind = true
+
+            case .failure(let error):
+                let serverError = (error as? TandemError)?.serverError
+                // The server's own answer: nothing of this batch was applied.
+                if serverError != nil { answering = false }
+                if let serverError, let index = serverError.op, batch.indices.contains(index) {
+                    // One op was refused; the others were not applied and go out again.
+                    let push = batch[index]
+                    let refusal = TandemError(
+                        .server, "\(push.table) row \(push.rowId): \(serverError.message)", serverError: serverError
+                    )
+                    try ownWrite { db in
+                        if serverError.code == .notFound {
+                            try store.recordNotFound(push, db)
+                        } else if serverError.code.isRejection {
+                            try store.ledger.fail(push.table, push.rowId, refusal, db)
+                        } else {
+                            try store.ledger.countFailedAttempt(
+                                [push], refusal, maxAttempts: configuration.maxAttempts, db)
+                        }
+                    }
+                    noteError(refusal)
+                    leftBehind = true
+                    continue
+                }
+                if let serverError, serverError.code.isRejection {
+                    let refusal = TandemError(server: serverError)
+                    try ownWrite { db in
+                        for push in batch { try store.ledger.fail(push.table, push.rowId, refusal, db) }
+                    }
+                    noteError(refusal)
+                    continue
+                }
+                let failure = TandemError("push failed", error, otherwise: .database)
+                try ownWrite { db in
+                    try store.ledger.countFailedAttempt(batch, failure, maxAttempts: configuration.maxAttempts, db)
+                }
+                noteError(failure)
+                // The batches still on their way keep their keys; the next push sends them again.
+                throw error
             }
-        } catch {
-            // A push that stops with answers unread or not written back (a timeout, batches
-            // still on their way, a write-back that failed): the server counts those writes
-            // as known to this connection, and its listeners leave them out. A new connection
-            // hears them again, and the recorded keys settle the rest.
-            if answering || !inFlight.isEmpty { dropConnection(connection) }
-            throw error
         }
+        finished = true
         if leftBehind || (cursor.passedOver && createsAcknowledged > 0) { schedulePush(after: .zero) }
         if report.conflicts > 0 { updateStatus { $0.resolvedConflicts += report.conflicts } }
         let counts = try showCurrentCounts()
