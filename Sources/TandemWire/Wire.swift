@@ -87,13 +87,18 @@ public enum Wire {
         let value = try parse(bytes)
         do {
             return try Message(json: value, path: "")
-        } catch var error {
-            if case .object(let object) = value {
-                if error.request == nil, case .string(let request)? = object["request"] { error.request = request }
-                if error.target == nil, case .string(let target)? = object["target"] { error.target = target }
-            }
-            throw error
+        } catch {
+            guard let reader = try? ObjectReader(value, path: "") else { throw error }
+            throw naming(error, after: reader)
         }
+    }
+
+    /// `error`, with the `request` and `target` of the message it is about when it names none.
+    private static func naming(_ error: WireError, after reader: ObjectReader) -> WireError {
+        var error = error
+        if error.request == nil { error.request = (try? reader.optionalString("request")) ?? nil }
+        if error.target == nil { error.target = (try? reader.optionalString("target")) ?? nil }
+        return error
     }
 
     /// Decodes and validates a message from the server: as the generic `decode(_:from:)`, with
@@ -116,15 +121,11 @@ public enum Wire {
         case .success(nil): return try ServerMessage(json: parse(bytes), path: "")  // not an object: refused
         case .success(let read?): message = read
         }
+        let reader = ObjectReader(members: message.members, path: "")
         do {
-            return try ServerMessage(ObjectReader(members: message.members, path: ""), changes: message.list)
-        } catch var error {
-            for (key, value) in message.members {
-                guard case .string(let text) = value else { continue }
-                if key == "request" && error.request == nil { error.request = text }
-                if key == "target" && error.target == nil { error.target = text }
-            }
-            throw error
+            return try ServerMessage(reader, changes: message.list)
+        } catch {
+            throw naming(error, after: reader)
         }
     }
 

@@ -76,6 +76,23 @@ struct NamingTests {
 
 @Suite("Message coding")
 struct MessageCodingTests {
+    @Test("an error about a message carries the message's request or target, whichever it has")
+    func errorsNameTheirMessage() {
+        do {
+            _ = try Wire.decode(ClientMessage.self, from: Array(#"{"type":"write","request":"r9","ops":[]}"#.utf8))
+            Issue.record("accepted a write without ops")
+        } catch {
+            #expect(error.request == "r9" && error.target == nil, "\(error)")
+        }
+        let snapshot = #"{"type":"snapshot","target":"t9","changes":[{"kind":"x"}],"resumeToken":"e"}"#
+        do {
+            _ = try Wire.decode(ServerMessage.self, from: Array(snapshot.utf8))
+            Issue.record("accepted a change of an unknown kind")
+        } catch {
+            #expect(error.target == "t9" && error.request == nil, "\(error)")
+        }
+    }
+
     @Test("every client message round-trips through JSON")
     func clientRoundTrip() throws {
         let accounts = try CollectionPath("accounts")
