@@ -47,7 +47,8 @@ let package = Package(
         //   TandemWire       the wire protocol: messages, JSON, resume tokens; no I/O
         //   TandemSocket     the libwebsockets transport (client and server)
         //   TandemClient     the protocol client: connection, requests, listens; no GRDB
-        //   TandemSQLite     values bound straight to GRDB statements, for per-document paths
+        //   TandemSQLite     values bound straight to GRDB statements, for per-document paths;
+        //                    SQLite's process-wide settings (through CTandemSQLite)
         //   Tandem           the client sync library (GRDB), on TandemClient
         //   TandemServer     the companion server (SQLite or PostgreSQL)
         //   TandemScenarios  what the command runs besides serving: demo, soak, bench
@@ -66,7 +67,10 @@ let package = Package(
             name: "TandemClient",
             dependencies: ["TandemWire", .product(name: "Logging", package: "swift-log")] + clientTransport
         ),
-        .target(name: "TandemSQLite", dependencies: [.product(name: "GRDB", package: "GRDB.swift")]),
+        // One C function: sqlite3_config is variadic, which Swift cannot call.
+        .target(name: "CTandemSQLite", linkerSettings: [.linkedLibrary("sqlite3")]),
+        .target(
+            name: "TandemSQLite", dependencies: ["CTandemSQLite", .product(name: "GRDB", package: "GRDB.swift")]),
         .target(
             name: "Tandem",
             dependencies: [
@@ -115,6 +119,7 @@ let package = Package(
                 "TandemScenarios",
                 "TandemServer",
                 "TandemSocket",
+                "TandemSQLite",
                 "TandemWire",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),

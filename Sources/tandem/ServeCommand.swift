@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import Logging
 import TandemServer
+import TandemSQLite
 import TandemWire
 
 struct ServeCommand: AsyncParsableCommand {
@@ -251,7 +252,13 @@ struct ServeCommand: AsyncParsableCommand {
             throw CLIError(error.description)
         }
         emit("listening on \(server.url)")
-        emit("store: \(configuration.storage)")
+        if case .postgres = configuration.storage {
+            emit("store: \(configuration.storage)")
+        } else {
+            // Read from SQLite itself, not from what `main` asked for.
+            let statistics = SQLiteProcess.keepsMemoryStatistics ? "on" : "off"
+            emit("store: \(configuration.storage), SQLite memory statistics \(statistics)")
+        }
         if let importFile {
             do {
                 let bytes = try [UInt8](Data(contentsOf: URL(fileURLWithPath: importFile)))

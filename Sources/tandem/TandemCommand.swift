@@ -1,6 +1,16 @@
 import ArgumentParser
+import TandemSQLite
 
 @main
+enum Main {
+    static func main() async {
+        // First thing, before any command opens a database: SQLite reads its process-wide
+        // settings once.
+        SQLiteProcess.disableMemoryStatistics()
+        await TandemCommand.main()
+    }
+}
+
 struct TandemCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "tandem",

@@ -45,6 +45,17 @@ func runTandem(
 
 @Suite("The tandem command")
 struct CommandLineTests {
+    @Test("tandem serve runs with SQLite's memory statistics off, as SQLite itself reports")
+    func sqliteMemoryStatisticsOff() async throws {
+        let folder = try TemporaryDirectory()
+        let server = try await ServerProcess(dataDirectory: folder.url)
+        defer { server.send(SIGTERM) }
+        func storeLine() -> String? { server.standardOutputLines.first { $0.hasPrefix("store: ") } }
+        try await waitUntil("tandem serve names its store") { storeLine() != nil }
+        let line = try #require(storeLine())
+        #expect(line.hasSuffix(", SQLite memory statistics off"), "\(line)")
+    }
+
     @Test("put, get, delete and watch work against tandem serve")
     func roundTrip() async throws {
         let folder = try TemporaryDirectory()

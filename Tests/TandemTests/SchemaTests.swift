@@ -29,6 +29,15 @@ struct SchemaTests {
         }
     }
 
+    @Test("SQLite's memory statistics cannot be turned off once a database is open, and say so")
+    func memoryStatisticsAfterOpening() throws {
+        let database = try DatabaseQueue()
+        try database.write { db in try db.execute(sql: "CREATE TABLE t (x)") }
+        #expect(!SQLiteProcess.disableMemoryStatistics())
+        // This test process never turned them off: SQLite counts.
+        #expect(SQLiteProcess.keepsMemoryStatistics)
+    }
+
     @Test("Tandem adds its sync columns, a unique serverId index, and its metadata tables")
     func columns() throws {
         let (database, _) = try prepared()

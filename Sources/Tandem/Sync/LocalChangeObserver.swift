@@ -24,14 +24,18 @@ final class LocalChangeObserver: TransactionObserver, @unchecked Sendable {
         onCommit.withLock { $0 = action }
     }
 
+    /// GRDB asks before each statement. Tandem's own statements are not observed at all: GRDB
+    /// then prepares no per-statement observation and reports none of their rows (on the
+    /// apply's path, 3 % of the CPU of the throughput benchmark went there).
     func observes(eventsOfKind eventKind: DatabaseEventKind) -> Bool {
-        tables.contains(eventKind.tableName)
+        !isTandemWriting && tables.contains(eventKind.tableName)
     }
 
     func databaseDidChange(with event: DatabaseEvent) {
-        guard !isTandemWriting else { return }
         changed = true
         if parents.contains(event.tableName) { parentsChanged = true }
+        // Nothing more to learn from this transaction's other rows.
+        if parentsChanged || parents.isEmpty { stopObservingDatabaseChangesUntilNextTransaction() }
     }
 
     func databaseDidCommit(_ db: Database) {

@@ -21,9 +21,10 @@ public final class ServerProcess: @unchecked Sendable {
     private var currentURL = ""
     private var process: ChildProcess?
     private var errorLines: [String] = []
+    private var outputLines: [String] = []
     private let lock = NSLock()
-    /// The most lines of standard error kept.
-    private static let keptErrorLines = 10_000
+    /// The most lines kept of standard error, and of standard output.
+    private static let keptLines = 10_000
 
     /// Starts `tandem serve --port 0 --data DIR` with `options` (`--tokens FILE`, …) and
     /// waits for its `listening on` line.
@@ -132,7 +133,7 @@ public final class ServerProcess: @unchecked Sendable {
         process.standardOutput = output
         process.standardError = errors
         try process.run()
-        readLines(of: errors.fileHandleForReading) { [weak self] line in self?.keep(line) }
+        readLines(of: errors.fileHandleForReading) { [weak self] line in self?.keep(line, in: \.errorLines) }
         let line: String
         do {
             let handle = output.fileHandleForReading
@@ -150,24 +151,28 @@ public final class ServerProcess: @unchecked Sendable {
             throw ServerProcessError("unexpected first line from tandem \(arguments.first ?? ""): \(line)")
         }
         // Keep draining stdout so the child never blocks on a full pipe.
-        let handle = output.fileHandleForReading
-        Thread.detachNewThread { _ = try? handle.readToEnd() }
+        readLines(of: output.fileHandleForReading) { [weak self] line in self?.keep(line, in: \.outputLines) }
         lock.withLock {
             self.process = process
             self.currentURL = String(url)
         }
     }
 
-    private func keep(_ line: String) {
+    private func keep(_ line: String, in lines: ReferenceWritableKeyPath<ServerProcess, [String]>) {
         lock.withLock {
-            errorLines.append(line)
-            if errorLines.count > Self.keptErrorLines { errorLines.removeFirst(errorLines.count - Self.keptErrorLines) }
+            self[keyPath: lines].append(line)
+            let excess = self[keyPath: lines].count - Self.keptLines
+            if excess > 0 { self[keyPath: lines].removeFirst(excess) }
         }
     }
 
     /// What the process (and the ones before it, across restarts) wrote to standard error,
     /// the last 10,000 lines.
     public var standardErrorLines: [String] { lock.withLock { errorLines } }
+
+    /// What the process (and the ones before it) printed after its `listening on` line, the
+    /// last 10,000 lines.
+    public var standardOutputLines: [String] { lock.withLock { outputLines } }
 
     /// The running process's id (0 when it is not running).
     public var processIdentifier: Int32 { lock.withLock { process?.processIdentifier ?? 0 } }
