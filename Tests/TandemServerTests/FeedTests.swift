@@ -332,6 +332,44 @@ struct ExcludeOwnWritesTests {
         #expect(resumed.summary == ["added \(a.id) v3"])
     }
 
+    @Test(
+        "excludeOwnWrites leaves out the writer's delete, its create and delete of one document in one write, and a write delivered in two pages"
+    )
+    func ownDeletesAndLongWritesLeftOut() async throws {
+        // Pages of two rows: a write of three documents is one commit delivered in two pages.
+        let server = try await TestServer { $0.snapshotPageSize = 2 }
+        let writer = try await connect(server, as: "writer")
+        let own = Feed()
+        writer.listen(to: try path("notes"), excludingOwnWrites: true, handler: own.handler)
+        let other = try await connect(server, as: "other")
+        let theirs = Feed()
+        other.listen(to: try path("notes"), handler: theirs.handler)
+        try await waitUntil("both current") { own.isCurrent && theirs.isCurrent }
+
+        let notes = try path("notes")
+        let three = try await writer.write(
+            (0..<3).map { n in .create(in: notes, fields: ["n": .int(Int64(n))], idempotencyKey: key()) })
+        guard case .ack(let created) = three else { throw TestFailure("the three creates were refused: \(three)") }
+        _ = try await writer.delete("notes", created[0].id, base: 1)
+        let brief = DocumentID.random()
+        let both = try await writer.write([
+            .create(in: notes, id: brief, fields: ["t": "brief"], idempotencyKey: key()),
+            .delete(in: notes, id: brief, baseVersion: nil, idempotencyKey: key()),
+        ])
+        guard case .ack = both else { throw TestFailure("the create and delete were refused: \(both)") }
+        // The other connection's write comes after all of them: once it reaches the writer,
+        // everything before it has been delivered.
+        let marker = try await other.create("notes", ["t": "marker"])
+        try await waitUntil("the other's write reaches the writer") {
+            own.changes.contains { $0.document.id == marker.id }
+        }
+        #expect(own.summary == ["added \(marker.id) v1"], "none of its own writes")
+        try await waitUntil("the other heard them all") { theirs.changes.contains { $0.document.id == marker.id } }
+        #expect(theirs.summary.contains("added \(created[2].id) v1"), "the second page's row")
+        #expect(theirs.summary.contains("deleted \(created[0].id) v2"))
+        #expect(own.lastToken == theirs.lastToken)
+    }
+
     /// The writer's own write and a later one, by a connection that does not leave out its own
     /// writes, committed together: the page holds the later state, which the writer's ack did
     /// not tell it, so it reaches the writer.
