@@ -69,6 +69,8 @@ let package = Package(
         ),
         // One C function: sqlite3_config is variadic, which Swift cannot call.
         .target(name: "CTandemSQLite", linkerSettings: [.linkedLibrary("sqlite3")]),
+        // Linux's epoll for the bench's listener swarm (Swift's Glibc module leaves it out).
+        .target(name: "CEpoll"),
         .target(
             name: "TandemSQLite", dependencies: ["CTandemSQLite", .product(name: "GRDB", package: "GRDB.swift")]),
         .target(
@@ -99,6 +101,7 @@ let package = Package(
             name: "TandemScenarios",
             dependencies: [
                 "Tandem", "TandemClient", "TandemServer", "TandemSocket", "TandemWire", "CLibPQ",
+                .target(name: "CEpoll", condition: .when(platforms: [.linux])),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),

@@ -96,7 +96,8 @@ extension Bench {
         let process = try await ServerProcess(dataDirectory: folder.url, executable: Executable.current)
         defer { process.send(SIGTERM) }
         let latencies = try await fanoutLatencies(
-            url: process.url, listeners: listeners, writes: writes, scenario: "fanout-10k", progress: progress)
+            url: process.url, listeners: listeners, writes: writes, scenario: "fanout-10k", swarm: true,
+            progress: progress)
         // Its 10,000 connections gone before the floor is measured on the same cores.
         await process.kill(SIGTERM)
         let p99 = latencies.milliseconds(at: 99)
@@ -116,8 +117,13 @@ extension Bench {
 
     /// Opens `listeners` connections listening on one collection, then writes one document at
     /// a time; for each, the time from sending the write until the last listener has it.
+    ///
+    /// The listeners are Tandem's `ServerConnection`s, or with `swarm` raw connections on one
+    /// `epoll` loop (``ListenerSwarm``), for counts at which one process's client machinery,
+    /// sharing the cores with the server, would be what is measured.
     static func fanoutLatencies(
-        url: String, listeners: Int, writes: Int, scenario: String, progress: @escaping Progress
+        url: String, listeners: Int, writes: Int, scenario: String, swarm: Bool = false,
+        progress: @escaping Progress
     ) async throws -> Latencies {
         let items = try CollectionPath("items")
         /// Arrivals per document, in shards by listener: thousands of listeners' queues
@@ -154,8 +160,25 @@ extension Bench {
         let tally = Tally()
         var connections: [ServerConnection] = []
         defer { for connection in connections { connection.close() } }
-        // Connected a hundred at a time: one by one, 10,000 handshakes take long.
-        for first in stride(from: 0, to: listeners, by: 100) {
+        #if canImport(Glibc)
+            var listenerSwarm: ListenerSwarm?
+            defer { listenerSwarm?.stop() }
+            if swarm {
+                let opened = try await onOwnThread {
+                    try ListenerSwarm(
+                        url: url, count: listeners, collection: items,
+                        progress: { progress("\(scenario): \($0)/\(listeners) listeners connected") },
+                        arrival: { listener, id, now in tally.record(id, by: listener, at: now) })
+                }
+                listenerSwarm = opened
+                try await poll("every listener is current") {
+                    if let error = opened.error { throw ScenarioError(error) }
+                    return opened.current >= listeners
+                }
+            }
+        #endif
+        for first in stride(from: 0, to: swarm ? 0 : listeners, by: 100) {
+            // Connected a hundred at a time: one by one, 10,000 handshakes take long.
             let opened = try await withThrowingTaskGroup(of: ServerConnection.self) { group in
                 for index in first..<min(listeners, first + 100) {
                     group.addTask {
@@ -180,7 +203,9 @@ extension Bench {
             connections += opened
             progress("\(scenario): \(connections.count)/\(listeners) listeners connected")
         }
-        try await poll("every listener is current") { tally.current.load(ordering: .relaxed) >= listeners }
+        if !swarm {
+            try await poll("every listener is current") { tally.current.load(ordering: .relaxed) >= listeners }
+        }
         let writer = try await ServerConnection.connect(to: url, clientId: "writer")
         defer { writer.close() }
         // The writes go from a thread of their own, which sleeps until the last arrival wakes

@@ -1,0 +1,251 @@
+import Foundation
+import TandemClient
+import TandemWire
+
+#if canImport(Glibc)
+    import CEpoll
+    import Glibc
+
+    /// Thousands of listener connections on one `epoll` loop: the bench's stand-in for 10,000
+    /// devices, each on its own machine in real use.
+    ///
+    /// Each connection speaks the protocol from its first byte: the HTTP upgrade, `hello`, then
+    /// `listen` on one collection. Every frame that arrives is decoded with Tandem's own decoder
+    /// (`Wire.decode`) before its changes count as arrived. What the swarm leaves out is the
+    /// machinery of one client per process: libwebsockets' `poll(2)` over every socket (a third
+    /// of the harness's CPU with 10,000 `ServerConnection`s, the kernel scanning all 10,000 for
+    /// each wake-up) and a hand-over to another thread per message. Sharing two cores with the
+    /// server it measures, that harness, not the server, was the last link of the chain.
+    final class ListenerSwarm: @unchecked Sendable {
+        /// Called on the swarm's thread for each change that arrives live: the listener's
+        /// index, the document's id, and when its frame was decoded.
+        typealias Arrival = @Sendable (_ listener: Int, _ id: String, _ at: ContinuousClock.Instant) -> Void
+
+        private let poller: Int32
+        private var sockets: [Int32] = []
+        /// Bytes read and not yet a whole frame, and the fragments of a message not yet whole,
+        /// per listener. Touched only on the swarm's thread once it runs.
+        private var pending: [[UInt8]] = []
+        private var fragments: [[UInt8]] = []
+        private var currentCount = 0
+        private let state = NSLock()
+        private var failure: String?
+        private var stopping = false
+        private let stopped = DispatchSemaphore(value: 0)
+        private let arrival: Arrival
+
+        /// Connects `count` listeners to `url` (`ws://host:port`), each listening to
+        /// `collection`, reporting progress every 1,000.
+        init(
+            url: String, count: Int, collection: CollectionPath, progress: (Int) -> Void,
+            arrival: @escaping Arrival
+        ) throws {
+            guard let parsed = URL(string: url), let host = parsed.host, let port = parsed.port else {
+                throw ScenarioError("the swarm needs a ws://host:port URL, not \(url)")
+            }
+            poller = epoll_create1(Int32(EPOLL_CLOEXEC))
+            guard poller >= 0 else { throw ScenarioError("epoll_create1 failed: errno \(errno)") }
+            self.arrival = arrival
+            do {
+                for index in 0..<count {
+                    sockets.append(try Self.open(host: host, port: port, index: index, collection: collection))
+                    pending.append([])
+                    fragments.append([])
+                    var event = epoll_event(events: EPOLLIN.rawValue, data: epoll_data_t(u64: UInt64(index)))
+                    guard epoll_ctl(poller, EPOLL_CTL_ADD, sockets[index], &event) == 0 else {
+                        throw ScenarioError("epoll_ctl failed for listener \(index): errno \(errno)")
+                    }
+                    if (index + 1) % 1000 == 0 { progress(index + 1) }
+                }
+            } catch {
+                for socket in sockets { close(socket) }
+                close(poller)
+                throw error
+            }
+            Thread.detachNewThread { [self] in run() }
+        }
+
+        deinit {
+            for socket in sockets { close(socket) }
+            close(poller)
+        }
+
+        /// How many listeners have their whole initial snapshot.
+        var current: Int { state.withLock { currentCount } }
+
+        /// What went wrong on a connection, if anything did.
+        var error: String? { state.withLock { failure } }
+
+        /// Ends the loop and waits for it, then closes every connection.
+        func stop() {
+            state.withLock { stopping = true }
+            stopped.wait()
+        }
+
+        /// A blocking connect, the upgrade, `hello` and `listen`; then the socket is left
+        /// non-blocking for the loop.
+        private static func open(host: String, port: Int, index: Int, collection: CollectionPath) throws -> Int32 {
+            let fd = try PlainSocket.connect(host: host, port: port)
+            PlainSocket.resetOnClose(fd)
+            do {
+                let request =
+                    "GET / HTTP/1.1\r\nHost: \(host):\(port)\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                    + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+                try PlainSocket.sendAll(fd, Array(request.utf8))
+                // The server says nothing after its 101 until the hello: what arrives before
+                // then is the head alone.
+                var head: [UInt8] = []
+                var chunk = [UInt8](repeating: 0, count: 1024)
+                while !head.suffix(4).elementsEqual([13, 10, 13, 10]) {
+                    guard PlainSocket.wait(fd, for: Int16(POLLIN), until: .now + .seconds(60)) else {
+                        throw ScenarioError("listener \(index): no answer to the upgrade within 60 s")
+                    }
+                    let count = try PlainSocket.receive(fd, into: &chunk)
+                    guard count > 0 else {
+                        throw ScenarioError("listener \(index): the server closed the connection during the upgrade")
+                    }
+                    head += chunk[0..<count]
+                }
+                guard head.starts(with: Array("HTTP/1.1 101".utf8)) else {
+                    throw ScenarioError("listener \(index): upgrade refused: \(String(decoding: head, as: UTF8.self))")
+                }
+                let hello = ClientMessage.hello(.init(clientId: try ClientName("listener-\(index)")))
+                let listen = ClientMessage.listen(.init(target: "items", collection: collection))
+                try PlainSocket.sendAll(fd, frame(.text, Wire.encode(hello)) + frame(.text, Wire.encode(listen)))
+                _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+                return fd
+            } catch {
+                close(fd)
+                throw error
+            }
+        }
+
+        private enum Opcode: UInt8 { case continuation = 0, text = 1, close = 8, ping = 9, pong = 10 }
+
+        /// A client's frame: masked, as RFC 6455 requires.
+        private static func frame(_ opcode: Opcode, _ payload: [UInt8]) -> [UInt8] {
+            var frame: [UInt8] = [0x80 | opcode.rawValue]
+            if payload.count < 126 {
+                frame.append(0x80 | UInt8(payload.count))
+            } else if payload.count <= 0xFFFF {
+                frame += [0x80 | 126, UInt8(payload.count >> 8), UInt8(payload.count & 0xFF)]
+            } else {
+                frame.append(0x80 | 127)
+                for shift in stride(from: 56, through: 0, by: -8) {
+                    frame.append(UInt8((payload.count >> shift) & 0xFF))
+                }
+            }
+            let mask: [UInt8] = [0x5A, 0x17, 0xC3, 0x08]
+            frame += mask
+            for (offset, byte) in payload.enumerated() { frame.append(byte ^ mask[offset & 3]) }
+            return frame
+        }
+
+        /// Writes all of `bytes` to a non-blocking socket, waiting while its buffer is full.
+        private static func send(_ bytes: [UInt8], on fd: Int32) throws {
+            var sent = 0
+            while sent < bytes.count {
+                let count = bytes[sent...].withUnsafeBytes {
+                    Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL))
+                }
+                if count > 0 {
+                    sent += count
+                } else if count < 0 && (errno == EAGAIN || errno == EINTR) {
+                    _ = PlainSocket.wait(fd, for: Int16(POLLOUT), until: .now + .seconds(10))
+                } else {
+                    throw ScenarioError("send failed: errno \(errno)")
+                }
+            }
+        }
+
+        private func run() {
+            var events = [epoll_event](repeating: epoll_event(), count: 1024)
+            var buffer = [UInt8](repeating: 0, count: 64 << 10)
+            while !state.withLock({ stopping }) {
+                let ready = epoll_wait(poller, &events, Int32(events.count), 50)
+                guard ready > 0 else { continue }
+                let now = ContinuousClock.now
+                for event in events[0..<Int(ready)] {
+                    let index = Int(event.data.u64)
+                    do {
+                        try read(index, using: &buffer, at: now)
+                    } catch {
+                        fail("listener \(index): \(error)")
+                        _ = epoll_ctl(poller, EPOLL_CTL_DEL, sockets[index], nil)
+                    }
+                }
+            }
+            stopped.signal()
+        }
+
+        private func fail(_ message: String) { state.withLock { if failure == nil { failure = message } } }
+
+        /// Reads what the socket has and handles each whole frame in it.
+        private func read(_ index: Int, using buffer: inout [UInt8], at now: ContinuousClock.Instant) throws {
+            while true {
+                let count = buffer.withUnsafeMutableBytes { recv(sockets[index], $0.baseAddress, $0.count, 0) }
+                if count == 0 { throw ScenarioError("the server closed the connection") }
+                if count < 0 {
+                    if errno == EINTR { continue }
+                    if errno == EAGAIN { break }
+                    throw ScenarioError("recv failed: errno \(errno)")
+                }
+                pending[index] += buffer[0..<count]
+                if count < buffer.count { break }
+            }
+            var start = 0
+            let bytes = pending[index]
+            while let (header, length) = Self.frameHeader(bytes[start...]), bytes.count - start >= header + length {
+                let opcode = bytes[start] & 0x0F
+                let fin = bytes[start] & 0x80 != 0
+                let payload = bytes[(start + header)..<(start + header + length)]
+                start += header + length
+                switch Opcode(rawValue: opcode) {
+                case .text, .continuation:
+                    fragments[index] += payload
+                    if fin {
+                        try handle(fragments[index], from: index, at: now)
+                        fragments[index].removeAll(keepingCapacity: true)
+                    }
+                case .ping: try Self.send(Self.frame(.pong, Array(payload)), on: sockets[index])
+                case .close:
+                    throw ScenarioError(
+                        "the server sent close: \(String(decoding: payload.dropFirst(2), as: UTF8.self))")
+                default: throw ScenarioError("unexpected frame opcode \(opcode)")
+                }
+            }
+            pending[index].removeFirst(start)
+        }
+
+        /// The header's size and the payload's length of the frame at the start of `bytes`, once
+        /// the header is whole. Server frames are not masked.
+        private static func frameHeader(_ bytes: ArraySlice<UInt8>) -> (header: Int, length: Int)? {
+            guard bytes.count >= 2 else { return nil }
+            let first = bytes.startIndex
+            let short = Int(bytes[first + 1] & 0x7F)
+            switch short {
+            case 126:
+                guard bytes.count >= 4 else { return nil }
+                return (4, Int(bytes[first + 2]) << 8 | Int(bytes[first + 3]))
+            case 127:
+                guard bytes.count >= 10 else { return nil }
+                return (10, (2..<10).reduce(0) { $0 << 8 | Int(bytes[first + $1]) })
+            default:
+                return (2, short)
+            }
+        }
+
+        private func handle(_ message: [UInt8], from index: Int, at now: ContinuousClock.Instant) throws {
+            switch try Wire.decode(ServerMessage.self, from: message) {
+            case .snapshot(let snapshot) where snapshot.initial:
+                if !snapshot.hasMore { state.withLock { currentCount += 1 } }
+            case .snapshot(let snapshot):
+                for change in snapshot.changes { arrival(index, change.document.id.rawValue, now) }
+            case .welcome:
+                break
+            case let other:
+                throw ScenarioError("unexpected message: \(other)")
+            }
+        }
+    }
+#endif
