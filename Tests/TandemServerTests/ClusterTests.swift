@@ -237,6 +237,36 @@ struct ClusterTests {
         }
     }
 
+    @Test(
+        "excludeOwnWrites across nodes: the writer's node leaves out its writes for it; another node's listener, and a write through another node, reach it"
+    )
+    func ownWritesLeftOutAcrossNodes() async throws {
+        let nodes = try await Nodes.start(2)
+        let writer = try await connect(nodes[0], as: "writer")
+        let own = Feed()
+        writer.listen(to: try path("shared"), excludingOwnWrites: true, handler: own.handler)
+        let reader = try await connect(nodes[1], as: "reader")
+        let theirs = Feed()
+        reader.listen(to: try path("shared"), excludingOwnWrites: true, handler: theirs.handler)
+        try await waitUntil("both current") { own.isCurrent && theirs.isCurrent }
+
+        let note = try await writer.create("shared", ["t": "a"])
+        _ = try await writer.update("shared", note.id, ["t": "a2"], base: 1)
+        // Node B may read both commits in one round: then the document comes once, at v2.
+        try await waitUntil("node B's listener has the writer's update") {
+            theirs.changes.last?.document.version == 2
+        }
+        // The reader's update, through node B, reaches the writer on node A.
+        _ = try await reader.update("shared", note.id, ["t": "b"], base: 2)
+        try await waitUntil("the reader's update reaches the writer") { !own.changes.isEmpty }
+        #expect(own.summary == ["modified \(note.id) v3"], "none of its own writes")
+        #expect(own.changes.last?.document.fields == ["t": "b"])
+        #expect(
+            own.snapshots.dropFirst().filter { !$0.changes.isEmpty }.count == 1, "its own writes as tokens alone")
+        try await waitUntil("both listeners end at the same token") { own.lastToken == theirs.lastToken }
+        #expect(!theirs.summary.contains("modified \(note.id) v3"), "nor the reader's own write, on node B")
+    }
+
     @Test("devices on different nodes converge, each through its own node")
     func devicesOnDifferentNodes() async throws {
         let nodes = try await Nodes.start(3)
