@@ -33,6 +33,13 @@ final class ServiceLoop: @unchecked Sendable {
 
     /// Service thread only: every connection libwebsockets knows, kept alive until `WSI_DESTROY`.
     private var registry: [ObjectIdentifier: WebSocketConnection] = [:]
+    /// The keepalive's one timer for all the loop's connections (see ``sweepKeepAlive()``):
+    /// libwebsockets' timer entry, followed by this loop's address, which its callback reads.
+    private let sweepTimer: UnsafeMutableRawPointer
+    /// When the sweep is due, if it is scheduled (service thread).
+    private var sweepAt: ContinuousClock.Instant?
+    /// The context, for the sweep's scheduling (service thread, while it services).
+    private var serviceContext: OpaquePointer?
     /// Service thread only: HTTP requests under way, by their `wsi`.
     private var exchanges: [OpaquePointer: HTTPExchange] = [:]
 
@@ -81,6 +88,9 @@ final class ServiceLoop: @unchecked Sendable {
         idlePolicy.initialize(to: lws_retry_bo_t())
         idlePolicy.pointee.secs_since_valid_ping = 0
         idlePolicy.pointee.secs_since_valid_hangup = 0
+        let timerSize = MemoryLayout<lws_sorted_usec_list_t>.stride
+        sweepTimer = .allocate(byteCount: timerSize + MemoryLayout<UnsafeRawPointer>.size, alignment: 16)
+        sweepTimer.initializeMemory(as: UInt8.self, repeating: 0, count: timerSize)
 
         var info = lws_context_creation_info()
         info.protocols = UnsafePointer(protocols)
@@ -166,6 +176,7 @@ final class ServiceLoop: @unchecked Sendable {
 
     deinit {
         Self.release(protocols: protocols, name: protocolName, policy: idlePolicy)
+        sweepTimer.deallocate()
     }
 
     private static func release(
@@ -268,6 +279,10 @@ final class ServiceLoop: @unchecked Sendable {
 
     private func run() {
         guard let context = pending.withLock({ $0.context })?.pointer else { return }
+        serviceContext = context
+        sweepTimer.storeBytes(
+            of: UnsafeRawPointer(Unmanaged.passUnretained(self).toOpaque()),
+            toByteOffset: MemoryLayout<lws_sorted_usec_list_t>.stride, as: UnsafeRawPointer.self)
         while !pending.withLock({ $0.stopping }) {
             // lws 4.x ignores the timeout argument; the loop wakes on socket events, its own
             // timers and lws_cancel_service.
@@ -275,6 +290,8 @@ final class ServiceLoop: @unchecked Sendable {
         }
         closeAllGracefully(context)
         pending.withLock { $0.context = nil }
+        lws_sul_cancel(sweepTimer.assumingMemoryBound(to: lws_sorted_usec_list_t.self))
+        serviceContext = nil
         lws_context_destroy(context)
         let stranded = pending.withLock { p -> [WebSocketConnection] in
             defer { p.attention = [] }
@@ -337,7 +354,7 @@ final class ServiceLoop: @unchecked Sendable {
             return connection(of: wsi)?.writable() ?? -1
 
         case LWS_CALLBACK_TIMER:
-            return connection(of: wsi)?.keepAlive(wsi) ?? 0
+            return connection(of: wsi)?.closeIdle(wsi) ?? 0
 
         case LWS_CALLBACK_RECEIVE_PONG, LWS_CALLBACK_CLIENT_RECEIVE_PONG:
             connection(of: wsi)?.heardFrom()
@@ -402,6 +419,57 @@ final class ServiceLoop: @unchecked Sendable {
         if connection.wsi != nil { openConnections.subtract(1, ordering: .relaxed) }
         registry[ObjectIdentifier(connection)] = nil
         connection.didClose(failure: failure)
+    }
+
+    // MARK: - Keepalive
+
+    /// A connection's keepalive is due at `instant` (service thread): the sweep runs by then.
+    func keepAliveDue(at instant: ContinuousClock.Instant) {
+        if let sweepAt, sweepAt <= instant { return }
+        scheduleSweep(at: instant)
+    }
+
+    private func scheduleSweep(at instant: ContinuousClock.Instant) {
+        guard let serviceContext else { return }
+        sweepAt = instant
+        let delay = max(instant - .now, .microseconds(1))
+        lws_sul_schedule(
+            serviceContext, 0, sweepTimer.assumingMemoryBound(to: lws_sorted_usec_list_t.self),
+            { timer in
+                guard let timer else { return }
+                let loop = UnsafeRawPointer(timer).load(
+                    fromByteOffset: MemoryLayout<lws_sorted_usec_list_t>.stride, as: UnsafeRawPointer.self)
+                Unmanaged<ServiceLoop>.fromOpaque(loop).takeUnretainedValue().sweepKeepAlive()
+            }, Self.microseconds(delay))
+    }
+
+    /// The keepalive of every connection whose time has come, through one timer for the whole
+    /// loop (service thread).
+    ///
+    /// A timer per connection (`lws_set_timer_usecs`) goes into libwebsockets' one sorted
+    /// list, and each insertion walks the list to its place: with 10,000 connections opened
+    /// together, their timers fell due together, and re-arming them walked 10,000 entries
+    /// each (`lws_dll2_add_sorted` was half the server's CPU during those fan-outs, and a
+    /// quarter while the connections opened). The sweep looks at each connection's
+    /// ``WebSocketConnection/nextKeepAlive`` instead, at most every 100 ms.
+    func sweepKeepAlive() {
+        sweepAt = nil
+        let now = ContinuousClock.now
+        var earliest: ContinuousClock.Instant?
+        for connection in registry.values {
+            guard let wsi = connection.wsi else { continue }
+            if connection.nextKeepAlive <= now && connection.keepAlive(wsi, now: now) {
+                // Closed from its own timer's callback, the one place libwebsockets allows it.
+                lws_set_timer_usecs(wsi, 1)
+                continue
+            }
+            earliest = min(earliest ?? connection.nextKeepAlive, connection.nextKeepAlive)
+        }
+        if let earliest { scheduleSweep(at: max(earliest, now + .milliseconds(100))) }
+    }
+
+    static func microseconds(_ duration: Duration) -> lws_usec_t {
+        lws_usec_t(duration.components.seconds * 1_000_000 + duration.components.attoseconds / 1_000_000_000_000)
     }
 
     private func register(_ connection: WebSocketConnection, _ wsi: OpaquePointer) {

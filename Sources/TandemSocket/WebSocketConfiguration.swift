@@ -24,8 +24,9 @@ public struct WebSocketConfiguration: Sendable {
 
     /// Seconds without traffic from the peer after which a ping is sent. Default: 20.
     ///
-    /// libwebsockets' idle policy (`lws_retry_bo_t.secs_since_valid_ping`) sends the ping;
-    /// any valid frame from the peer counts as traffic.
+    /// Tandem's keepalive sends the ping (`WebSocketConnection.keepAlive`, from the loop's
+    /// sweep, to a tenth of a second); anything from the peer counts as traffic, as do its
+    /// acknowledgements of what this side sends.
     public var pingInterval: UInt16 = 20
 
     /// Seconds without traffic from the peer after which the connection is dropped. Default: 45.

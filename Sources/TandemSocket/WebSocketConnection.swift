@@ -55,8 +55,11 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     /// A keepalive ping is to be written at the next writable callback.
     nonisolated(unsafe) private var pingWanted = false
     nonisolated(unsafe) private var lastPing = ContinuousClock.now
-    /// The peer's TCP acknowledgements at the last keepalive tick (see ``keepAlive(_:)``).
+    /// The peer's TCP acknowledgements at the last keepalive tick (see ``keepAlive(_:now:)``).
     nonisolated(unsafe) private var bytesAcknowledged: UInt64 = 0
+    /// When the keepalive looks at this connection next: the loop's sweep
+    /// (``ServiceLoop/sweepKeepAlive()``) takes every connection whose time has come.
+    nonisolated(unsafe) private(set) var nextKeepAlive = ContinuousClock.now
 
     private struct SharedState {
         var phase: Phase = .connecting
@@ -296,7 +299,8 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         self.wsi = wsi
         lastReceive = ContinuousClock.now
         bytesAcknowledged = UInt64(tandem_tcp_bytes_acked(lws_get_socket_fd(wsi)))
-        lws_set_timer_usecs(wsi, Self.microseconds(pingInterval))
+        nextKeepAlive = lastReceive + pingInterval
+        loop.keepAliveDue(at: nextKeepAlive)
         let (flow, wantsWrite) = state.withLock { s -> (Bool?, Bool) in
             if s.phase == .connecting { s.phase = .open }
             return (Self.takeFlowChange(&s), !s.outbound.isEmpty || s.closeRequest != nil)
@@ -467,7 +471,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         lastReceive = ContinuousClock.now
     }
 
-    /// The connection's timer (service thread): the keepalive.
+    /// The keepalive's look at the connection (service thread, from the loop's sweep).
     ///
     /// After ``WebSocketConfiguration/pingInterval`` without hearing from the peer, a ping;
     /// after ``WebSocketConfiguration/idleTimeout``, a close with 1001. Anything received
@@ -480,21 +484,19 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     /// only behind megabytes of it, and answer it late. A peer that stopped reading takes
     /// nothing once its window is full; that one is a slow consumer, closed with 1008.
     ///
-    /// - Returns: -1 to close.
-    func keepAlive(_ wsi: OpaquePointer) -> Int32 {
-        guard !closeHanded else { return 0 }
-        let now = ContinuousClock.now
+    /// - Returns: Whether the connection must close (its idle timeout passed). libwebsockets
+    ///   closes a connection only from one of its callbacks, so the loop then fires the
+    ///   connection's timer, and ``closeIdle(_:)`` closes it there.
+    func keepAlive(_ wsi: OpaquePointer, now: ContinuousClock.Instant) -> Bool {
+        guard !closeHanded else {
+            nextKeepAlive = now + pingInterval
+            return false
+        }
         let acknowledged = UInt64(tandem_tcp_bytes_acked(lws_get_socket_fd(wsi)))
         if acknowledged > bytesAcknowledged + 256 { lastReceive = now }
         bytesAcknowledged = acknowledged
         let silence = now - lastReceive
-        if silence >= idleTimeout && !Self.hasUnreadData(wsi) {
-            let reason = "idle timeout: nothing received for \(idleTimeout.components.seconds) s"
-            closeCause = WebSocketCloseEvent(code: .goingAway, reason: reason)
-            setCloseReason(wsi, .goingAway, reason)
-            closeHanded = true
-            return -1
-        }
+        if silence >= idleTimeout && !Self.hasUnreadData(wsi) { return true }
         var next = pingInterval
         if silence >= pingInterval {
             if now - lastPing >= pingInterval {
@@ -506,17 +508,32 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         } else {
             next = pingInterval - silence
         }
-        lws_set_timer_usecs(wsi, Self.microseconds(next))
-        return 0
+        nextKeepAlive = now + next
+        return false
+    }
+
+    /// The connection's timer (service thread), which the loop fires once ``keepAlive(_:now:)``
+    /// found the idle timeout passed: the close with 1001, unless the peer spoke meanwhile.
+    ///
+    /// - Returns: -1 to close.
+    func closeIdle(_ wsi: OpaquePointer) -> Int32 {
+        guard !closeHanded else { return 0 }
+        let now = ContinuousClock.now
+        guard now - lastReceive >= idleTimeout && !Self.hasUnreadData(wsi) else {
+            nextKeepAlive = now
+            loop.keepAliveDue(at: now)
+            return 0
+        }
+        let reason = "idle timeout: nothing received for \(idleTimeout.components.seconds) s"
+        closeCause = WebSocketCloseEvent(code: .goingAway, reason: reason)
+        setCloseReason(wsi, .goingAway, reason)
+        closeHanded = true
+        return -1
     }
 
     private static func hasUnreadData(_ wsi: OpaquePointer) -> Bool {
         var byte: UInt8 = 0
         return recv(lws_get_socket_fd(wsi), &byte, 1, Int32(MSG_PEEK | MSG_DONTWAIT)) > 0
-    }
-
-    private static func microseconds(_ duration: Duration) -> lws_usec_t {
-        lws_usec_t(duration.components.seconds * 1_000_000 + duration.components.attoseconds / 1_000_000_000_000)
     }
 
     /// libwebsockets is closing the connection on its own, before it decides whether to send

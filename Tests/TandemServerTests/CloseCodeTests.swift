@@ -105,6 +105,36 @@ struct CloseCodeTests {
         #expect(close.closeReason.hasPrefix("injected fault"), "\(close.closeReason)")
     }
 
+    /// The keepalive of all a loop's connections runs from one sweep, not a timer each: the
+    /// connections opened together fall due together, and each is still pinged, then closed
+    /// from its own callback.
+    @Test("twenty silent clients opened together are each pinged, then each closed with 1001 at the idle timeout")
+    func idleTimeoutOfMany() async throws {
+        let server = try await TestServer { configuration in
+            configuration.pingInterval = 1
+            configuration.idleTimeout = 3
+        }
+        var clients: [RawWebSocket] = []
+        for _ in 0..<20 { clients.append(try await Self.session(server)) }
+        try await withThrowingTaskGroup(of: (pings: Int, close: RawWebSocket.Frame).self) { group in
+            for client in clients {
+                group.addTask {
+                    var pings = 0
+                    while true {
+                        let frame = try await client.readFrame(timeout: .seconds(30))
+                        if frame.opcode == .ping { pings += 1 }
+                        if frame.opcode == .close { return (pings, frame) }
+                    }
+                }
+            }
+            for try await (pings, close) in group {
+                #expect(pings >= 1, "a ping before the close")
+                #expect(close.closeCode == 1001, "\(close.closeReason)")
+                #expect(close.closeReason.hasPrefix("idle timeout"), "\(close.closeReason)")
+            }
+        }
+    }
+
     @Test("a client silent past the idle timeout is closed with 1001; one that only sends data stays")
     func idleTimeout() async throws {
         let server = try await TestServer { configuration in
