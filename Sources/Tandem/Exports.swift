@@ -4,5 +4,5 @@
 import TandemSQLite
 
 /// SQLite's process-wide settings: an app may turn SQLite's memory statistics off before it
-/// opens its first database (README, "Speed").
+/// opens its first database (README, "Benchmarks").
 public typealias SQLiteProcess = TandemSQLite.SQLiteProcess
