@@ -36,6 +36,9 @@ final class ServiceLoop: @unchecked Sendable {
     /// The keepalive's one timer for all the loop's connections (see ``sweepKeepAlive()``):
     /// libwebsockets' timer entry, followed by this loop's address, which its callback reads.
     private let sweepTimer: UnsafeMutableRawPointer
+    private var sweepEntry: UnsafeMutablePointer<lws_sorted_usec_list_t> {
+        sweepTimer.assumingMemoryBound(to: lws_sorted_usec_list_t.self)
+    }
     /// When the sweep is due, if it is scheduled (service thread).
     private var sweepAt: ContinuousClock.Instant?
     /// The context, for the sweep's scheduling (service thread, while it services).
@@ -90,7 +93,7 @@ final class ServiceLoop: @unchecked Sendable {
         idlePolicy.pointee.secs_since_valid_hangup = 0
         let timerSize = MemoryLayout<lws_sorted_usec_list_t>.stride
         sweepTimer = .allocate(byteCount: timerSize + MemoryLayout<UnsafeRawPointer>.size, alignment: 16)
-        sweepTimer.initializeMemory(as: UInt8.self, repeating: 0, count: timerSize)
+        sweepTimer.bindMemory(to: lws_sorted_usec_list_t.self, capacity: 1).initialize(to: lws_sorted_usec_list_t())
 
         var info = lws_context_creation_info()
         info.protocols = UnsafePointer(protocols)
@@ -290,7 +293,7 @@ final class ServiceLoop: @unchecked Sendable {
         }
         closeAllGracefully(context)
         pending.withLock { $0.context = nil }
-        lws_sul_cancel(sweepTimer.assumingMemoryBound(to: lws_sorted_usec_list_t.self))
+        lws_sul_cancel(sweepEntry)
         serviceContext = nil
         lws_context_destroy(context)
         let stranded = pending.withLock { p -> [WebSocketConnection] in
@@ -434,7 +437,7 @@ final class ServiceLoop: @unchecked Sendable {
         sweepAt = instant
         let delay = max(instant - .now, .microseconds(1))
         lws_sul_schedule(
-            serviceContext, 0, sweepTimer.assumingMemoryBound(to: lws_sorted_usec_list_t.self),
+            serviceContext, 0, sweepEntry,
             { timer in
                 guard let timer else { return }
                 let loop = UnsafeRawPointer(timer).load(

@@ -26,7 +26,11 @@ final class LocalChangeObserver: TransactionObserver, @unchecked Sendable {
 
     /// GRDB asks before each statement. Tandem's own statements are not observed at all: GRDB
     /// then prepares no per-statement observation and reports none of their rows (on the
-    /// apply's path, 3 % of the CPU of the throughput benchmark went there).
+    /// apply's path, 3 % of the CPU of the throughput benchmark went there). GRDB also asks
+    /// when it prepares a statement, whether a `DELETE` without `WHERE` may truncate the table
+    /// without reporting its rows, and keeps the answer with the cached statement; Tandem's
+    /// deletes of app rows all have a `WHERE`, so none of its cached statements can carry a
+    /// "no" into an app's transaction.
     func observes(eventsOfKind eventKind: DatabaseEventKind) -> Bool {
         !isTandemWriting && tables.contains(eventKind.tableName)
     }

@@ -160,6 +160,8 @@ extension Bench {
         let tally = Tally()
         var connections: [ServerConnection] = []
         defer { for connection in connections { connection.close() } }
+        // What went wrong on a listener of the swarm, for a write that does not arrive.
+        var listenerFailure: @Sendable () -> String? = { nil }
         #if canImport(Glibc)
             var listenerSwarm: ListenerSwarm?
             defer { listenerSwarm?.stop() }
@@ -171,6 +173,7 @@ extension Bench {
                         arrival: { listener, id, now in tally.record(id, by: listener, at: now) })
                 }
                 listenerSwarm = opened
+                listenerFailure = { opened.error }
                 try await poll("every listener is current") {
                     if let error = opened.error { throw ScenarioError(error) }
                     return opened.current >= listeners
@@ -211,6 +214,7 @@ extension Bench {
         // The writes go from a thread of their own, which sleeps until the last arrival wakes
         // it: a loop polling the tally every 100 µs took CPU from the listeners and the server
         // it measured.
+        let failure = listenerFailure
         return try await onOwnThread {
             var latencies = Latencies()
             for index in 0..<writes {
@@ -222,7 +226,8 @@ extension Bench {
                     throw ScenarioError("the fan-out write was refused")
                 }
                 guard tally.allArrived.wait(timeout: .now() + .seconds(60)) == .success else {
-                    throw ScenarioError("write \(index) did not reach every listener within 60 s")
+                    let cause = failure().map { " (a listener failed: \($0))" } ?? ""
+                    throw ScenarioError("write \(index) did not reach every listener within 60 s\(cause)")
                 }
                 let arrivals = tally.arrivals(of: results[0].id.rawValue)
                 guard arrivals.count == listeners, let last = arrivals.last else {

@@ -22,11 +22,13 @@ import TandemWire
         typealias Arrival = @Sendable (_ listener: Int, _ id: String, _ at: ContinuousClock.Instant) -> Void
 
         private let poller: Int32
+        /// The sockets, for closing them (the connecting thread appends; the loop gets each
+        /// socket from its event).
         private var sockets: [Int32] = []
         /// Bytes read and not yet a whole frame, and the fragments of a message not yet whole,
-        /// per listener. Touched only on the swarm's thread once it runs.
-        private var pending: [[UInt8]] = []
-        private var fragments: [[UInt8]] = []
+        /// per listener: sized before the loop starts, then touched only on its thread.
+        private var pending: [[UInt8]]
+        private var fragments: [[UInt8]]
         private var currentCount = 0
         private let state = NSLock()
         private var failure: String?
@@ -35,7 +37,9 @@ import TandemWire
         private let arrival: Arrival
 
         /// Connects `count` listeners to `url` (`ws://host:port`), each listening to
-        /// `collection`, reporting progress every 1,000.
+        /// `collection`, reporting progress every 1,000. The loop reads from the first one on:
+        /// listeners left unread while the others connect would look dead to the server's
+        /// keepalive.
         init(
             url: String, count: Int, collection: CollectionPath, progress: (Int) -> Void,
             arrival: @escaping Arrival
@@ -46,23 +50,26 @@ import TandemWire
             poller = epoll_create1(Int32(EPOLL_CLOEXEC))
             guard poller >= 0 else { throw ScenarioError("epoll_create1 failed: errno \(errno)") }
             self.arrival = arrival
+            pending = Array(repeating: [], count: count)
+            fragments = Array(repeating: [], count: count)
+            Thread.detachNewThread { [self] in run() }
+            // On failure deinit closes what was opened, once the loop has ended.
             do {
                 for index in 0..<count {
-                    sockets.append(try Self.open(host: host, port: port, index: index, collection: collection))
-                    pending.append([])
-                    fragments.append([])
-                    var event = epoll_event(events: EPOLLIN.rawValue, data: epoll_data_t(u64: UInt64(index)))
-                    guard epoll_ctl(poller, EPOLL_CTL_ADD, sockets[index], &event) == 0 else {
+                    let socket = try Self.open(host: host, port: port, index: index, collection: collection)
+                    sockets.append(socket)
+                    // The event carries the listener's index and its socket.
+                    var event = epoll_event(
+                        events: EPOLLIN.rawValue, data: epoll_data_t(u64: UInt64(index) << 32 | UInt64(socket)))
+                    guard epoll_ctl(poller, EPOLL_CTL_ADD, socket, &event) == 0 else {
                         throw ScenarioError("epoll_ctl failed for listener \(index): errno \(errno)")
                     }
                     if (index + 1) % 1000 == 0 { progress(index + 1) }
                 }
             } catch {
-                for socket in sockets { close(socket) }
-                close(poller)
+                stop()
                 throw error
             }
-            Thread.detachNewThread { [self] in run() }
         }
 
         deinit {
@@ -76,10 +83,13 @@ import TandemWire
         /// What went wrong on a connection, if anything did.
         var error: String? { state.withLock { failure } }
 
-        /// Ends the loop and waits for it, then closes every connection.
+        /// Ends the loop and waits for it; the connections close when the swarm goes.
         func stop() {
-            state.withLock { stopping = true }
-            stopped.wait()
+            let first = state.withLock { () -> Bool in
+                defer { stopping = true }
+                return !stopping
+            }
+            if first { stopped.wait() }
         }
 
         /// A blocking connect, the upgrade, `hello` and `listen`; then the socket is left
@@ -151,7 +161,9 @@ import TandemWire
                 if count > 0 {
                     sent += count
                 } else if count < 0 && (errno == EAGAIN || errno == EINTR) {
-                    _ = PlainSocket.wait(fd, for: Int16(POLLOUT), until: .now + .seconds(10))
+                    guard PlainSocket.wait(fd, for: Int16(POLLOUT), until: .now + .seconds(10)) else {
+                        throw ScenarioError("send: the socket took nothing for 10 s")
+                    }
                 } else {
                     throw ScenarioError("send failed: errno \(errno)")
                 }
@@ -164,14 +176,14 @@ import TandemWire
             while !state.withLock({ stopping }) {
                 let ready = epoll_wait(poller, &events, Int32(events.count), 50)
                 guard ready > 0 else { continue }
-                let now = ContinuousClock.now
                 for event in events[0..<Int(ready)] {
-                    let index = Int(event.data.u64)
+                    let index = Int(event.data.u64 >> 32)
+                    let socket = Int32(truncatingIfNeeded: event.data.u64 & 0xFFFF_FFFF)
                     do {
-                        try read(index, using: &buffer, at: now)
+                        try read(index, socket, using: &buffer)
                     } catch {
                         fail("listener \(index): \(error)")
-                        _ = epoll_ctl(poller, EPOLL_CTL_DEL, sockets[index], nil)
+                        _ = epoll_ctl(poller, EPOLL_CTL_DEL, socket, nil)
                     }
                 }
             }
@@ -181,9 +193,9 @@ import TandemWire
         private func fail(_ message: String) { state.withLock { if failure == nil { failure = message } } }
 
         /// Reads what the socket has and handles each whole frame in it.
-        private func read(_ index: Int, using buffer: inout [UInt8], at now: ContinuousClock.Instant) throws {
+        private func read(_ index: Int, _ socket: Int32, using buffer: inout [UInt8]) throws {
             while true {
-                let count = buffer.withUnsafeMutableBytes { recv(sockets[index], $0.baseAddress, $0.count, 0) }
+                let count = buffer.withUnsafeMutableBytes { recv(socket, $0.baseAddress, $0.count, 0) }
                 if count == 0 { throw ScenarioError("the server closed the connection") }
                 if count < 0 {
                     if errno == EINTR { continue }
@@ -195,7 +207,8 @@ import TandemWire
             }
             var start = 0
             let bytes = pending[index]
-            while let (header, length) = Self.frameHeader(bytes[start...]), bytes.count - start >= header + length {
+            pending[index] = []
+            while let (header, length) = try Self.frameHeader(bytes[start...]), bytes.count - start >= header + length {
                 let opcode = bytes[start] & 0x0F
                 let fin = bytes[start] & 0x80 != 0
                 let payload = bytes[(start + header)..<(start + header + length)]
@@ -204,22 +217,23 @@ import TandemWire
                 case .text, .continuation:
                     fragments[index] += payload
                     if fin {
-                        try handle(fragments[index], from: index, at: now)
+                        try handle(fragments[index], from: index)
                         fragments[index].removeAll(keepingCapacity: true)
                     }
-                case .ping: try Self.send(Self.frame(.pong, Array(payload)), on: sockets[index])
+                case .ping: try Self.send(Self.frame(.pong, Array(payload)), on: socket)
+                case .pong: break
                 case .close:
                     throw ScenarioError(
                         "the server sent close: \(String(decoding: payload.dropFirst(2), as: UTF8.self))")
                 default: throw ScenarioError("unexpected frame opcode \(opcode)")
                 }
             }
-            pending[index].removeFirst(start)
+            pending[index] = Array(bytes[start...])
         }
 
         /// The header's size and the payload's length of the frame at the start of `bytes`, once
         /// the header is whole. Server frames are not masked.
-        private static func frameHeader(_ bytes: ArraySlice<UInt8>) -> (header: Int, length: Int)? {
+        private static func frameHeader(_ bytes: ArraySlice<UInt8>) throws -> (header: Int, length: Int)? {
             guard bytes.count >= 2 else { return nil }
             let first = bytes.startIndex
             let short = Int(bytes[first + 1] & 0x7F)
@@ -229,14 +243,20 @@ import TandemWire
                 return (4, Int(bytes[first + 2]) << 8 | Int(bytes[first + 3]))
             case 127:
                 guard bytes.count >= 10 else { return nil }
-                return (10, (2..<10).reduce(0) { $0 << 8 | Int(bytes[first + $1]) })
+                let length = (2..<10).reduce(UInt64(0)) { $0 << 8 | UInt64(bytes[first + $1]) }
+                guard length <= 1 << 31 else { throw ScenarioError("a frame of \(length) bytes") }
+                return (10, Int(length))
             default:
                 return (2, short)
             }
         }
 
-        private func handle(_ message: [UInt8], from index: Int, at now: ContinuousClock.Instant) throws {
-            switch try Wire.decode(ServerMessage.self, from: message) {
+        /// A whole message: its changes count as arrived once it is decoded, as a
+        /// `ServerConnection`'s listener's do when its handler runs.
+        private func handle(_ message: [UInt8], from index: Int) throws {
+            let decoded = try Wire.decode(ServerMessage.self, from: message)
+            let now = ContinuousClock.now
+            switch decoded {
             case .snapshot(let snapshot) where snapshot.initial:
                 if !snapshot.hasMore { state.withLock { currentCount += 1 } }
             case .snapshot(let snapshot):
