@@ -25,7 +25,9 @@ static inline void tandem_set_thread_name(const char *name) {
 #ifdef __linux__
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <linux/sockios.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #endif
 
@@ -40,6 +42,19 @@ static inline unsigned long long tandem_tcp_bytes_acked(int fd) {
     unsigned long long acked;
     memcpy(&acked, info + 120, sizeof acked);
     return acked;
+#else
+    (void)fd;
+    return 0;
+#endif
+}
+
+/// How many bytes this side has handed to the socket that its peer has not acknowledged yet
+/// (sent or still queued: Linux' `SIOCOUTQ`), or 0 where that is unknown.
+static inline int tandem_tcp_bytes_unacknowledged(int fd) {
+#ifdef __linux__
+    int queued = 0;
+    if (ioctl(fd, SIOCOUTQ, &queued) != 0) return 0;
+    return queued;
 #else
     (void)fd;
     return 0;

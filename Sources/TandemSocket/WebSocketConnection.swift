@@ -479,9 +479,12 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     /// and never answers a ping was dropped). A peer whose data is waiting unread in the
     /// socket is alive, whatever the clock says: on a starved machine this thread may come
     /// back to the socket late, and must not hang up on a peer it has not read yet. So is a
-    /// peer that keeps taking what this side sends (its TCP stack acknowledges more than a
-    /// few pings' worth): a phone reading a large snapshot on a slow link may see our ping
-    /// only behind megabytes of it, and answer it late. A peer that stopped reading takes
+    /// peer that is still taking a backlog from this side (its TCP stack acknowledged more
+    /// than a few pings' worth since the last look, and more waits unacknowledged): a phone
+    /// reading a large snapshot on a slow link may see our ping only behind megabytes of it,
+    /// and answer it late. What a peer acknowledged of messages it has all received (the
+    /// welcome, a small snapshot) is not a sign of life: a client that went silent after them
+    /// is pinged and closed on time, as PROTOCOL.md says. A peer that stopped reading takes
     /// nothing once its window is full; that one is a slow consumer, closed with 1008.
     ///
     /// - Returns: Whether the connection must close (its idle timeout passed). libwebsockets
@@ -492,8 +495,13 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
             nextKeepAlive = now + pingInterval
             return false
         }
-        let acknowledged = UInt64(tandem_tcp_bytes_acked(lws_get_socket_fd(wsi)))
-        if acknowledged > bytesAcknowledged + 256 { lastReceive = now }
+        let socket = lws_get_socket_fd(wsi)
+        let acknowledged = UInt64(tandem_tcp_bytes_acked(socket))
+        if acknowledged > bytesAcknowledged + 256
+            && (tandem_tcp_bytes_unacknowledged(socket) > 0 || state.withLock { !$0.outbound.isEmpty })
+        {
+            lastReceive = now
+        }
         bytesAcknowledged = acknowledged
         let silence = now - lastReceive
         if silence >= idleTimeout && !Self.hasUnreadData(wsi) { return true }
