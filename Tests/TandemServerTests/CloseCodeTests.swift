@@ -9,6 +9,14 @@ import Testing
 /// framing by hand.
 @Suite("Close codes on the wire")
 struct CloseCodeTests {
+    /// A test server whose keepalive runs on a short clock.
+    static func server(pingInterval: UInt16, idleTimeout: UInt16) async throws -> TestServer {
+        try await TestServer { configuration in
+            configuration.pingInterval = pingInterval
+            configuration.idleTimeout = idleTimeout
+        }
+    }
+
     static func session(_ server: TestServer, receiveBufferSize: Int? = nil) async throws -> RawWebSocket {
         let raw = try await RawWebSocket.open(
             port: server.port, receiveBufferSize: receiveBufferSize,
@@ -113,10 +121,7 @@ struct CloseCodeTests {
     /// a loaded machine delays both alike.
     @Test("a client silent after its listen is closed at the idle timeout like one silent after its hello")
     func silentAfterListen() async throws {
-        let server = try await TestServer { configuration in
-            configuration.pingInterval = 4
-            configuration.idleTimeout = 5
-        }
+        let server = try await Self.server(pingInterval: 4, idleTimeout: 5)
         let writer = try await connect(server)
         _ = try await writer.create("notes", ["blob": .string(String(repeating: "x", count: 1000))])
         writer.close()
@@ -144,10 +149,7 @@ struct CloseCodeTests {
     /// from its own callback.
     @Test("twenty silent clients opened together are each pinged, then each closed with 1001 at the idle timeout")
     func idleTimeoutOfMany() async throws {
-        let server = try await TestServer { configuration in
-            configuration.pingInterval = 1
-            configuration.idleTimeout = 3
-        }
+        let server = try await Self.server(pingInterval: 1, idleTimeout: 3)
         var clients: [RawWebSocket] = []
         for _ in 0..<20 { clients.append(try await Self.session(server)) }
         try await withThrowingTaskGroup(of: (pings: Int, close: RawWebSocket.Frame).self) { group in
@@ -171,10 +173,7 @@ struct CloseCodeTests {
 
     @Test("a client silent past the idle timeout is closed with 1001; one that only sends data stays")
     func idleTimeout() async throws {
-        let server = try await TestServer { configuration in
-            configuration.pingInterval = 2
-            configuration.idleTimeout = 5
-        }
+        let server = try await Self.server(pingInterval: 2, idleTimeout: 5)
         let silent = try await Self.session(server)
         // The talker connects, says hello and then sends a get every 100 ms, all from a thread
         // of its own, started at once. The server's clock starts at the upgrade: a task, or
@@ -223,10 +222,7 @@ struct CloseCodeTests {
 
     @Test("a client still reading a backlog past the idle timeout stays, though its pong waits behind the backlog")
     func slowReaderStays() async throws {
-        let server = try await TestServer { configuration in
-            configuration.pingInterval = 1
-            configuration.idleTimeout = 3
-        }
+        let server = try await Self.server(pingInterval: 1, idleTimeout: 3)
         let writer = try await connect(server)
         let blob = String(repeating: "x", count: 50_000)
         for _ in 0..<40 { _ = try await writer.create("big", ["blob": .string(blob)]) }
