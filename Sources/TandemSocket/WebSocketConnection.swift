@@ -48,6 +48,9 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     nonisolated(unsafe) private var closeDelivered = false
     /// When the peer last sent anything.
     nonisolated(unsafe) private var lastReceive = ContinuousClock.now
+    /// When the keepalive last saw the peer taking a backlog from this side (see
+    /// ``keepAlive(_:now:)``): it holds off the idle close, not the pings.
+    nonisolated(unsafe) private var lastDrained = ContinuousClock.now
     /// A close was decided while reading: what the peer sends from now on is dropped.
     nonisolated(unsafe) private var discardingInput = false
     /// The close frame was handed to libwebsockets: nothing more may be written.
@@ -478,14 +481,15 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     /// counts (libwebsockets' own keepalive counts only pongs, so a client that sends data
     /// and never answers a ping was dropped). A peer whose data is waiting unread in the
     /// socket is alive, whatever the clock says: on a starved machine this thread may come
-    /// back to the socket late, and must not hang up on a peer it has not read yet. So is a
-    /// peer that is still taking a backlog from this side (its TCP stack acknowledged more
-    /// than a few pings' worth since the last look, and more waits unacknowledged): a phone
-    /// reading a large snapshot on a slow link may see our ping only behind megabytes of it,
-    /// and answer it late. What a peer acknowledged of messages it has all received (the
-    /// welcome, a small snapshot) is not a sign of life: a client that went silent after them
-    /// is pinged and closed on time, as PROTOCOL.md says. A peer that stopped reading takes
-    /// nothing once its window is full; that one is a slow consumer, closed with 1008.
+    /// back to the socket late, and must not hang up on a peer it has not read yet. A peer
+    /// still taking a backlog from this side (its TCP stack acknowledged more than a few pings'
+    /// worth since the last look, and more waits unacknowledged) is not closed either, though
+    /// past the idle timeout: a phone reading a large snapshot on a slow link may see our ping
+    /// only behind megabytes of it, and answer it late. Acknowledgements only hold off the
+    /// close; the pings go by the peer's frames alone, so a client that went silent after the
+    /// welcome and its snapshot is pinged and closed on time, as PROTOCOL.md says. A peer that
+    /// stopped reading takes nothing once its window is full; that one is a slow consumer,
+    /// closed with 1008.
     ///
     /// - Returns: Whether the connection must close (its idle timeout passed). libwebsockets
     ///   closes a connection only from one of its callbacks, so the loop then fires the
@@ -497,14 +501,16 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         }
         let socket = lws_get_socket_fd(wsi)
         let acknowledged = UInt64(tandem_tcp_bytes_acked(socket))
-        if acknowledged > bytesAcknowledged + 256
-            && (tandem_tcp_bytes_unacknowledged(socket) > 0 || state.withLock { !$0.outbound.isEmpty })
-        {
-            lastReceive = now
-        }
+        // Still taking a backlog from this side: more than a few pings' worth acknowledged since
+        // the last look, and a backlog (not a message or two in flight) still waiting.
+        let draining =
+            acknowledged > bytesAcknowledged + 256
+            && (Int(tandem_tcp_bytes_unacknowledged(socket)) >= Self.backlog
+                || state.withLock { $0.queuedBytes } >= Self.backlog)
         bytesAcknowledged = acknowledged
+        if draining { lastDrained = now }
         let silence = now - lastReceive
-        if silence >= idleTimeout && !Self.hasUnreadData(wsi) { return true }
+        if isIdle(at: now) && !Self.hasUnreadData(wsi) { return true }
         var next = pingInterval
         if silence >= pingInterval {
             if now - lastPing >= pingInterval {
@@ -512,7 +518,8 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
                 pingWanted = true
                 lws_callback_on_writable(wsi)
             }
-            next = min(pingInterval, max(.milliseconds(100), idleTimeout - silence))
+            let idle = now - max(lastReceive, lastDrained)
+            next = min(pingInterval, max(.milliseconds(100), idleTimeout - idle))
         } else {
             next = pingInterval - silence
         }
@@ -527,7 +534,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     func closeIdle(_ wsi: OpaquePointer) -> Int32 {
         guard !closeHanded else { return 0 }
         let now = ContinuousClock.now
-        guard now - lastReceive >= idleTimeout && !Self.hasUnreadData(wsi) else {
+        guard isIdle(at: now) && !Self.hasUnreadData(wsi) else {
             nextKeepAlive = now
             loop.keepAliveDue(at: now)
             return 0
@@ -537,6 +544,15 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         setCloseReason(wsi, .goingAway, reason)
         closeHanded = true
         return -1
+    }
+
+    /// What counts as a backlog still waiting for the peer: more than a few small messages in
+    /// flight, which a peer that went silent after them may not have acknowledged yet.
+    private static let backlog = 16 << 10
+
+    /// Nothing from the peer, and no backlog taken, for the idle timeout.
+    private func isIdle(at now: ContinuousClock.Instant) -> Bool {
+        now - max(lastReceive, lastDrained) >= idleTimeout
     }
 
     private static func hasUnreadData(_ wsi: OpaquePointer) -> Bool {

@@ -113,37 +113,6 @@ struct CloseCodeTests {
         #expect(close.closeReason.hasPrefix("injected fault"), "\(close.closeReason)")
     }
 
-    /// What a client acknowledged of messages it has all received (the welcome, a snapshot) is
-    /// not a sign of life: a client silent after its listen is pinged and closed on the same
-    /// clock as one silent after its hello. Before, the listening one was closed a whole ping
-    /// interval later (a raw client against `tandem serve`: first ping at 40 s, close at 65 s,
-    /// where PROTOCOL.md says 20 and 45). Compared with each other, not with a clock, so that
-    /// a loaded machine delays both alike.
-    @Test("a client silent after its listen is closed at the idle timeout like one silent after its hello")
-    func silentAfterListen() async throws {
-        let server = try await Self.server(pingInterval: 4, idleTimeout: 5)
-        let writer = try await connect(server)
-        _ = try await writer.create("notes", ["blob": .string(String(repeating: "x", count: 1000))])
-        writer.close()
-        // The hello's welcome alone is under the 256 bytes that count as taking a backlog; the
-        // listen's snapshot brings it over.
-        let quiet = try await Self.session(server)
-        let listening = try await Self.session(server)
-        try listening.send(text: #"{"type":"listen","target":"t","collection":"notes"}"#)
-        async let quietClosed = Self.closeTime(of: quiet)
-        async let listeningClosed = Self.closeTime(of: listening)
-        let (first, second) = try await (quietClosed, listeningClosed)
-        #expect(first.code == 1001 && second.code == 1001, "\(first) \(second)")
-        let apart = abs((second.at - first.at).seconds)
-        #expect(apart < 2, "closed \(apart) s apart; a ping interval apart is 4 s")
-    }
-
-    private static func closeTime(of client: RawWebSocket) async throws -> (code: UInt16?, at: ContinuousClock.Instant)
-    {
-        let close = try await client.readClose(timeout: .seconds(60))
-        return (close.closeCode, ContinuousClock.now)
-    }
-
     /// The keepalive of all a loop's connections runs from one sweep, not a timer each: the
     /// connections opened together fall due together, and each is still pinged, then closed
     /// from its own callback.
