@@ -25,8 +25,7 @@ public struct WebSocketConfiguration: Sendable {
     /// Seconds without traffic from the peer after which a ping is sent. Default: 20.
     ///
     /// Tandem's keepalive sends the ping (`WebSocketConnection.keepAlive`, from the loop's
-    /// sweep, to a tenth of a second); anything from the peer counts as traffic, as do its
-    /// acknowledgements of what this side sends.
+    /// sweep, to a tenth of a second); any frame from the peer counts as traffic.
     public var pingInterval: UInt16 = 20
 
     /// Seconds without traffic from the peer after which the connection is dropped. Default: 45.

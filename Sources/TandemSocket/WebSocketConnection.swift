@@ -400,7 +400,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
 
     /// Adds a received fragment; delivers the message once it is complete.
     ///
-    /// Anything received counts as a sign of life for the idle timeout (see ``keepAlive(_:)``).
+    /// Anything received counts as a sign of life for the idle timeout (see ``keepAlive(_:now:)``).
     ///
     /// A message over the limit is closed with 1009 as soon as a frame *announces* more than
     /// the limit, not once that much arrived. The close is never decided by returning -1 here:
@@ -483,7 +483,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     /// socket is alive, whatever the clock says: on a starved machine this thread may come
     /// back to the socket late, and must not hang up on a peer it has not read yet. A peer
     /// still taking a backlog from this side (its TCP stack acknowledged more than a few pings'
-    /// worth since the last look, and more waits unacknowledged) is not closed either, though
+    /// worth since the last look, and 16 KB or more still waits for it) is not closed either, though
     /// past the idle timeout: a phone reading a large snapshot on a slow link may see our ping
     /// only behind megabytes of it, and answer it late. Acknowledgements only hold off the
     /// close; the pings go by the peer's frames alone, so a client that went silent after the
@@ -510,7 +510,8 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         bytesAcknowledged = acknowledged
         if draining { lastDrained = now }
         let silence = now - lastReceive
-        if isIdle(at: now) && !Self.hasUnreadData(wsi) { return true }
+        let idle = now - max(lastReceive, lastDrained)
+        if idle >= idleTimeout && !Self.hasUnreadData(wsi) { return true }
         var next = pingInterval
         if silence >= pingInterval {
             if now - lastPing >= pingInterval {
@@ -518,7 +519,6 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
                 pingWanted = true
                 lws_callback_on_writable(wsi)
             }
-            let idle = now - max(lastReceive, lastDrained)
             next = min(pingInterval, max(.milliseconds(100), idleTimeout - idle))
         } else {
             next = pingInterval - silence
