@@ -455,9 +455,21 @@ final class ServiceLoop: @unchecked Sendable {
     /// each (`lws_dll2_add_sorted` was half the server's CPU during those fan-outs, and a
     /// quarter while the connections opened). The sweep looks at each connection's
     /// ``WebSocketConnection/nextKeepAlive`` instead, at most every 100 ms.
+    ///
+    /// A sweep that runs late by more than ``stallAllowance`` found the service thread stopped:
+    /// the process or the machine stood still, or a callback blocked. The peers' threads may
+    /// have stood still too, and whichever runs first afterwards, that time is nobody's silence:
+    /// every connection's clocks move on by the stall before anything is decided. Without this,
+    /// a process stopped for longer than the idle timeout closed its peers on waking, before
+    /// they had run once. The sweep runs at least every second, so a stall goes unseen for at
+    /// most that long.
     func sweepKeepAlive() {
-        sweepAt = nil
         let now = ContinuousClock.now
+        if let sweepAt, now - sweepAt > Self.stallAllowance {
+            let stall = now - sweepAt - Self.stallAllowance
+            for connection in registry.values { connection.excuse(stall, now: now) }
+        }
+        sweepAt = nil
         var earliest: ContinuousClock.Instant?
         for connection in registry.values {
             guard let wsi = connection.wsi else { continue }
@@ -468,8 +480,12 @@ final class ServiceLoop: @unchecked Sendable {
             }
             earliest = min(earliest ?? connection.nextKeepAlive, connection.nextKeepAlive)
         }
-        if let earliest { scheduleSweep(at: max(earliest, now + .milliseconds(100))) }
+        if let earliest { scheduleSweep(at: min(max(earliest, now + .milliseconds(100)), now + .seconds(1))) }
     }
+
+    /// How late a sweep may run before the lateness counts as a stall (see ``sweepKeepAlive()``):
+    /// a loop busy with a fan-out runs its timers a little late without anyone standing still.
+    static let stallAllowance = Duration.milliseconds(250)
 
     static func microseconds(_ duration: Duration) -> lws_usec_t {
         lws_usec_t(duration.components.seconds * 1_000_000 + duration.components.attoseconds / 1_000_000_000_000)

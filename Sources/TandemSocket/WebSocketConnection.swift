@@ -474,6 +474,13 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         lastReceive = ContinuousClock.now
     }
 
+    /// The service thread stood still for `stall` (see ``ServiceLoop/sweepKeepAlive()``): the
+    /// peer's silence in that time is not counted against it.
+    func excuse(_ stall: Duration, now: ContinuousClock.Instant) {
+        lastReceive = min(lastReceive + stall, now)
+        lastDrained = min(lastDrained + stall, now)
+    }
+
     /// The keepalive's look at the connection (service thread, from the loop's sweep).
     ///
     /// After ``WebSocketConfiguration/pingInterval`` without hearing from the peer, a ping;

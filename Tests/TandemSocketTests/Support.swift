@@ -63,3 +63,25 @@ func threadNames() -> Set<String> {
                 .trimmingCharacters(in: .whitespacesAndNewlines)
         })
 }
+
+/// Echoes text messages, except "stall", which stops the service thread (the callback's
+/// thread) for `stall` before `resumed` is signalled: a process that stopped, as the loop sees it.
+final class Staller: WebSocketDelegate {
+    let stall: Duration
+    let resumed = DispatchSemaphore(value: 0)
+
+    init(stall: Duration) { self.stall = stall }
+
+    func webSocketDidOpen(_ connection: WebSocketConnection) {}
+
+    func webSocket(_ connection: WebSocketConnection, didReceive message: WebSocketMessage) {
+        guard message.text == "stall" else {
+            try? connection.send(text: message.text)
+            return
+        }
+        Thread.sleep(forTimeInterval: Double(stall.components.seconds))
+        resumed.signal()
+    }
+
+    func webSocket(_ connection: WebSocketConnection, didCloseWith event: WebSocketCloseEvent) {}
+}

@@ -195,6 +195,39 @@ struct WebSocketTests {
         #expect(serverEvents.closes.isEmpty)
     }
 
+    /// A process (or machine) that stops stops the peer's thread and the service thread alike;
+    /// whichever runs first afterwards, the silence in the stall is not the peer's. Here the
+    /// service thread is stopped in a callback for longer than the idle timeout, and the peer
+    /// speaks again only once it runs: it stays, and is heard.
+    @Test("a stall of the service thread past the idle timeout is not the peer's silence")
+    func stallIsNotSilence() async throws {
+        var configuration = WebSocketConfiguration()
+        configuration.pingInterval = 1
+        configuration.idleTimeout = 4
+        let staller = Staller(stall: .seconds(5))
+        let server = try WebSocketServer(port: 0, configuration: configuration, delegate: staller)
+        defer { server.shutdownWithoutWaiting() }
+        let peer = try await RawWebSocket.open(port: server.port, hello: "stall")
+        // The peer's thread waits for the service thread to come back, then lets the loop run
+        // (its keepalive sweep is overdue by then) before it speaks.
+        try await onOwnThread {
+            staller.resumed.wait()
+            Thread.sleep(forTimeInterval: 0.3)
+            try peer.send(text: "still here")
+        }
+        while true {
+            let frame = try await peer.readFrame(timeout: .seconds(30))
+            if frame.opcode == .close {
+                Issue.record("closed: \(frame.closeCode ?? 0) \(frame.closeReason)")
+                return
+            }
+            if frame.opcode == .text {
+                #expect(frame.text == "still here")
+                return
+            }
+        }
+    }
+
     @Test("connecting to a closed port reports a failure to connect")
     func refused() async throws {
         let client = try WebSocketClient()
