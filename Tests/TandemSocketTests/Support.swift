@@ -85,3 +85,35 @@ final class Staller: WebSocketDelegate {
 
     func webSocket(_ connection: WebSocketConnection, didCloseWith event: WebSocketCloseEvent) {}
 }
+
+/// Stamps on the service thread, where the keepalive runs, when each connection's last message
+/// arrived and when it closed; answers "feed me" with `reply` bytes.
+final class Timeline: WebSocketDelegate {
+    struct Entry {
+        var lastMessage: ContinuousClock.Instant?
+        var closed: (at: ContinuousClock.Instant, event: WebSocketCloseEvent)?
+        /// From the last message to the close, once both are known.
+        var silence: Duration? {
+            guard let lastMessage, let closed else { return nil }
+            return closed.at - lastMessage
+        }
+    }
+
+    let reply: String
+    let entries = Mutex<[UInt64: Entry]>([:])
+
+    init(reply: String) { self.reply = reply }
+
+    func webSocketDidOpen(_ connection: WebSocketConnection) {}
+
+    func webSocket(_ connection: WebSocketConnection, didReceive message: WebSocketMessage) {
+        let now = ContinuousClock.now
+        entries.withLock { $0[connection.id, default: Entry()].lastMessage = now }
+        if message.text == "feed me" { try? connection.send(text: reply) }
+    }
+
+    func webSocket(_ connection: WebSocketConnection, didCloseWith event: WebSocketCloseEvent) {
+        let now = ContinuousClock.now
+        entries.withLock { $0[connection.id, default: Entry()].closed = (now, event) }
+    }
+}

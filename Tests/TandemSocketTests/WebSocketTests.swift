@@ -195,6 +195,36 @@ struct WebSocketTests {
         #expect(serverEvents.closes.isEmpty)
     }
 
+    /// What a peer's TCP stack acknowledged of messages it has all received is no sign of life:
+    /// a peer silent after a reply of a few kilobytes is closed on the same clock as one silent
+    /// after a message that got no reply. Before, the acknowledgement counted once, and the
+    /// first was closed a whole ping interval later (a raw client silent after its `listen`
+    /// against `tandem serve`: first ping at 40 s, close at 65 s, where PROTOCOL.md says 20 and
+    /// 45). Each silence is measured on the service thread, from the peer's last message to its
+    /// close, and the two are compared with each other: a loaded machine delays both alike.
+    @Test("a peer silent after a reply it acknowledged is closed on the same clock as one that got none")
+    func acknowledgementIsNotLife() async throws {
+        var configuration = WebSocketConfiguration()
+        configuration.pingInterval = 3
+        configuration.idleTimeout = 4
+        let timeline = Timeline(reply: String(repeating: "x", count: 2000))
+        let server = try WebSocketServer(port: 0, configuration: configuration, delegate: timeline)
+        defer { server.shutdownWithoutWaiting() }
+        let fed = try await RawWebSocket.open(port: server.port, hello: "feed me")
+        let quiet = try await RawWebSocket.open(port: server.port, hello: "quiet")
+        // Neither reads: the server's close waits the same fixed time for each one's answer, on
+        // the service thread's clock, not a client thread's that a loaded machine starts late.
+        try await waitUntil("the server closed both", timeout: .seconds(120)) {
+            timeline.entries.withLock { $0.values.count { $0.silence != nil } } == 2
+        }
+        let events = timeline.entries.withLock { $0.values.compactMap { $0.closed?.event } }
+        #expect(events.allSatisfy { $0.reason.hasPrefix("idle timeout") }, "\(events)")
+        let silences = timeline.entries.withLock { $0.values.compactMap(\.silence) }
+        let apart = abs((silences[0] - silences[1]).seconds)
+        #expect(apart < 1.5, "silences before the close: \(silences); a ping interval apart is 3 s")
+        _ = (fed, quiet)
+    }
+
     /// A process (or machine) that stops stops the peer's thread and the service thread alike;
     /// whichever runs first afterwards, the silence in the stall is not the peer's. Here the
     /// service thread is stopped in a callback for longer than the idle timeout, and the peer
