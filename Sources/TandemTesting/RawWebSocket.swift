@@ -233,17 +233,22 @@ public final class RawWebSocket: @unchecked Sendable {
     /// Reads like a slow link: at most `chunk` bytes every `interval`, for `duration`, keeping
     /// what arrives for the frame reads that follow; answers nothing meanwhile.
     public func trickle(for duration: Duration, chunk: Int, every interval: Duration) async throws {
-        try await onOwnThread {
-            let end = ContinuousClock.now + duration
-            var bytes = [UInt8](repeating: 0, count: chunk)
-            while ContinuousClock.now < end {
-                if PlainSocket.wait(self.fd, for: Int16(POLLIN), until: ContinuousClock.now + interval) {
-                    let count = try PlainSocket.receive(self.fd, into: &bytes)
-                    guard count > 0 else { throw Failure(description: "end of file") }
-                    self.buffer.append(contentsOf: bytes[0..<count])
-                }
-                Thread.sleep(forTimeInterval: Double(interval.components.attoseconds) / 1e18)
+        try await onOwnThread { try self.blockingTrickle(for: duration, chunk: chunk, every: interval) }
+    }
+
+    /// ``trickle(for:chunk:every:)`` on the calling thread, blocking it: for a test whose whole
+    /// conversation runs on a thread of its own.
+    public func blockingTrickle(for duration: Duration, chunk: Int, every interval: Duration) throws {
+        BlockingCheck.willBlock("RawWebSocket's blocking trickle")
+        let end = ContinuousClock.now + duration
+        var bytes = [UInt8](repeating: 0, count: chunk)
+        while ContinuousClock.now < end {
+            if PlainSocket.wait(fd, for: Int16(POLLIN), until: ContinuousClock.now + interval) {
+                let count = try PlainSocket.receive(fd, into: &bytes)
+                guard count > 0 else { throw Failure(description: "end of file") }
+                buffer.append(contentsOf: bytes[0..<count])
             }
+            Thread.sleep(forTimeInterval: Double(interval.components.attoseconds) / 1e18)
         }
     }
 
