@@ -86,4 +86,28 @@ struct RawBindingTests {
         }
         #expect(try queue.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM t") } == 3)
     }
+
+    @Test("a lookup read straight from SQLite: the integer, nil for no row or NULL, an error that says what failed")
+    func lookup() throws {
+        let (queue, folder) = try database()
+        _ = folder
+        try queue.write { db in
+            try db.execute(sql: "INSERT INTO t (id, n, note) VALUES ('a', 42, NULL), ('b', NULL, NULL)")
+            let find = try db.cachedStatement(sql: "SELECT n FROM t WHERE id = ?")
+            #expect(try find.fetchInt64 { $0.bind("a") } == 42)
+            #expect(try find.fetchInt64 { $0.bind("b") } == nil)
+            #expect(try find.fetchInt64 { $0.bind("none") } == nil)
+            // An error at the step (an integer overflow), then the statement works on.
+            let negate = try db.cachedStatement(sql: "SELECT abs(n) FROM t WHERE id = ?")
+            try db.execute(sql: "UPDATE t SET n = -9223372036854775808 WHERE id = 'b'")
+            #expect {
+                try negate.fetchInt64 { $0.bind("b") }
+            } throws: { error in
+                (error as? DatabaseError)?.message?.contains("integer overflow") == true
+            }
+            #expect(try negate.fetchInt64 { $0.bind("a") } == 42)
+            // GRDB's own fetch still works on the same cached statement.
+            #expect(try Int64.fetchOne(find, arguments: ["a"]) == 42)
+        }
+    }
 }

@@ -47,6 +47,11 @@ struct NamingTests {
             #expect(id.count == 20)
             #expect(id.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber) })
         }
+        // Every position is drawn (a position left unfilled would repeat, or hold garbage).
+        for position in 0..<20 {
+            let seen = Set(ids.map { Array($0.utf8)[position] })
+            #expect(seen.count > 50, "position \(position): \(seen.count) characters in 1,000 ids")
+        }
     }
 
     @Test("server-assigned ids are valid, unique, and sort by the time they were made")
@@ -59,6 +64,10 @@ struct NamingTests {
             #expect(try DocumentID(id.rawValue) == id)
         }
         for (earlier, later) in zip(ids, ids.dropFirst(10)) { #expect(earlier < later) }
+        for position in 8..<20 {
+            let seen = Set(ids.map { Array($0.rawValue.utf8)[position] })
+            #expect(seen.count > 50, "random position \(position): \(seen.count) characters in 1,000 ids")
+        }
         // Ids whose times are far apart too (6,900 years fit in the 8 time characters).
         #expect(DocumentID.timeOrdered(milliseconds: 0) < DocumentID.timeOrdered(milliseconds: start))
         #expect(DocumentID.timeOrdered(milliseconds: start) < DocumentID.timeOrdered(milliseconds: 200_000_000_000_000))

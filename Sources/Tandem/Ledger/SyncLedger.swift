@@ -211,12 +211,10 @@ struct SyncLedger: Sendable {
 
     /// The row of `model` with this server id: its local id, and whether it has unpushed changes.
     func lookup(_ model: TableModel, serverId: String, _ db: Database) throws -> (id: Int64, isDirty: Bool)? {
-        // One integer, `id << 1 | (isDirty != 0)`: a single column comes back through GRDB's direct
-        // column read, where two columns need a row cursor, which cost more than the lookup
-        // itself on this once-per-document path.
-        let statement = try db.cachedStatement(sql: model.lookupSQL)
-        try statement.bindForGRDB { $0.bind(serverId) }
-        return try Int64.fetchOne(statement).map { packed in (id: packed >> 1, isDirty: packed & 1 == 1) }
+        // One integer, `id << 1 | (isDirty != 0)`, read straight from SQLite: on this
+        // once-per-document path GRDB's fetch cost more than the index search itself.
+        try db.cachedStatement(sql: model.lookupSQL).fetchInt64 { $0.bind(serverId) }
+            .map { packed in (id: packed >> 1, isDirty: packed & 1 == 1) }
     }
 
     /// The row of `model` with this server id, as ``lookup(_:serverId:_:)`` finds it, and
@@ -226,11 +224,10 @@ struct SyncLedger: Sendable {
         -> (id: Int64, isDirty: Bool, holdsVersion: Bool)?
     {
         let statement = try db.cachedStatement(sql: model.lookupHoldingSQL)
-        try statement.bindForGRDB { values in
+        return try statement.fetchInt64 { values in
             values.bind(serverId)
             values.bind(version)
-        }
-        return try Int64.fetchOne(statement).map { packed in
+        }.map { packed in
             (id: packed >> 2, isDirty: packed & 2 != 0, holdsVersion: packed & 1 != 0)
         }
     }

@@ -36,7 +36,9 @@ extension SyncService {
         defer { if newParents { refreshListeners() } }
 
         var cursor = PushCursor()
-        var inFlight: [(batch: [PreparedPush], answer: ServerConnection.PendingWrite)] = []
+        // Each batch on its way, with whether it creates rows others depend on (worked out once:
+        // the loop below asks after every answer).
+        var inFlight: [(batch: [PreparedPush], createsDependedOn: Bool, answer: ServerConnection.PendingWrite)] = []
         var exhausted = false
         // The last batch read every row there was when it was taken.
         var endReached = false
@@ -60,9 +62,7 @@ extension SyncService {
                 exhausted = false
                 endReached = false
             }
-            while !exhausted, inFlight.count < depth,
-                !(inFlight.last.map { creates(dependedOn: $0.batch) } ?? false)
-            {
+            while !exhausted, inFlight.count < depth, inFlight.last?.createsDependedOn != true {
                 if batches == 64 {
                     // Long enough: listener work waits behind this barrier. Another push is
                     // queued for the rest.
@@ -81,15 +81,19 @@ extension SyncService {
                 // unless a local commit says so (above). Rows under or referring to the rows
                 // this batch creates were not read at all (they wait for their server ids):
                 // after its answer, the push looks again.
-                endReached = cursor.reachedEnd && !creates(dependedOn: batch)
+                let createsDependedOn = creates(dependedOn: batch)
+                endReached = cursor.reachedEnd && !createsDependedOn
                 exhausted = endReached
                 batches += 1
                 configuration.hooks.beforeSend?(batch.map(\.op))
                 inFlight.append(
-                    (batch, connection.startWrite(batch.map(\.op), timeout: configuration.requestTimeout)))
+                    (
+                        batch, createsDependedOn,
+                        connection.startWrite(batch.map(\.op), timeout: configuration.requestTimeout)
+                    ))
             }
             guard !inFlight.isEmpty else { break }
-            let (batch, answer) = inFlight.removeFirst()
+            let (batch, _, answer) = inFlight.removeFirst()
             answering = true
 
             switch answer.wait() {
