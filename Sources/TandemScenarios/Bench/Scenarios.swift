@@ -97,6 +97,7 @@ public enum Bench {
         try BenchModel.insert(count, into: a.database)
 
         let start = ContinuousClock.now
+        let cpuAtStart = processCPUTime()
         a.service.start()
         var pushed: Duration?
         try await poll("b has every row", interval: .milliseconds(10)) {
@@ -106,6 +107,7 @@ public enum Bench {
             return have == count
         }
         let elapsed = ContinuousClock.now - start
+        let cpu = processCPUTime() - cpuAtStart
         try BenchModel.verify(b.database, has: count)
         await a.service.stop()
         await b.service.stop()
@@ -118,6 +120,7 @@ public enum Bench {
             details: [
                 "seconds": elapsed.seconds, "documents": Double(count), "json encode+decode docs/s": json,
                 "A pushed every row, s": (pushed ?? elapsed).seconds,
+                "CPU µs per document (A, server and B)": cpu.seconds * 1e6 / Double(count),
             ],
             floor: "raw SQLite inserts, rows/s", floorValue: sqlite, floorRatio: rate / sqlite)
     }
