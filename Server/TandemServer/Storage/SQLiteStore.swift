@@ -1,5 +1,7 @@
 import Foundation
+import Synchronization
 import GRDB
+import GRDBSQLite
 import Logging
 import TandemSQLite
 import TandemWire
@@ -24,6 +26,36 @@ final class SQLiteStore: DocumentStore {
     let database: DatabaseQueue
     let epoch: String
     let path: String
+
+    /// What the last write committed, per collection, for the feed round that follows it: the
+    /// rows a page after the collection's previous last sequence would read back from the
+    /// file, already in memory.
+    ///
+    /// Valid only while the connection has changed no row since (SQLite's count of changed
+    /// rows, `sqlite3_total_changes64`, is what it was at the commit): any other write, a
+    /// reset, a purge of tombstones, or a write that failed and rolled back makes the feed be
+    /// read from the file again.
+    private let tail = Mutex<Tail?>(nil)
+
+    private struct Tail {
+        var changes: Int64
+        var collections: [CollectionPath: TailRows]
+        /// Pages served from these rows (for the tests).
+        var served = 0
+    }
+
+    /// How many feed pages the last write's rows served instead of the file (for the tests).
+    var pagesFromMemory: Int { tail.withLock { $0?.served ?? 0 } }
+
+    /// The rows one write left in a collection: every row after `after`, up to `last`.
+    struct TailRows {
+        var after: Int64
+        var last: Int64
+        var rows: [StoredDocument]
+    }
+
+    /// Past this many bytes of documents, a write's rows are not kept: the feed reads them.
+    static let tailBytes = 4 << 20
     var kind: String { path == ":memory:" ? "memory" : "sqlite" }
 
     /// Opens (or creates) `tandem.sqlite` in `directory`.
@@ -197,7 +229,10 @@ final class SQLiteStore: DocumentStore {
     }
 
     func page(of collection: CollectionPath, after position: Int64, limit: Int, maxBytes: Int) throws -> FeedPage {
-        try read { db in try Self.page(db, collection, after: position, limit: limit, maxBytes: maxBytes) }
+        try read { db in
+            try page(
+                db, collection, after: position, bounds: Self.bounds(db, collection), limit: limit, maxBytes: maxBytes)
+        }
     }
 
     func readFeeds(after positions: [CollectionPath: Int64], limit: Int, maxBytes: Int) throws
@@ -208,13 +243,42 @@ final class SQLiteStore: DocumentStore {
             for (collection, position) in positions {
                 let bounds = try Self.bounds(db, collection)
                 guard bounds.last > position else { continue }
-                pages[collection] = try Self.page(db, collection, after: position, limit: limit, maxBytes: maxBytes)
+                pages[collection] = try page(
+                    db, collection, after: position, bounds: bounds, limit: limit, maxBytes: maxBytes)
             }
             return pages
         }
     }
 
-    private static func page(
+    /// A page of the feed: from the last write's rows when they are what the file holds after
+    /// `position`, else read from the file.
+    private func page(
+        _ db: Database, _ collection: CollectionPath, after position: Int64, bounds: FeedBounds, limit: Int,
+        maxBytes: Int
+    ) throws -> FeedPage {
+        guard
+            let kept = tail.withLock({ tail -> TailRows? in
+                guard let current = tail, current.changes == sqlite3_total_changes64(db.sqliteConnection),
+                    let kept = current.collections[collection], kept.after == position, kept.last == bounds.last
+                else { return nil }
+                tail?.served += 1
+                return kept
+            })
+        else {
+            return try Self.page(db, collection, after: position, limit: limit, maxBytes: maxBytes)
+        }
+        var rows: [StoredDocument] = []
+        var bytes = 0
+        for row in kept.rows.prefix(limit) {
+            rows.append(row)
+            bytes += row.fieldsBytes + 160
+            if bytes >= maxBytes { break }
+        }
+        return FeedPage(rows: rows, after: position, limit: limit, cutByBytes: bytes >= maxBytes, bounds: bounds)
+    }
+
+    /// A page of the feed read from the file.
+    static func page(
         _ db: Database, _ collection: CollectionPath, after position: Int64, limit: Int, maxBytes: Int
     ) throws -> FeedPage {
         let bounds = try bounds(db, collection)
@@ -253,17 +317,37 @@ final class SQLiteStore: DocumentStore {
     // MARK: - Writing
 
     func write<T>(locking collections: [CollectionPath], _ body: (any StoreTransaction) throws -> T) throws -> T {
-        try database.write { db in try body(Transaction(db)) }
+        var kept: Tail?
+        let result = try database.write { db in
+            let transaction = Transaction(db)
+            let result = try body(transaction)
+            // Counted before the commit, which changes no row.
+            kept = transaction.saved.map {
+                Tail(changes: sqlite3_total_changes64(db.sqliteConnection), collections: $0)
+            }
+            return result
+        }
+        // Committed: what it wrote is what the file holds.
+        tail.withLock { $0 = kept }
+        return result
     }
 
     /// One SQLite transaction. The connection is the only writer, so reads see exactly what
     /// the transaction will build on.
     private final class Transaction: StoreTransaction {
         let db: Database
+        /// Each collection's last sequence before this transaction wrote to it.
+        private var before: [CollectionPath: Int64] = [:]
+        /// What ``save(_:records:sequences:)`` wrote, per collection, for the feed (nil when
+        /// nothing was saved, or too much to keep).
+        private(set) var saved: [CollectionPath: TailRows]?
+
         init(_ db: Database) { self.db = db }
 
         func lastSequence(of collection: CollectionPath) throws -> Int64 {
-            try SQLiteStore.bounds(db, collection).last
+            let last = try SQLiteStore.bounds(db, collection).last
+            if before[collection] == nil { before[collection] = last }
+            return last
         }
 
         func documents(_ keys: [DocumentKey]) throws -> [DocumentKey: StoredDocument] {
@@ -343,6 +427,27 @@ final class SQLiteStore: DocumentStore {
             for (collection, last) in sequences {
                 try sequence.execute(arguments: [collection.rawValue, last])
             }
+            keep(documents, sequences)
+        }
+
+        /// Keeps the saved rows for the feed round after the commit, unless they are many
+        /// bytes, or a collection's sequence was not read here first (then which rows follow
+        /// its previous last is not known).
+        private func keep(_ documents: [StoredDocument], _ sequences: [CollectionPath: Int64]) {
+            guard documents.reduce(0, { $0 + $1.fieldsBytes }) <= SQLiteStore.tailBytes else { return }
+            var kept: [CollectionPath: TailRows] = [:]
+            for (collection, last) in sequences {
+                guard let after = before[collection] else { return }
+                kept[collection] = TailRows(after: after, last: last, rows: [])
+            }
+            for var document in documents {
+                guard kept[document.collection] != nil else { return }
+                // As the file gives it back.
+                document.isNew = false
+                kept[document.collection]!.rows.append(document)
+            }
+            for collection in kept.keys { kept[collection]!.rows.sort { $0.sequence < $1.sequence } }
+            saved = kept
         }
     }
 
