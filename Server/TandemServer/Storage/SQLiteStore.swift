@@ -265,7 +265,7 @@ final class SQLiteStore: DocumentStore {
                 return kept
             })
         else {
-            return try Self.page(db, collection, after: position, limit: limit, maxBytes: maxBytes)
+            return try Self.page(db, collection, after: position, limit: limit, maxBytes: maxBytes, bounds: bounds)
         }
         var rows: [StoredDocument] = []
         var bytes = 0
@@ -277,11 +277,12 @@ final class SQLiteStore: DocumentStore {
         return FeedPage(rows: rows, after: position, limit: limit, cutByBytes: bytes >= maxBytes, bounds: bounds)
     }
 
-    /// A page of the feed read from the file.
+    /// A page of the feed read from the file (`bounds` read here unless given).
     static func page(
-        _ db: Database, _ collection: CollectionPath, after position: Int64, limit: Int, maxBytes: Int
+        _ db: Database, _ collection: CollectionPath, after position: Int64, limit: Int, maxBytes: Int,
+        bounds: FeedBounds? = nil
     ) throws -> FeedPage {
-        let bounds = try bounds(db, collection)
+        let bounds = try bounds ?? Self.bounds(db, collection)
         let statement = try db.cachedStatement(
             sql: "SELECT \(columns) FROM document WHERE collection = ? AND sequence > ? ORDER BY sequence LIMIT ?")
         let cursor = try Row.fetchCursor(statement, arguments: [collection.rawValue, position, limit])

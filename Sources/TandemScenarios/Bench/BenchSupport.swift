@@ -126,17 +126,6 @@ enum BenchModel {
     }
 }
 
-/// The CPU time this process has used so far, on every thread, in user and kernel mode.
-///
-/// Beside a rate, it says how much work each document took: on a shared machine the rate
-/// moves with what else runs, while the work per document moves only with the code.
-func processCPUTime() -> Duration {
-    var usage = rusage()
-    getrusage(RUSAGE_SELF.rawValue, &usage)
-    func duration(_ time: timeval) -> Duration { .seconds(Int64(time.tv_sec)) + .microseconds(Int64(time.tv_usec)) }
-    return duration(usage.ru_utime) + duration(usage.ru_stime)
-}
-
 /// Waits until `check` holds, checking every `interval`.
 func poll(
     _ what: String, timeout: Duration = .seconds(300), interval: Duration = .milliseconds(2), _ check: () throws -> Bool
