@@ -13,7 +13,17 @@ final class LocalChangeObserver: TransactionObserver, @unchecked Sendable {
     var isTandemWriting = false
     private var changed = false
     private var parentsChanged = false
-    private let onCommit = Mutex<(@Sendable (_ parentsChanged: Bool) -> Void)?>(nil)
+    private let onCommit = Mutex<CommitAction?>(nil)
+
+    /// What a commit of the app's changes runs, kept in a struct rather than as a bare closure:
+    /// a closure that is itself the `Mutex`'s generic value comes out of each `withLock { $0 }`
+    /// wrapped in one more conversion thunk, written back into the lock, so every commit called
+    /// through more frames than the one before (in a release build, 6 µs a call at first and
+    /// 70 µs after 10,000 calls, with the stack on its way to overflowing). A struct's field
+    /// keeps its closure as it is (0.05 µs a call, flat).
+    private struct CommitAction: Sendable {
+        let run: @Sendable (_ parentsChanged: Bool) -> Void
+    }
 
     init(tables: Set<String>, parents: Set<String>) {
         self.tables = tables
@@ -21,7 +31,7 @@ final class LocalChangeObserver: TransactionObserver, @unchecked Sendable {
     }
 
     func setOnCommit(_ action: @escaping @Sendable (_ parentsChanged: Bool) -> Void) {
-        onCommit.withLock { $0 = action }
+        onCommit.withLock { $0 = CommitAction(run: action) }
     }
 
     /// GRDB asks before each statement. Tandem's own statements are not observed at all: GRDB
@@ -49,7 +59,7 @@ final class LocalChangeObserver: TransactionObserver, @unchecked Sendable {
         }
         guard changed else { return }
         let parentsChanged = self.parentsChanged
-        onCommit.withLock { $0 }?(parentsChanged)
+        onCommit.withLock { $0 }?.run(parentsChanged)
     }
 
     func databaseDidRollback(_ db: Database) {
