@@ -569,7 +569,10 @@ struct StaleSnapshotTests {
         let server = try await TestServer()
         let deleteAcknowledged = Mutex<DocumentID?>(nil)
         let violations = Seen<String>()
-        let deleteAfterUpdate = Mutex<(@Sendable () -> Void)?>(nil)
+        // A struct around the closure: a closure that is itself a `Mutex`'s value is wrapped in
+        // more conversion thunks at each `withLock { $0 }` (see `LocalChangeObserver`).
+        struct Action: Sendable { let run: @Sendable () -> Void }
+        let deleteAfterUpdate = Mutex<Action?>(nil)
         let deviceBox = Mutex<TestDevice?>(nil)
         let device = try TestDevice(name: "phone", serverURL: server.url) { configuration in
             // The echo on the connection that wrote (what a reconnect brings too) is the stale
@@ -582,7 +585,7 @@ struct StaleSnapshotTests {
             configuration.writesInFlight = 1
             configuration.hooks.afterWriteBack = { ops, results in
                 if ops.contains(where: { $0.kind == .update }) {
-                    deleteAfterUpdate.withLock { $0 }?()
+                    deleteAfterUpdate.withLock { $0 }?.run()
                 }
                 for (op, result) in zip(ops, results) where op.kind == .delete {
                     deleteAcknowledged.withLock { $0 = result.id }
@@ -618,7 +621,7 @@ struct StaleSnapshotTests {
             try db.execute(sql: "UPDATE account SET name = 'Home' WHERE id = ?", arguments: [account.id!])
         }
         deleteAfterUpdate.withLock {
-            $0 = {
+            $0 = Action {
                 try? device.database.write { db in
                     try db.execute(sql: "DELETE FROM account WHERE id = ?", arguments: [account.id!])
                 }

@@ -71,10 +71,10 @@ final class SQLiteStore: DocumentStore {
                 throw DatabaseError(message: "the database refused WAL mode (journal_mode is \(mode ?? "unknown"))")
             }
             try db.execute(sql: "PRAGMA synchronous = FULL")
-            // 8 MB of page cache. SQLite's page cache hashes its pages into as many buckets as it
-            // has held pages, and SQLite 3.40 (Debian 12's) walks every bucket at the commit after a
-            // B-tree balance that parks a page at the pending-byte page number: at 64 MB, 16,384
-            // buckets on most commits of a busy file (2.6 % of bench throughput's CPU; 0.6 % at 8 MB).
+            // 8 MB of page cache. SQLite hashes its cached pages into as many buckets as pages it
+            // has held, and after a B-tree balance that parks a page at the pending-byte page number
+            // (seen with 3.40, Debian 12's) the next commit walks every bucket: 16,384 at 64 MB, 2.2 %
+            // of bench throughput's samples; 0.6 % at 8 MB.
             try db.execute(sql: "PRAGMA cache_size = -8192")
         }
         try self.init(database: try DatabaseQueue(path: path, configuration: configuration), path: path, logger: logger)
