@@ -143,10 +143,11 @@ struct LocalStore: Sendable {
 
     // MARK: - Counts
 
-    /// Rows waiting to be pushed (dirty shared rows and filed deletes), failed ones excluded.
-    /// Rows that do not sync (not shared) are local-only, not pending.
-    func pendingCount(_ db: Database) throws -> Int {
-        try ledger.pendingCount(tables.map { ($0, syncsCondition($0, alias: "t", waitingForParents: true)) }, db)
+    /// The status's counts: rows waiting to be pushed (dirty shared rows and filed deletes;
+    /// failed ones and ones in conflict excluded), failed rows, open conflicts. Rows that do
+    /// not sync (not shared) are local-only, not pending.
+    func counts(_ db: Database) throws -> (pending: Int, failed: Int, conflicts: Int) {
+        try ledger.counts(tables.map { ($0, syncsCondition($0, alias: "t", waitingForParents: true)) }, db)
     }
 
     // MARK: - Clock

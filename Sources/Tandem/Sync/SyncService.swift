@@ -440,7 +440,7 @@ public final class SyncService: Sendable {
     private static func counts(_ store: LocalStore, _ db: Database) throws -> (
         pending: Int, failed: Int, conflicts: Int
     ) {
-        (try store.pendingCount(db), try store.ledger.failedCount(db), try store.ledger.conflictCount(db))
+        try store.counts(db)
     }
 
     private func showCounts(_ counts: (pending: Int, failed: Int, conflicts: Int), read: Int) {
