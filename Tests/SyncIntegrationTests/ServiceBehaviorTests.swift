@@ -413,4 +413,36 @@ struct ServiceBehaviorTests {
         }
         try await waitUntil("the laptop's app saw the updated row") { seen.withLock { $0.last } == ["Home"] }
     }
+
+    /// Every app commit to a synced table reaches the push through `LocalChangeObserver`,
+    /// whose stored action was wrapped in a pair of conversion thunks more at each commit (see
+    /// `LocalChangeObserverTests`): the call went deeper with every commit until the writing
+    /// thread's stack overflowed and the app died (SIGSEGV). Here a 128 KB stack and 4,000
+    /// commits, which crashed without the fix; a 512 KB stack, the size of secondary threads on
+    /// Apple platforms, crashed within 15,000.
+    @Test("an app commits 4,000 times to a synced table from a thread with a 128 KB stack")
+    func manyCommitsOnSmallStack() async throws {
+        // Never started: each commit still goes through the observer to the push's scheduling.
+        let phone = try TestDevice(name: "phone", serverURL: "ws://127.0.0.1:9")
+        let commits = 4_000
+        let finished = Mutex<Result<Void, any Error>?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        let writer = Thread {
+            let result = Result {
+                for index in 0..<commits {
+                    try phone.database.write { db in
+                        try db.execute(
+                            sql: "INSERT INTO account (name, isShared) VALUES (?, 1)", arguments: ["\(index)"])
+                    }
+                }
+            }
+            finished.withLock { $0 = result }
+            done.signal()
+        }
+        writer.stackSize = 128 << 10
+        writer.start()
+        try await onOwnThread { done.wait() }
+        try #require(finished.withLock { $0 }).get()
+        #expect(try await phone.service.unsyncedRowCount() == commits)
+    }
 }
