@@ -418,11 +418,13 @@ struct ServiceBehaviorTests {
     /// whose stored action was wrapped in a pair of conversion thunks more at each commit (see
     /// `LocalChangeObserverTests`): the call went deeper with every commit until the writing
     /// thread's stack overflowed and the app died (SIGSEGV). Here a 128 KB stack and 4,000
-    /// commits, which crashed without the fix; a 512 KB stack, the size of secondary threads on
-    /// Apple platforms, crashed within 15,000.
+    /// commits, which crashed before the last without the fix; a 512 KB stack, the size of
+    /// secondary threads on Apple platforms, crashed before 15,000. A regression kills the whole
+    /// test process with SIGSEGV, naming no test: `LocalChangeObserverTests` fails by name.
     @Test("an app commits 4,000 times to a synced table from a thread with a 128 KB stack")
     func manyCommitsOnSmallStack() async throws {
-        // Never started: each commit still goes through the observer to the push's scheduling.
+        // Never started: each commit still goes through the observer to the push's scheduling
+        // (and asks for a read of the status's counts).
         let phone = try TestDevice(name: "phone", serverURL: "ws://127.0.0.1:9")
         let commits = 4_000
         let finished = Mutex<Result<Void, any Error>?>(nil)
@@ -441,8 +443,27 @@ struct ServiceBehaviorTests {
         }
         writer.stackSize = 128 << 10
         writer.start()
-        try await onOwnThread { done.wait() }
+        let ended = try await onOwnThread { done.wait(timeout: .now() + .seconds(300)) }
+        try #require(ended == .success, "the writing thread did not finish its commits within 300 s")
         try #require(finished.withLock { $0 }).get()
         #expect(try await phone.service.unsyncedRowCount() == commits)
+    }
+
+    /// Each local commit asked for a read of the status's counts on a thread of its own, which
+    /// waits for the database behind the app's next write: a burst of commits queued as many
+    /// reads as commits (here 101 without the fix).
+    @Test("a burst of local commits queues one read of the status's counts, not one each")
+    func commitBurstReadsCountsOnce() async throws {
+        let held = Checkpoint()
+        // Never started: each commit asks for the counts to be read.
+        let phone = try TestDevice(name: "phone", serverURL: "ws://127.0.0.1:9") { configuration in
+            configuration.hooks.beforeQueuedStatusRead = { held.pause() }
+        }
+        try await phone.addAccount("0")
+        try await held.reached()
+        for index in 1...100 { try await phone.addAccount("\(index)") }
+        held.release()
+        try await waitUntil("the status shows the 101 accounts") { phone.service.status.pendingCount == 101 }
+        #expect(held.arrivals == 1)
     }
 }

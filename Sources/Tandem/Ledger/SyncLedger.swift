@@ -73,9 +73,9 @@ struct SyncLedger: Sendable {
     /// excluded), failed rows, and open conflicts. `syncs` is the SQL condition (on alias `t`)
     /// of each table's rows that sync or will.
     ///
-    /// One statement, so one read transaction: the status is read after every push and every
-    /// snapshot that changed something, and a statement of its own per count took a read lock
-    /// (two `fcntl` calls on the WAL's index) per count.
+    /// One statement: the status is read after every push and every snapshot that changed
+    /// something, and on a `DatabaseQueue`, which reads without a transaction, a statement per
+    /// count took a read lock of its own per count (two `fcntl` calls on the WAL's index).
     ///
     /// The dirty rows are counted through their index, less the few failed or in conflict,
     /// looked up by id, rather than probing both tables for every dirty row (at 100,000 dirty

@@ -37,6 +37,9 @@ import TandemWire
     public var beforeApplyCommit: (@Sendable ([ServerMessage.Snapshot]) -> Void)?
     /// After a snapshot and its resume token were committed.
     public var afterApply: (@Sendable (ServerMessage.Snapshot) -> Void)?
+    /// A read of the status's counts that a local commit queued is about to start (on a
+    /// thread of its own); commits until it starts queue no other.
+    public var beforeQueuedStatusRead: (@Sendable () -> Void)?
 
     public init() {}
 }

@@ -89,6 +89,9 @@ public final class SyncService: Sendable {
         /// at once may finish out of order, and an older one must not overwrite a newer.
         var countReads = 0
         var countsShown = 0
+        /// A read of the counts is queued by ``refreshStatusSoon()`` and has not started: it
+        /// will see every commit made until it starts, which need no read of their own.
+        var countsReadQueued = false
         /// When the push scheduled next will be queued, if one is.
         var pushDue: ContinuousClock.Instant?
         var status = SyncStatus()
@@ -389,8 +392,23 @@ public final class SyncService: Sendable {
 
     /// Refreshes the status on a thread that may wait for the database (not the caller's, which
     /// may be one of Swift concurrency's).
+    ///
+    /// A read queued and not yet started sees every commit made before it starts, so a burst
+    /// of local commits queues one read, not one each (each would wait for the database behind
+    /// the app's next write).
     func refreshStatusSoon() {
-        DispatchQueue.global().async { [weak self] in self?.refreshStatus() }
+        let queue = state.withLock { state in
+            defer { state.countsReadQueued = true }
+            return !state.countsReadQueued
+        }
+        guard queue else { return }
+        DispatchQueue.global().async { [weak self] in
+            guard let self else { return }
+            configuration.hooks.beforeQueuedStatusRead?()
+            // Cleared before the read: a commit from here on may come after it, and queues its own.
+            state.withLock { $0.countsReadQueued = false }
+            refreshStatus()
+        }
     }
 
     /// Reads the counts of the status. Called on a thread of Swift concurrency's pool (a task
