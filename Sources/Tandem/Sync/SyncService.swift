@@ -178,7 +178,7 @@ public final class SyncService: Sendable {
         do {
             let counts = try database.writeWithoutTransaction { [store] db in
                 db.add(transactionObserver: observer, extent: .observerLifetime)
-                return try Self.counts(store, db)
+                return try store.counts(db)
             }
             showCounts(counts, read: read)
         } catch {
@@ -397,11 +397,11 @@ public final class SyncService: Sendable {
     /// of local commits queues one read, not one each (each would wait for the database behind
     /// the app's next write).
     func refreshStatusSoon() {
-        let queue = state.withLock { state in
+        let alreadyQueued = state.withLock { state in
             defer { state.countsReadQueued = true }
-            return !state.countsReadQueued
+            return state.countsReadQueued
         }
-        guard queue else { return }
+        guard !alreadyQueued else { return }
         DispatchQueue.global().async { [weak self] in
             guard let self else { return }
             configuration.hooks.beforeQueuedStatusRead?()
@@ -438,7 +438,7 @@ public final class SyncService: Sendable {
     func refreshStatus() async {
         let read = nextCountRead()
         do {
-            showCounts(try await readState { [store] db in try Self.counts(store, db) }, read: read)
+            showCounts(try await readState { [store] db in try store.counts(db) }, read: read)
         } catch {
             logger.error("reading the sync status failed", metadata: ["tandem.error": "\(error)"])
         }
@@ -452,12 +452,6 @@ public final class SyncService: Sendable {
     }
 
     private func countsNow(_ db: Database) throws -> (pending: Int, failed: Int, conflicts: Int) {
-        try Self.counts(store, db)
-    }
-
-    private static func counts(_ store: LocalStore, _ db: Database) throws -> (
-        pending: Int, failed: Int, conflicts: Int
-    ) {
         try store.counts(db)
     }
 

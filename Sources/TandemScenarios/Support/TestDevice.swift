@@ -47,10 +47,7 @@ public final class TestDevice: Sendable {
         configuration.journalMode = .wal
         configuration.prepareDatabase { db in
             try db.execute(sql: "PRAGMA synchronous = NORMAL")
-            // 8 MB of page cache. SQLite hashes its cached pages into as many buckets as pages it
-            // has held, and after a B-tree balance that parks a page at the pending-byte page number
-            // (seen with 3.40, Debian 12's) the next commit walks every bucket: 16,384 at 64 MB, 2.2 %
-            // of bench throughput's samples; 0.6 % at 8 MB.
+            // 8 MB of page cache, as the server's (see `SQLiteStore` for why no more).
             try db.execute(sql: "PRAGMA cache_size = -8192")
         }
         database = try DatabaseQueue(path: self.folder.path("\(name).sqlite"), configuration: configuration)
