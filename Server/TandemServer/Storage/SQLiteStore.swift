@@ -1,8 +1,8 @@
 import Foundation
-import Synchronization
 import GRDB
 import GRDBSQLite
 import Logging
+import Synchronization
 import TandemSQLite
 import TandemWire
 
@@ -271,34 +271,36 @@ final class SQLiteStore: DocumentStore {
         else {
             return try Self.page(db, collection, after: position, limit: limit, maxBytes: maxBytes, bounds: bounds)
         }
+        var next = kept.rows.prefix(limit).makeIterator()
+        let (rows, cut) = Self.collect(maxBytes: maxBytes) { next.next() }
+        return FeedPage(rows: rows, after: position, limit: limit, cutByBytes: cut, bounds: bounds)
+    }
+
+    /// A page's rows, in order, until they reach `maxBytes` (the row that reaches it included):
+    /// each counts its fields and 160 bytes for the rest, as `PostgresStore`'s page query does.
+    private static func collect(maxBytes: Int, _ next: () throws -> StoredDocument?) rethrows
+        -> (rows: [StoredDocument], cutByBytes: Bool)
+    {
         var rows: [StoredDocument] = []
         var bytes = 0
-        for row in kept.rows.prefix(limit) {
+        while let row = try next() {
             rows.append(row)
             bytes += row.fieldsBytes + 160
             if bytes >= maxBytes { break }
         }
-        return FeedPage(rows: rows, after: position, limit: limit, cutByBytes: bytes >= maxBytes, bounds: bounds)
+        return (rows, bytes >= maxBytes)
     }
 
-    /// A page of the feed read from the file (`bounds` read here unless given).
+    /// A page of the feed read from the file; `bounds` are the collection's, as just read.
     static func page(
         _ db: Database, _ collection: CollectionPath, after position: Int64, limit: Int, maxBytes: Int,
-        bounds: FeedBounds? = nil
+        bounds: FeedBounds
     ) throws -> FeedPage {
-        let bounds = try bounds ?? Self.bounds(db, collection)
         let statement = try db.cachedStatement(
             sql: "SELECT \(columns) FROM document WHERE collection = ? AND sequence > ? ORDER BY sequence LIMIT ?")
         let cursor = try Row.fetchCursor(statement, arguments: [collection.rawValue, position, limit])
-        var rows: [StoredDocument] = []
-        var bytes = 0
-        while let row = try cursor.next() {
-            let stored = try storedDocument(row)
-            rows.append(stored)
-            bytes += stored.fieldsBytes + 160
-            if bytes >= maxBytes { break }
-        }
-        return FeedPage(rows: rows, after: position, limit: limit, cutByBytes: bytes >= maxBytes, bounds: bounds)
+        let (rows, cut) = try collect(maxBytes: maxBytes) { try cursor.next().map(storedDocument) }
+        return FeedPage(rows: rows, after: position, limit: limit, cutByBytes: cut, bounds: bounds)
     }
 
     static func bounds(_ db: Database, _ collection: CollectionPath) throws -> FeedBounds {
