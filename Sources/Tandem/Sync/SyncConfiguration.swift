@@ -19,7 +19,7 @@ public struct SyncConfiguration: Sendable {
     /// The most ops in one `write` message (the server's own limit applies too). Default: 500.
     public var maxBatchSize = 500
     /// How many `write` messages of a push may await their answers at once: the next batches
-    /// are prepared and sent while the server applies the one before. Default: 4.
+    /// are prepared and sent while the server applies the ones before. Default: 4.
     ///
     /// The pipeline's depth bounds a push at `writesInFlight × maxBatchSize` ops per round trip
     /// (4 × 500 over a 50 ms link: 40,000 ops/s), and on a fast link keeps the server busy while
