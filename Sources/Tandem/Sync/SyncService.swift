@@ -429,7 +429,7 @@ public final class SyncService: Sendable {
     /// report and the status both.
     func showCurrentCounts() throws -> (pending: Int, failed: Int, conflicts: Int) {
         let read = nextCountRead()
-        let counts = try readState(countsNow)
+        let counts = try readState { [store] db in try store.counts(db) }
         showCounts(counts, read: read)
         return counts
     }
@@ -449,10 +449,6 @@ public final class SyncService: Sendable {
             state.countReads += 1
             return state.countReads
         }
-    }
-
-    private func countsNow(_ db: Database) throws -> (pending: Int, failed: Int, conflicts: Int) {
-        try store.counts(db)
     }
 
     private func showCounts(_ counts: (pending: Int, failed: Int, conflicts: Int), read: Int) {
