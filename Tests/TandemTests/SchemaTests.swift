@@ -51,6 +51,24 @@ struct SchemaTests {
         }
     }
 
+    @Test("tandem_row's server-id index leaves out entries without a server id, and the lookups by server id use it")
+    func serverIdIndexIsPartial() throws {
+        let (database, _) = try prepared()
+        try database.read { db in
+            let partial = try Bool.fetchOne(
+                db, sql: "SELECT partial FROM pragma_index_list('tandem_row') WHERE name = 'tandem_row_server'")
+            #expect(partial == true, "a create on its way (no server id yet) writes no entry of this index")
+            for lookup in [
+                "DELETE FROM tandem_row WHERE tableName = ? AND serverId = ?",
+                "SELECT 1 FROM tandem_row WHERE tableName = ? AND serverId = ? AND pendingOp = 'delete'",
+            ] {
+                let plan = try Row.fetchAll(db, sql: "EXPLAIN QUERY PLAN \(lookup)", arguments: ["entry", "x"])
+                    .map { $0["detail"] as String }
+                #expect(plan.contains { $0.contains("USING INDEX tandem_row_server") }, "\(lookup): \(plan)")
+            }
+        }
+    }
+
     @Test("an insert by the app marks the row dirty and stamps updatedAt from the sync clock")
     func insertMarksDirty() throws {
         let (database, _) = try prepared(clock: TestClock(now: 42_000))

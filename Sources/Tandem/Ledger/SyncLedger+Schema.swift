@@ -15,6 +15,10 @@ extension SyncLedger {
     /// - `tandem-3`: scoped tables. A conflict says why it is open (`reason`: `changed`, or
     ///   `left-scope` for a row whose document left its table's scope while it had unpushed
     ///   changes), and `tandem_row.outOfScope` marks such a row until it can go.
+    /// - `tandem-4`: `tandem_row`'s index by server id leaves out the entries without one,
+    ///   which are those of rows whose create is on its way: recording a create's key and
+    ///   forgetting it at the acknowledgement each write one index fewer (about 6 % of `bench
+    ///   throughput`). The lookups by server id (`serverId = ?`) still use it.
     ///
     /// The triggers are not versioned: they follow the app's tables and are made again each
     /// time the service starts (``installTriggers(_:_:)``).
@@ -124,6 +128,13 @@ extension SyncLedger {
                     ALTER TABLE tandem_conflict ADD COLUMN reason TEXT NOT NULL DEFAULT 'changed';
                     ALTER TABLE tandem_row ADD COLUMN outOfScope INTEGER NOT NULL DEFAULT 0;
                     CREATE INDEX tandem_row_out_of_scope ON tandem_row(outOfScope) WHERE outOfScope = 1;
+                    """)
+        }
+        migrator.registerMigration("tandem-4", foreignKeyChecks: .immediate) { db in
+            try db.execute(
+                sql: """
+                    DROP INDEX tandem_row_server;
+                    CREATE INDEX tandem_row_server ON tandem_row(tableName, serverId) WHERE serverId IS NOT NULL;
                     """)
         }
         return migrator
