@@ -384,6 +384,20 @@ final class PostgresStore: DocumentStore {
         }
     }
 
+    /// The idempotency records of a group's keys ($3) for one user ($1) and client ($2): one
+    /// probe of the primary key per key. Written as `key = ANY($3)`, PostgreSQL planned the
+    /// lookup with the parameters' values as a scan of every record the client has, each
+    /// compared against every key of the group (a client with 10,000 records and a group of
+    /// 500 keys: 3.3 ms, growing with the records, against 1.8 ms here whatever their
+    /// number). `LIMIT 1` keeps the planner from flattening the subquery into a hash join
+    /// over the same scan.
+    static let recordedResultsSQL = """
+        SELECT i.key, i.id, i.version, i.update_time, i.document FROM unnest($3::text[]) AS k(key),
+            LATERAL (
+                SELECT key, id, version, update_time, document FROM tandem_idempotency
+                WHERE user_name = $1 AND client_id = $2 AND key = k.key LIMIT 1) AS i
+        """
+
     private final class Transaction: StoreTransaction {
         let connection: PostgresConnection
         let locked: [CollectionPath: Int64]
@@ -422,10 +436,7 @@ final class PostgresStore: DocumentStore {
         func recordedResults(user: String, client: String, keys: [String]) throws -> [String: WriteResult] {
             guard !keys.isEmpty else { return [:] }
             let rows = try connection.query(
-                """
-                SELECT key, id, version, update_time, document FROM tandem_idempotency
-                WHERE user_name = $1 AND client_id = $2 AND key = ANY($3::text[])
-                """, [user, client, PostgresText.array(keys)], prepare: true
+                PostgresStore.recordedResultsSQL, [user, client, PostgresText.array(keys)], prepare: true
             ).rows
             var found: [String: WriteResult] = [:]
             for row in rows {
