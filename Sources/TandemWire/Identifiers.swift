@@ -6,6 +6,19 @@
 enum Name {
     static let maxBytes = 256
 
+    /// Whether `name` keeps every rule, in one pass over its bytes (names arrive with every
+    /// op and every change); ``problem(with:)`` says which rule a name breaks.
+    static func isValid(_ name: String) -> Bool {
+        var length = 0
+        var dots = 0
+        for byte in name.utf8 {
+            guard isAllowed(byte) else { return false }
+            length += 1
+            if byte == UInt8(ascii: ".") { dots += 1 }
+        }
+        return length > 0 && length <= maxBytes && !(dots == length && length <= 2)
+    }
+
     static func problem(with name: Substring) -> String? {
         if name.isEmpty { return "is empty" }
         if name.utf8.count > maxBytes { return "is longer than \(maxBytes) bytes" }
@@ -75,7 +88,7 @@ public struct CollectionPath: Hashable, Sendable, Comparable, CustomStringConver
 
     /// Whether the path keeps every rule, in one pass over its bytes that allocates nothing
     /// (paths arrive with every op); ``problem(with:)`` says which rule a path breaks.
-    private static func isValid(_ path: String) -> Bool {
+    static func isValid(_ path: String) -> Bool {
         var segments = 1
         var length = 0
         var dots = 0
@@ -120,7 +133,7 @@ public struct DocumentID: Hashable, Sendable, Comparable, CustomStringConvertibl
 
     /// - Throws: ``WireError`` with code ``ErrorCode/invalidPath``.
     public init(_ rawValue: String) throws(WireError) {
-        if let problem = Name.problem(with: Substring(rawValue)) {
+        if !Name.isValid(rawValue), let problem = Name.problem(with: Substring(rawValue)) {
             throw WireError(.invalidPath, "document id '\(rawValue.prefix(300))' \(problem)")
         }
         self.rawValue = rawValue
@@ -219,7 +232,7 @@ public struct ClientName: Hashable, Sendable, CustomStringConvertible {
     init(unchecked rawValue: String) { self.rawValue = rawValue }
 
     public init(_ rawValue: String, field: String = "name") throws(WireError) {
-        if let problem = Name.problem(with: Substring(rawValue)) {
+        if !Name.isValid(rawValue), let problem = Name.problem(with: Substring(rawValue)) {
             throw WireError(.badMessage, "\(field) '\(rawValue.prefix(300))' \(problem)")
         }
         self.rawValue = rawValue

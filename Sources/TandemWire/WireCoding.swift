@@ -27,7 +27,23 @@ extension WireCodable {
 /// Reads the fields of a JSON object, naming each in errors.
 struct ObjectReader {
     private let members: Members
-    let path: String
+    private let location: Location
+
+    /// Where the object sits in the message (`ops[2]`), for error messages.
+    var path: String {
+        switch location {
+        case .path(let path): path
+        case .element(let list, let index): "\(list)[\(index)]"
+        }
+    }
+
+    /// The object's place, made into text only for an error: most objects of a message are the
+    /// elements of its one long list, and writing `changes[417]` out for each of them, and
+    /// `changes[417].id` for each id read, cost as much as parsing the ids.
+    private enum Location {
+        case path(String)
+        case element(of: String, Int)
+    }
 
     /// A dictionary, or the members in order (a message's small objects, read once each:
     /// looking through ten members costs less than hashing them into a dictionary).
@@ -41,16 +57,34 @@ struct ObjectReader {
             throw WireError(.badMessage, "\(path.isEmpty ? "the message" : path): expected an object")
         }
         self.members = .dictionary(object)
-        self.path = path
+        self.location = .path(path)
+    }
+
+    /// Element `index` of the list `list` (a top-level member of the message).
+    init(_ value: JSONValue, element index: Int, of list: String) throws(WireError) {
+        guard case .object(let object) = value else {
+            throw WireError(.badMessage, "\(list)[\(index)]: expected an object")
+        }
+        self.members = .dictionary(object)
+        self.location = .element(of: list, index)
     }
 
     /// An object read as its members (``JSONParser/parseMessage(_:maxDepth:listKey:)``).
     init(members: JSONMembers, path: String) {
         self.members = .list(members)
-        self.path = path
+        self.location = .path(path)
     }
 
-    func name(_ key: String) -> String { path.isEmpty ? key : "\(path).\(key)" }
+    /// Element `index` of the list `list`, read as its members.
+    init(members: JSONMembers, element index: Int, of list: String) {
+        self.members = .list(members)
+        self.location = .element(of: list, index)
+    }
+
+    func name(_ key: String) -> String {
+        let path = self.path
+        return path.isEmpty ? key : "\(path).\(key)"
+    }
 
     /// Whether the member is there (and not null).
     func has(_ key: String) -> Bool { present(key) != nil }
@@ -133,6 +167,19 @@ struct ObjectReader {
         return try T(json: value, path: name(key))
     }
 
+    /// A name (an id, a path, a key), with the member's name written out only when it is wrong.
+    func read<T: WireName>(_ key: String, as type: T.Type) throws(WireError) -> T {
+        let value = try required(key)
+        if case .string(let string) = value, let valid = T(valid: string) { return valid }
+        return try T(json: value, path: name(key))
+    }
+
+    func optionalRead<T: WireName>(_ key: String, as type: T.Type) throws(WireError) -> T? {
+        guard let value = present(key) else { return nil }
+        if case .string(let string) = value, let valid = T(valid: string) { return valid }
+        return try T(json: value, path: name(key))
+    }
+
     /// A client-chosen label (`request`, `target`): 1 to 128 bytes, no control characters.
     func label(_ key: String) throws(WireError) -> String {
         let label = try string(key)
@@ -160,23 +207,49 @@ struct ObjectReader {
 
 // MARK: - Names
 
-extension CollectionPath: JSONReadable {
+/// A string type with naming rules, read from a message's string when it keeps them.
+protocol WireName: JSONReadable {
+    /// The name, or nil when `string` breaks a rule (then ``JSONReadable/init(json:path:)``
+    /// says which).
+    init?(valid string: String)
+}
+
+extension CollectionPath: WireName {
+    init?(valid string: String) {
+        guard Self.isValid(string) else { return nil }
+        self.init(unchecked: string)
+    }
+
     public init(json: JSONValue, path: String) throws(WireError) {
         guard case .string(let string) = json else { throw WireError(.badMessage, "\(path): expected a string") }
         do { try self.init(string) } catch { throw error.at(path) }
     }
 }
 
-extension DocumentID: JSONReadable {
+extension DocumentID: WireName {
+    init?(valid string: String) {
+        guard Name.isValid(string) else { return nil }
+        self.init(unchecked: string)
+    }
+
     public init(json: JSONValue, path: String) throws(WireError) {
         guard case .string(let string) = json else { throw WireError(.badMessage, "\(path): expected a string") }
         do { try self.init(string) } catch { throw error.at(path) }
     }
 }
 
-extension ClientName: JSONReadable {
+extension ClientName: WireName {
+    init?(valid string: String) {
+        guard Name.isValid(string) else { return nil }
+        self.init(unchecked: string)
+    }
+
     public init(json: JSONValue, path: String) throws(WireError) {
         guard case .string(let string) = json else { throw WireError(.badMessage, "\(path): expected a string") }
+        if let name = ClientName(valid: string) {
+            self = name
+            return
+        }
         let field = path.split(separator: ".").last.map(String.init) ?? "name"
         do { try self.init(string, field: field) } catch { throw error.at(path) }
     }
@@ -290,8 +363,11 @@ extension Limits: WireCodable {
 // MARK: - Client messages
 
 extension WriteOp: WireCodable {
-    public init(json: JSONValue, path at: String) throws(WireError) {
-        let reader = try ObjectReader(json, path: at)
+    public init(json: JSONValue, path: String) throws(WireError) {
+        try self.init(ObjectReader(json, path: path))
+    }
+
+    init(_ reader: ObjectReader) throws(WireError) {
         let name = try reader.string("op")
         guard let kind = Kind(rawValue: name) else {
             throw WireError(
@@ -305,21 +381,21 @@ extension WriteOp: WireCodable {
             fieldTimes: try reader.optionalTimes("fieldTimes"))
         switch kind {
         case .create:
-            if fields == nil { throw WireError(.badMessage, "\(at): a create needs fields") }
-            if baseVersion != nil { throw WireError(.badMessage, "\(at): a create takes no baseVersion") }
+            if fields == nil { throw WireError(.badMessage, "\(reader.path): a create needs fields") }
+            if baseVersion != nil { throw WireError(.badMessage, "\(reader.path): a create takes no baseVersion") }
         case .update:
-            if id == nil { throw WireError(.badMessage, "\(at): an update needs an id") }
-            if fields == nil { throw WireError(.badMessage, "\(at): an update needs fields") }
+            if id == nil { throw WireError(.badMessage, "\(reader.path): an update needs an id") }
+            if fields == nil { throw WireError(.badMessage, "\(reader.path): an update needs fields") }
         case .delete:
-            if id == nil { throw WireError(.badMessage, "\(at): a delete needs an id") }
-            if fields != nil { throw WireError(.badMessage, "\(at): a delete takes no fields") }
-            if fieldTimes != nil { throw WireError(.badMessage, "\(at): a delete takes no fieldTimes") }
+            if id == nil { throw WireError(.badMessage, "\(reader.path): a delete needs an id") }
+            if fields != nil { throw WireError(.badMessage, "\(reader.path): a delete takes no fields") }
+            if fieldTimes != nil { throw WireError(.badMessage, "\(reader.path): a delete takes no fieldTimes") }
         }
         if let fieldTimes, let fields, let unknown = fieldTimes.keys.first(where: { fields[$0] == nil }) {
-            throw WireError(.badMessage, "\(at).fieldTimes: '\(unknown.prefix(40))' is not one of the fields")
+            throw WireError(.badMessage, "\(reader.path).fieldTimes: '\(unknown.prefix(40))' is not one of the fields")
         }
         if let baseVersion, baseVersion < 1 {
-            throw WireError(.badMessage, "\(at).baseVersion: must be 1 or more, not \(baseVersion)")
+            throw WireError(.badMessage, "\(reader.path).baseVersion: must be 1 or more, not \(baseVersion)")
         }
     }
 
@@ -390,8 +466,9 @@ extension ClientMessage: WireCodable {
             if values.isEmpty { throw WireError(.badMessage, "ops: a write needs at least one op", request: request) }
             var ops: [WriteOp] = []
             ops.reserveCapacity(values.count)
+            let list = reader.name("ops")
             for (index, value) in values.enumerated() {
-                ops.append(try WriteOp(json: value, path: "\(reader.name("ops"))[\(index)]"))
+                ops.append(try WriteOp(ObjectReader(value, element: index, of: list)))
             }
             self = .write(Write(request: request, ops: ops))
         case "get":
@@ -499,7 +576,10 @@ extension ClientMessage: WireCodable {
 
 extension WriteResult: WireCodable {
     public init(json: JSONValue, path: String) throws(WireError) {
-        let reader = try ObjectReader(json, path: path)
+        try self.init(ObjectReader(json, path: path))
+    }
+
+    init(_ reader: ObjectReader) throws(WireError) {
         self.init(
             id: try reader.read("id", as: DocumentID.self), version: try reader.int("version"),
             updateTime: try reader.optionalInt("updateTime") ?? 0,
@@ -587,10 +667,10 @@ extension ServerMessage: WireCodable {
             var changes: [Change] = []
             changes.reserveCapacity(elements.count)
             for (index, element) in elements.enumerated() {
-                let path = "changes[\(index)]"
                 switch element {
-                case .members(let members): changes.append(try Change(ObjectReader(members: members, path: path)))
-                case .value(let value): changes.append(try Change(json: value, path: path))
+                case .members(let members):
+                    changes.append(try Change(ObjectReader(members: members, element: index, of: "changes")))
+                case .value(let value): changes.append(try Change(ObjectReader(value, element: index, of: "changes")))
                 }
             }
             self = .snapshot(
@@ -605,7 +685,7 @@ extension ServerMessage: WireCodable {
             let values = try reader.array("results")
             var results: [WriteResult] = []
             for (index, value) in values.enumerated() {
-                results.append(try WriteResult(json: value, path: "results[\(index)]"))
+                results.append(try WriteResult(ObjectReader(value, element: index, of: "results")))
             }
             self = .ack(Ack(request: try reader.string("request"), results: results))
         case "conflict":

@@ -279,6 +279,47 @@ struct MessageCodingTests {
         }
     }
 
+    @Test(
+        "an error in an element of a long list names the element and the member",
+        arguments: [
+            (
+                #"{"type":"write","request":"r","ops":[\#(WireCases.op),{"op":"create","collection":"a","fields":{},"idempotencyKey":"k y"}]}"#,
+                "bad-message: ops[1].idempotencyKey: idempotencyKey 'k y' contains ' '; allowed are letters, digits and - _ . ~ : @ +"
+            ),
+            (
+                #"{"type":"write","request":"r","ops":[\#(WireCases.op),{"op":"update","collection":"a","fields":{},"idempotencyKey":"k"}]}"#,
+                "bad-message: ops[1]: an update needs an id"
+            ),
+            (
+                #"{"type":"write","request":"r","ops":[\#(WireCases.op),{"op":"delete","collection":"a","id":"..","idempotencyKey":"k"}]}"#,
+                "invalid-path: ops[1].id: document id '..' may not be '.' or '..'"
+            ),
+            (#"{"type":"write","request":"r","ops":[\#(WireCases.op),7]}"#, "bad-message: ops[1]: expected an object"),
+            (
+                #"{"type":"snapshot","target":"t","resumeToken":"e.1","changes":[\#(WireCases.change("a")),\#(WireCases.change("b c"))]}"#,
+                "invalid-path: changes[1].id: document id 'b c' contains ' '; allowed are letters, digits and - _ . ~ : @ +"
+            ),
+            (
+                #"{"type":"ack","request":"r","results":[{"id":"a","version":1},{"id":"","version":1}]}"#,
+                "invalid-path: results[1].id: document id '' is empty"
+            ),
+        ])
+    func elementErrors(json: String, expected: String) {
+        let bytes = Array(json.utf8)
+        do {
+            if json.contains(#""type":"write""#) {
+                _ = try Wire.decode(ClientMessage.self, from: bytes)
+            } else {
+                _ = try Wire.decode(ServerMessage.self, from: bytes)
+            }
+            Issue.record("decoded: \(json)")
+        } catch let error as WireError {
+            #expect("\(error.code.rawValue): \(error.message)" == expected)
+        } catch {
+            Issue.record("\(error)")
+        }
+    }
+
     @Test("deep nesting is refused")
     func deepNesting() {
         let json =
@@ -287,5 +328,14 @@ struct MessageCodingTests {
         #expect(throws: WireError.self) { try Wire.decode(ClientMessage.self, from: Array(json.utf8)) }
         let brackets = #"{"a":"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\"]]"}"#
         #expect(throws: Never.self) { try Wire.decodeFields(Array(brackets.utf8)) }
+    }
+}
+
+/// Well-formed list elements, for the cases that break the one after them.
+enum WireCases {
+    static let op = #"{"op":"create","collection":"a","fields":{"n":1},"idempotencyKey":"k1"}"#
+
+    static func change(_ id: String) -> String {
+        #"{"kind":"added","id":"\#(id)","version":1,"fields":{},"createTime":1,"updateTime":1,"deleted":false}"#
     }
 }
