@@ -49,6 +49,9 @@ public final class TestDevice: Sendable {
             try db.execute(sql: "PRAGMA synchronous = NORMAL")
             // 8 MB of page cache, as the server's (see `SQLiteStore` for why no more).
             try db.execute(sql: "PRAGMA cache_size = -8192")
+            // Statement journals in memory, as README recommends: Tandem's grouped writes need
+            // one, and past 64 KiB SQLite moves it into a temporary file, written page by page.
+            try db.execute(sql: "PRAGMA temp_store = MEMORY")
         }
         database = try DatabaseQueue(path: self.folder.path("\(name).sqlite"), configuration: configuration)
         try database.write(model.createTables)
