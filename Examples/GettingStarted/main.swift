@@ -34,12 +34,14 @@ extension Transaction: SyncableRecord {
         Transaction.self, under: Account.self, foreignKey: "accountId", collection: "transactions")
 }
 
-// 3. The app's database and its own migration (auto-increment ids); WAL, as GRDB recommends.
+// 3. The app's database and its own migration (auto-increment ids); WAL, as GRDB recommends,
+//    and temporary files in memory (README, "What to know").
 let arguments = CommandLine.arguments.dropFirst()
 let serverURL = arguments.first ?? "ws://127.0.0.1:7878"
 let path = arguments.dropFirst().first ?? "getting-started.sqlite"
 var configuration = Configuration()
 configuration.journalMode = .wal
+configuration.prepareDatabase { db in try db.execute(sql: "PRAGMA temp_store = MEMORY") }
 let dbQueue = try DatabaseQueue(path: path, configuration: configuration)
 var migrator = DatabaseMigrator()
 migrator.registerMigration("v1") { db in
