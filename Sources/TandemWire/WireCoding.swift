@@ -39,7 +39,7 @@ struct ObjectReader {
 
     /// The object's place, made into text only for an error: most objects of a message are the
     /// elements of its one long list, and writing `changes[417]` out for each of them, and
-    /// `changes[417].id` for each id read, cost as much as parsing the ids.
+    /// `changes[417].id` for each id read, was about 3 % of the throughput benchmark's CPU.
     private enum Location {
         case path(String)
         case element(of: String, Int)
