@@ -246,10 +246,6 @@ extension ClientName: WireName {
 
     public init(json: JSONValue, path: String) throws(WireError) {
         guard case .string(let string) = json else { throw WireError(.badMessage, "\(path): expected a string") }
-        if let name = ClientName(valid: string) {
-            self = name
-            return
-        }
         let field = path.split(separator: ".").last.map(String.init) ?? "name"
         do { try self.init(string, field: field) } catch { throw error.at(path) }
     }
