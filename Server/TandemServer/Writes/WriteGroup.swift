@@ -98,6 +98,7 @@ final class WriteGroup {
         written.reserveCapacity(opCount)
         writtenOrder.reserveCapacity(opCount)
         records.reserveCapacity(opCount)
+        recorded.reserveCapacity(opCount)
         var byClient: [RecordKey: [String]] = [:]
         for request in requests {
             let owner = RecordKey(user: request.userKey, client: request.client.rawValue, key: "")

@@ -90,7 +90,10 @@ extension LocalStore {
                     cursor.passedOver = true
                     continue
                 }
-                var document: JSONObject = ["updatedAt": .int(updatedAt)]
+                // Made at its final size: grown from the literal's one member, the table was
+                // rehashed twice for each row pushed.
+                var document = JSONObject(minimumCapacity: model.fieldColumns.count + 1)
+                document["updatedAt"] = .int(updatedAt)
                 var incomplete = false
                 var waitsForTarget = false
                 try addOutgoingFields(model, of: row, from: fieldOffset, rowId: rowId, to: &document, db) {
