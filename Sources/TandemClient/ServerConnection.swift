@@ -230,8 +230,10 @@ public final class ServerConnection: Sendable {
     ///   - view: With a query and a resume token: the ids of the view the client holds, in
     ///     order, so that the server sends only how it changed (without them, a `reset` and
     ///     the whole view).
-    ///   - excludingOwnWrites: Live snapshots leave out the changes this connection's own
-    ///     acknowledged writes made (a whole collection only; see PROTOCOL.md, `listen`).
+    ///   - excludingOwnWrites: Snapshots leave out the changes this connection's own
+    ///     acknowledged writes made, deletes excepted; catch-up pages may still carry some,
+    ///     and the full snapshot after a `reset` carries all (a whole collection only; see
+    ///     PROTOCOL.md, `listen`).
     /// - Returns: The target, to pass to ``unlisten(_:)``.
     @discardableResult
     public func listen(

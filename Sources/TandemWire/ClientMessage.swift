@@ -49,9 +49,11 @@ public enum ClientMessage: Sendable, Hashable {
         /// For a query listener that resumes: the ids of the view its client holds, in order.
         /// The server then sends exactly what changed in it since the token.
         public var view: [DocumentID]?
-        /// Live snapshots leave out the changes this connection's own writes made
-        /// (`"excludeOwnWrites": true`): the writer knows them from its `ack`. For a whole
-        /// collection only; a query listener hears every write.
+        /// Snapshots leave out the changes this connection's own writes made, deletes
+        /// excepted (`"excludeOwnWrites": true`): the writer knows them from its `ack`. Live
+        /// snapshots leave out all of them; catch-up pages those the server kept track of; the
+        /// full snapshot after a `reset` none. For a whole collection only; a query listener
+        /// hears every write.
         public var excludesOwnWrites: Bool
 
         public init(

@@ -45,6 +45,7 @@ extension ServerCore {
         let listener = Listener(session: session, target: target, collection: listen.collection, position: 0)
         listener.view = listen.query.map { QueryView(query: $0, collection: listen.collection) }
         listener.excludesOwnWrites = listen.excludesOwnWrites && listener.view == nil
+        listener.catchUpLeavesOutOwnWrites = listener.excludesOwnWrites
         do {
             let scope = try decideAccess(for: listener)
             guard listener.may(read: scope) else {
@@ -65,6 +66,7 @@ extension ServerCore {
                     token, epoch: store.epoch, bounds: bounds, needsTombstones: needsTombstones)
                 {
                     session.send(.reset(.init(target: target, reason: reason)))
+                    listener.catchUpLeavesOutOwnWrites = false
                 } else if listener.view == nil {
                     listener.position = token.sequence
                 } else if let view = listen.view {
@@ -173,21 +175,42 @@ extension ServerCore {
         }
         let follower = followed[listener.collection]
         let reachesHead = page.isLast && page.position >= (follower?.head ?? 0)
-        let changes = encodeChanges(page.rows, after: listener.position, for: listener.clientId, cutIntoFrames: false)
+        let changes = encodeChanges(
+            leavingOutAnswered(page.rows, listener), after: listener.position, for: listener.clientId,
+            cutIntoFrames: false)
         listener.position = page.position
         listener.session.send(
             frame: snapshotFrame(
                 target: listener.target, changes: changes.json, resumeToken: token(page.position), initial: true,
                 hasMore: !reachesHead))
         if reachesHead {
-            listener.isLive = true
-            listener.catchUpHorizon = nil
+            wentLive(listener)
             return
         }
         if listener.session.connection.notifyWhenDrained(below: configuration.snapshotPageBytes) {
             listener.awaitsDrain = true
         } else {
             queue.async { [self] in advance(listener) }
+        }
+    }
+
+    /// A catch-up page's rows without those at a state this connection's own writes were
+    /// answered with (``Session/answered``), tombstones excepted (as in live snapshots).
+    private func leavingOutAnswered(_ rows: [StoredDocument], _ listener: Listener) -> [StoredDocument] {
+        guard listener.catchUpLeavesOutOwnWrites, let runs = listener.session.answered[listener.collection] else {
+            return rows
+        }
+        return rows.filter { $0.deleted || !runs.contains($0.sequence) }
+    }
+
+    /// A listener caught up: from here on each commit reaches it by fan-out, and once no
+    /// listener of its connection on the collection is catching up, what was noted of the
+    /// connection's writes there for catch-up pages goes (the fan-out leaves them out).
+    private func wentLive(_ listener: Listener) {
+        listener.isLive = true
+        listener.catchUpHorizon = nil
+        if !listener.session.notesAnswers(in: listener.collection) {
+            listener.session.forgetAnswered(in: listener.collection)
         }
     }
 
@@ -257,8 +280,7 @@ extension ServerCore {
             fail(listener, error)
             return
         }
-        listener.isLive = true
-        listener.catchUpHorizon = nil
+        wentLive(listener)
     }
 
     /// Each document's latest row in a collection (tombstones included) and the feed position
@@ -333,6 +355,7 @@ extension ServerCore {
         listener.position = 0
         listener.isLive = false
         listener.catchUpHorizon = nil
+        listener.catchUpLeavesOutOwnWrites = false
         if listener.view != nil {
             listener.viewLoaded = false
             listener.pendingFrames = []

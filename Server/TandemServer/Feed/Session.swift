@@ -21,6 +21,47 @@ final class Session: @unchecked Sendable {
     /// noted for the fan-out (``FeedFollower/ownWrites``).
     var excludesOwnWrites: Bool { listeners.values.contains { $0.excludesOwnWrites } }
     var isClosed = false
+    /// Where this connection's acknowledged writes left their documents, by collection: the
+    /// feed sequences the writes gave them, as runs of consecutive sequences (a batch of
+    /// creates that commits alone is one run). A row keeps its sequence until it is written
+    /// again, so a row found at one of them holds the state this connection was answered
+    /// with, and its listeners that leave out their own writes leave it out of their catch-up
+    /// pages too, writes answered before the `listen` included: a device that pushes what it
+    /// wrote offline and then listens does not download it all again.
+    ///
+    /// Noted only while it may serve: for a collection this connection has no live listener
+    /// on, or one with the flag still catching up (once one is live, the fan-out leaves the
+    /// writes out, and what was noted goes). At most ``maxAnsweredRuns`` runs in all, past
+    /// which later writes are not noted and arrive in catch-up pages as usual; neither does a
+    /// resend answered from memory (its row's sequence is not known here).
+    private(set) var answered: [CollectionPath: SequenceRuns] = [:]
+    private var answeredRuns = 0
+    static let maxAnsweredRuns = 1024
+
+    func noteAnswered(_ sequence: Int64, in collection: CollectionPath) {
+        let mayStartRun = answeredRuns < Self.maxAnsweredRuns
+        if answered[collection] == nil {
+            guard mayStartRun else { return }
+            answered[collection] = SequenceRuns()
+        }
+        if answered[collection]!.append(sequence, mayStartRun: mayStartRun) { answeredRuns += 1 }
+    }
+
+    func forgetAnswered(in collection: CollectionPath) {
+        answeredRuns -= answered.removeValue(forKey: collection)?.runs.count ?? 0
+    }
+
+    /// Whether its acknowledged writes to `collection` are noted in ``answered``: while it has
+    /// no live listener on the collection, or one that leaves them out is still catching up.
+    func notesAnswers(in collection: CollectionPath) -> Bool {
+        var live = false
+        for listener in listeners.values where listener.collection == collection {
+            if !listener.isLive && listener.catchUpLeavesOutOwnWrites { return true }
+            if listener.isLive { live = true }
+        }
+        return !live
+    }
+
     /// Messages received and not yet handled: past a high mark the socket stops reading.
     let pendingMessages = Atomic<Int>(0)
     /// Where large messages are decoded, in order, off the core queue (see
@@ -110,12 +151,13 @@ final class FeedFollower {
     }
 
     /// For each session that wrote some of `rows`, the documents among them whose state is the
-    /// one its own write left (which it knows from its `ack`). Read once per page, so that the
-    /// listeners of sessions that wrote nothing in it share the page's encoding.
+    /// one its own write left (which it knows from its `ack`), tombstones excepted. Read once
+    /// per page, so that the listeners of sessions that wrote nothing in it share the page's
+    /// encoding.
     func ownWrites(in rows: [StoredDocument]) -> [String: Set<DocumentID>] {
         guard !ownWrites.isEmpty else { return [:] }
         var bySession: [String: Set<DocumentID>] = [:]
-        for row in rows {
+        for row in rows where !row.deleted {
             guard let write = ownWrites[row.id], write.version == row.version else { continue }
             bySession[write.session, default: []].insert(row.id)
         }
@@ -175,8 +217,13 @@ final class Listener: @unchecked Sendable {
     /// For a listener on a query: what its client sees (nil for a whole collection).
     var view: QueryView?
     /// Live snapshots leave out what this connection's own writes made (a whole collection
-    /// only).
+    /// only), tombstones excepted: a client may keep what it knows of its delete until the
+    /// tombstone comes.
     var excludesOwnWrites = false
+    /// Whether its catch-up pages leave them out too (``Session/answered``): they do, but not
+    /// the full snapshot after a `reset`, which a client takes as the whole truth (it drops
+    /// the rows it does not bring).
+    var catchUpLeavesOutOwnWrites = false
     /// For a query listener resuming: the ids of the view its client holds, as of `position`.
     var resumedView: [DocumentID]?
     /// For a query listener catching up: whether its view was read, and the frames of its
@@ -200,5 +247,39 @@ final class Listener: @unchecked Sendable {
         self.target = target
         self.collection = collection
         self.position = position
+    }
+}
+
+/// Ascending feed sequences, kept as runs of consecutive ones: a batch of creates that
+/// commits alone is one run, however long.
+struct SequenceRuns {
+    private(set) var runs: [ClosedRange<Int64>] = []
+
+    /// Adds `sequence`, which comes after every one before it: to the last run when it is
+    /// that run's next, otherwise as a new run, if `mayStartRun`. (One not after the others is
+    /// left out.)
+    ///
+    /// - Returns: Whether it started a run.
+    mutating func append(_ sequence: Int64, mayStartRun: Bool) -> Bool {
+        if let last = runs.last {
+            if sequence == last.upperBound + 1 {
+                runs[runs.count - 1] = last.lowerBound...sequence
+                return false
+            }
+            guard sequence > last.upperBound else { return false }
+        }
+        guard mayStartRun else { return false }
+        runs.append(sequence...sequence)
+        return true
+    }
+
+    func contains(_ sequence: Int64) -> Bool {
+        var low = 0
+        var high = runs.count
+        while low < high {
+            let middle = (low + high) / 2
+            if runs[middle].upperBound < sequence { low = middle + 1 } else { high = middle }
+        }
+        return low < runs.count && runs[low].contains(sequence)
     }
 }

@@ -67,11 +67,9 @@ extension ServerCore {
                 for ((index, _), outcome) in zip(requests, outcomes) {
                     let request = waiting[index].write.request
                     switch outcome {
-                    case .applied(let results):
+                    case .applied(let results, let sequences):
                         answers[index] = .ack(.init(request: request, results: results))
-                        if waiting[index].session.excludesOwnWrites {
-                            noteOwnWrites(waiting[index], results, lastSequences)
-                        }
+                        noteOwnWrites(waiting[index], results, sequences, lastSequences)
                     case .conflict(let op, let server):
                         answers[index] = .conflict(.init(request: request, op: op, server: server))
                     case .refused(var error):
@@ -102,17 +100,30 @@ extension ServerCore {
         if !written.isEmpty { runFeedRound(written) }
     }
 
-    /// Notes the versions a connection's acknowledged write left, for its listeners that
-    /// leave out their own writes. A remembered resend's result counts too: the connection
-    /// was answered with that version.
+    /// Notes what a connection's acknowledged write left, for its listeners that leave out
+    /// their own writes: the versions, for the fan-out (a remembered resend's result counts
+    /// too: the connection was answered with that version); the feed sequences, for catch-up
+    /// pages, which read the rows from the store after the fan-out forgot them.
     private func noteOwnWrites(
-        _ entry: WaitingWrite, _ results: [WriteResult], _ lastSequences: [CollectionPath: Int64]
+        _ entry: WaitingWrite, _ results: [WriteResult], _ sequences: [Int64?],
+        _ lastSequences: [CollectionPath: Int64]
     ) {
-        for (op, result) in zip(entry.write.ops, results) {
-            guard let follower = followed[op.collection] else { continue }
-            follower.ownWrites[result.id] = FeedFollower.OwnWrite(
-                version: result.version, session: entry.session.id,
-                upTo: lastSequences[op.collection] ?? follower.head + 1)
+        let session = entry.session
+        let excludes = session.excludesOwnWrites
+        // Whether the last op's collection is noted (a write's ops are mostly in one).
+        var noting: (collection: CollectionPath, notes: Bool)?
+        for (index, op) in entry.write.ops.enumerated() {
+            let result = results[index]
+            if excludes, let follower = followed[op.collection] {
+                follower.ownWrites[result.id] = FeedFollower.OwnWrite(
+                    version: result.version, session: session.id,
+                    upTo: lastSequences[op.collection] ?? follower.head + 1)
+            }
+            guard let sequence = sequences[index] else { continue }
+            if noting?.collection != op.collection {
+                noting = (op.collection, session.notesAnswers(in: op.collection))
+            }
+            if noting!.notes { session.noteAnswered(sequence, in: op.collection) }
         }
     }
 

@@ -15,8 +15,10 @@ struct WriteRequest {
 
 /// What became of a write message.
 enum WriteOutcome {
-    /// Every op applied (or was a resend of an op applied before); one result per op.
-    case applied([WriteResult])
+    /// Every op applied (or was a resend of an op applied before); one result per op, and the
+    /// feed sequence at which the op's document holds the state its result tells (nil for a
+    /// resend answered from memory, and for a merge whose user may not read the result).
+    case applied([WriteResult], sequences: [Int64?])
     /// The op at this index failed its precondition; nothing of the message was applied.
     case conflict(op: Int, server: Document)
     /// Refused (`permission-denied`, `not-found`, `too-large` after a merge); nothing applied.
@@ -74,6 +76,7 @@ final class WriteGroup {
         var sequences: [CollectionPath: Int64] = [:]
         var records: [IdempotencyRecord] = []
         var results: [WriteResult] = []
+        var resultSequences: [Int64?] = []
     }
 
     /// Reads, in a few batched reads, what the group's messages will look at: their target
@@ -117,6 +120,7 @@ final class WriteGroup {
     func apply(_ request: WriteRequest) throws -> WriteOutcome {
         var draft = Draft()
         draft.results.reserveCapacity(request.ops.count)
+        draft.resultSequences.reserveCapacity(request.ops.count)
         draft.documents.reserveCapacity(request.ops.count)
         draft.writtenOrder.reserveCapacity(request.ops.count)
         draft.records.reserveCapacity(request.ops.count)
@@ -125,6 +129,7 @@ final class WriteGroup {
                 user: request.userKey, client: request.client.rawValue, key: op.idempotencyKey.rawValue)
             if let earlier = recorded[recordKey] {
                 draft.results.append(earlier)
+                draft.resultSequences.append(nil)
                 continue
             }
             let key = op.id.map { DocumentKey(collection: op.collection, id: $0) }
@@ -163,11 +168,20 @@ final class WriteGroup {
 
             var result = WriteResult(
                 id: newDocument.id, version: newDocument.version, updateTime: newDocument.updateTime)
+            var answeredSequence: Int64? = newDocument.sequence
             if op.fieldTimes != nil {
                 // A merge answers with the stored document: it may keep other writers' fields.
-                result.document = try redacted(newDocument.document, in: op.collection, for: request.user, draft)
+                // Not to a user who may not read it: that client does not learn this state.
+                let stored = try newDocument.document
+                if try readable(stored, in: op.collection, for: request.user, draft) {
+                    result.document = stored
+                } else {
+                    result.document = Self.withoutContent(stored)
+                    answeredSequence = nil
+                }
             }
             draft.results.append(result)
+            draft.resultSequences.append(answeredSequence)
             draft.records.append(
                 IdempotencyRecord(
                     user: request.userKey, client: request.client.rawValue, key: op.idempotencyKey.rawValue,
@@ -184,7 +198,7 @@ final class WriteGroup {
             recorded[RecordKey(user: record.user, client: record.client, key: record.key)] = record.result
         }
         records.append(contentsOf: draft.records)
-        return .applied(draft.results)
+        return .applied(draft.results, sequences: draft.resultSequences)
     }
 
     /// Stores what the accepted messages wrote. Call once, after the last ``apply(_:)``.
@@ -333,8 +347,13 @@ final class WriteGroup {
     private func redacted(_ document: Document, in collection: CollectionPath, for user: String?, _ draft: Draft)
         throws -> Document
     {
-        if try readable(document, in: collection, for: user, draft) { return document }
-        return Document(
+        try readable(document, in: collection, for: user, draft) ? document : Self.withoutContent(document)
+    }
+
+    /// What a user who may not read a document learns of it: its id, version and whether it
+    /// is deleted.
+    private static func withoutContent(_ document: Document) -> Document {
+        Document(
             id: document.id, version: document.version, fields: [:], createTime: 0, updateTime: 0,
             deleted: document.deleted)
     }

@@ -131,12 +131,14 @@ extension SyncService {
         let (user, maxMessageBytes) = (connection.welcome.user, connection.welcome.limits.maxMessageBytes)
         do {
             var problems: [TandemError] = []
-            let (desired, tokens, views) = try readState { db in
+            let (desired, tokens, views, resetting) = try readState { db in
                 let desired = try store.desiredListeners(db, user: user) { problems.append($0) }
                 var tokens: [CollectionPath: String] = [:]
                 var views: [CollectionPath: [DocumentID]] = [:]
+                var resetting: Set<CollectionPath> = []
                 for (path, target) in desired {
                     tokens[path] = try store.ledger.resumeToken(for: path, db)
+                    if try store.ledger.isResetting(path, db) { resetting.insert(path) }
                     // A scoped table resumes with the ids it holds: the server sends only how
                     // they changed.
                     // (Too many to send in one message, they are not: the server then sends a
@@ -145,14 +147,14 @@ extension SyncService {
                     // brought yet are still here, and the server would not send them again.
                     // (Only for listeners about to open: a refresh runs whenever parents change.)
                     if target.query != nil, tokens[path] != nil, state.withLock({ $0.listening[path] == nil }),
-                        try !store.ledger.isResetting(path, db)
+                        !resetting.contains(path)
                     {
                         let ids = try store.viewIDs(of: target.table, db)
                         let bytes = ids.reduce(0) { $0 + $1.rawValue.utf8.count + 3 }
                         if bytes < maxMessageBytes / 2 { views[path] = ids }
                     }
                 }
-                return (desired, tokens, views)
+                return (desired, tokens, views, resetting)
             }
             for problem in problems { noteError(problem) }
             // Opened in path order, so that the order snapshots arrive in is reproducible.
@@ -167,9 +169,12 @@ extension SyncService {
             for path in close { connection.unlisten(path.rawValue) }
             let excludingOwnWrites = !configuration.receivesOwnWrites && configuration.serialization == .barrier
             for (path, target) in open {
+                // A reset's full snapshot, resumed on this connection, is the whole truth: the
+                // rows it does not bring go at its end, so it must bring what this connection's
+                // push wrote before the listen too.
                 connection.listen(
                     to: path, target: path.rawValue, resumeToken: tokens[path], query: target.query, view: views[path],
-                    excludingOwnWrites: excludingOwnWrites
+                    excludingOwnWrites: excludingOwnWrites && !resetting.contains(path)
                 ) { [weak self] event in
                     self?.listenerEvent(event, path: path, target: target, generation: generation)
                 }

@@ -44,8 +44,9 @@ public struct SyncConfiguration: Sendable {
     /// tests), so it is behind the `Testing` SPI.
     @_spi(Testing) public var serialization = Serialization.barrier
     /// Whether the listeners also hear this device's own writes back from the server on the
-    /// connection that made them. Default: false (`excludeOwnWrites`): the `ack` told the
-    /// device all of it, and an echo cost a decode and a lookup per document. A device still
+    /// connection that made them. Default: false (`excludeOwnWrites`), live and in the
+    /// catch-up after a push of what was written offline: the `ack` told the device all of
+    /// it, and an echo cost a download, a decode and a lookup per document. A device still
     /// hears them after a reconnect, where the barrier keeps them from being inserted twice.
     /// Tests turn them on to race them; `.unserialized` always hears them (the race it shows
     /// is theirs).

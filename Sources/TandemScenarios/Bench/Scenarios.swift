@@ -90,7 +90,11 @@ public enum Bench {
         let count = quick ? 10_000 : 100_000
         let server = try await benchServer()
         defer { server.stopWithoutWaiting() }
-        let a = try benchDevice("a", server: server)
+        // What A's listener downloads: the others' writes, none of its own.
+        let downloaded = Atomic<Int>(0)
+        let a = try benchDevice("a", server: server) { configuration in
+            configuration.hooks.snapshotReceived = { downloaded.add($0.changes.count, ordering: .relaxed) }
+        }
         let b = try benchDevice("b", server: server)
         b.service.start()
         try await poll("b is connected") { b.service.status.isConnected }
@@ -122,6 +126,7 @@ public enum Bench {
             details: [
                 "seconds": elapsed.seconds, "documents": Double(count), "json encode+decode docs/s": json,
                 "A pushed every row, s": (pushed ?? elapsed).seconds,
+                "documents A downloaded": Double(downloaded.load(ordering: .relaxed)),
                 "CPU µs per document (A, server and B)": cpu * 1e6 / Double(count),
                 // The rate is the cores kept busy over the work per document: at 40 µs a
                 // document, 50,000 docs/s needs two cores busy all the time.
