@@ -229,12 +229,17 @@ struct WebSocketTests {
     /// whichever runs first afterwards, the silence in the stall is not the peer's. Here the
     /// service thread is stopped in a callback for longer than the idle timeout, and the peer
     /// speaks again only once it runs: it stays, and is heard.
+    ///
+    /// The loop sees a stall by its keepalive sweep running late, so up to a sweep's period
+    /// (1 s) of it still counts as silence; the peer then has the rest of the idle timeout to
+    /// speak. With an idle timeout of 4 s that was 2.5 s, which a test process under load
+    /// overran once (closed with 1001); 8 s leaves it 6.
     @Test("a stall of the service thread past the idle timeout is not the peer's silence")
     func stallIsNotSilence() async throws {
         var configuration = WebSocketConfiguration()
         configuration.pingInterval = 1
-        configuration.idleTimeout = 4
-        let staller = Staller(stall: .seconds(5))
+        configuration.idleTimeout = 8
+        let staller = Staller(stall: .seconds(9))
         let server = try WebSocketServer(port: 0, configuration: configuration, delegate: staller)
         defer { server.shutdownWithoutWaiting() }
         let peer = try await RawWebSocket.open(port: server.port, hello: "stall")
