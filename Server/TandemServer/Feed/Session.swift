@@ -38,13 +38,14 @@ final class Session: @unchecked Sendable {
     private var answeredRuns = 0
     static let maxAnsweredRuns = 1024
 
-    func noteAnswered(_ sequence: Int64, in collection: CollectionPath) {
-        let mayStartRun = answeredRuns < Self.maxAnsweredRuns
-        if answered[collection] == nil {
-            guard mayStartRun else { return }
-            answered[collection] = SequenceRuns()
+    /// Notes the sequences of a write's ops in `collection` (nil for one not noted).
+    func noteAnswered(_ sequences: ArraySlice<Int64?>, in collection: CollectionPath) {
+        var runs = answered.removeValue(forKey: collection) ?? SequenceRuns()
+        for case let sequence? in sequences
+        where runs.append(sequence, mayStartRun: answeredRuns < Self.maxAnsweredRuns) {
+            answeredRuns += 1
         }
-        if answered[collection]!.append(sequence, mayStartRun: mayStartRun) { answeredRuns += 1 }
+        if !runs.runs.isEmpty { answered[collection] = runs }
     }
 
     func forgetAnswered(in collection: CollectionPath) {

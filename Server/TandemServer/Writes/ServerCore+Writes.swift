@@ -109,21 +109,23 @@ extension ServerCore {
         _ lastSequences: [CollectionPath: Int64]
     ) {
         let session = entry.session
-        let excludes = session.excludesOwnWrites
-        // Whether the last op's collection is noted (a write's ops are mostly in one).
-        var noting: (collection: CollectionPath, notes: Bool)?
-        for (index, op) in entry.write.ops.enumerated() {
-            let result = results[index]
-            if excludes, let follower = followed[op.collection] {
+        let ops = entry.write.ops
+        if session.excludesOwnWrites {
+            for (op, result) in zip(ops, results) {
+                guard let follower = followed[op.collection] else { continue }
                 follower.ownWrites[result.id] = FeedFollower.OwnWrite(
                     version: result.version, session: session.id,
                     upTo: lastSequences[op.collection] ?? follower.head + 1)
             }
-            guard let sequence = sequences[index] else { continue }
-            if noting?.collection != op.collection {
-                noting = (op.collection, session.notesAnswers(in: op.collection))
-            }
-            if noting!.notes { session.noteAnswered(sequence, in: op.collection) }
+        }
+        // The sequences, for the ops of one collection at a time (a write's ops are mostly in one).
+        var start = 0
+        while start < ops.count {
+            let collection = ops[start].collection
+            var end = start + 1
+            while end < ops.count, ops[end].collection == collection { end += 1 }
+            if session.notesAnswers(in: collection) { session.noteAnswered(sequences[start..<end], in: collection) }
+            start = end
         }
     }
 
