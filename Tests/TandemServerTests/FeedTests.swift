@@ -403,6 +403,20 @@ struct ExcludeOwnWritesTests {
         #expect(own.lastToken == plain.lastToken)
     }
 
+    @Test("a listener's catch-up brings the tombstones of the deletes its connection was answered with before the listen")
+    func ownDeletesInCatchUp() async throws {
+        let server = try await TestServer()
+        let writer = try await connect(server, as: "writer")
+        _ = try await writer.create("notes", ["t": "kept"])
+        let gone = try await writer.create("notes", ["t": "gone"])
+        _ = try await writer.delete("notes", gone.id, base: 1)
+        let own = Feed()
+        writer.listen(to: try path("notes"), excludingOwnWrites: true, handler: own.handler)
+        try await waitUntil("current") { own.isCurrent }
+        // (The writer created the deleted document: it alone hears of that delete.)
+        #expect(own.summary == ["deleted \(gone.id) v2"], "the tombstone, not the kept create: \(own.summary)")
+    }
+
     @Test(
         "a listener still catching up leaves out the writes its connection was answered with meanwhile; another connection's write reaches it"
     )

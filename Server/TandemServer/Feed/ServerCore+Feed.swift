@@ -203,9 +203,9 @@ extension ServerCore {
         return rows.filter { $0.deleted || !runs.contains($0.sequence) }
     }
 
-    /// A listener caught up: from here on each commit reaches it by fan-out, and once no
-    /// listener of its connection on the collection is catching up, what was noted of the
-    /// connection's writes there for catch-up pages goes (the fan-out leaves them out).
+    /// A listener caught up: from here on each commit reaches it by fan-out, and unless a
+    /// listener of its connection that leaves out its own writes still catches up on the
+    /// collection, what was noted of the connection's writes there for catch-up pages goes.
     private func wentLive(_ listener: Listener) {
         listener.isLive = true
         listener.catchUpHorizon = nil

@@ -30,26 +30,29 @@ final class Session: @unchecked Sendable {
     /// wrote offline and then listens does not download it all again.
     ///
     /// Noted only while it may serve: for a collection this connection has no live listener
-    /// on, or one with the flag still catching up (once one is live, the fan-out leaves the
-    /// writes out, and what was noted goes). At most ``maxAnsweredRuns`` runs in all, past
-    /// which later writes are not noted and arrive in catch-up pages as usual; neither does a
-    /// resend answered from memory (its row's sequence is not known here).
-    private(set) var answered: [CollectionPath: SequenceRuns] = [:]
+    /// on, or one with the flag still catching up. Once a listener of it there is live and
+    /// none with the flag catches up, what was noted goes (a live listener with the flag has
+    /// the fan-out leave the writes out). At most ``maxAnsweredRuns`` runs in all: past them a
+    /// write is noted only where it extends the last run. A resend answered from memory is not
+    /// noted (its row's sequence is not known here).
+    private(set) var answered: [CollectionPath: RangeSet<Int64>] = [:]
     private var answeredRuns = 0
     static let maxAnsweredRuns = 1024
 
     /// Notes the sequences of a write's ops in `collection` (nil for one not noted).
     func noteAnswered(_ sequences: ArraySlice<Int64?>, in collection: CollectionPath) {
-        var runs = answered.removeValue(forKey: collection) ?? SequenceRuns()
-        for case let sequence? in sequences
-        where runs.append(sequence, mayStartRun: answeredRuns < Self.maxAnsweredRuns) {
-            answeredRuns += 1
+        var runs = answered.removeValue(forKey: collection) ?? RangeSet()
+        for case let sequence? in sequences {
+            if runs.ranges.last?.upperBound != sequence && answeredRuns >= Self.maxAnsweredRuns { continue }
+            let before = runs.ranges.count
+            runs.insert(contentsOf: sequence..<sequence + 1)
+            answeredRuns += runs.ranges.count - before
         }
-        if !runs.runs.isEmpty { answered[collection] = runs }
+        if !runs.isEmpty { answered[collection] = runs }
     }
 
     func forgetAnswered(in collection: CollectionPath) {
-        answeredRuns -= answered.removeValue(forKey: collection)?.runs.count ?? 0
+        answeredRuns -= answered.removeValue(forKey: collection)?.ranges.count ?? 0
     }
 
     /// Whether its acknowledged writes to `collection` are noted in ``answered``: while it has
@@ -248,39 +251,5 @@ final class Listener: @unchecked Sendable {
         self.target = target
         self.collection = collection
         self.position = position
-    }
-}
-
-/// Ascending feed sequences, kept as runs of consecutive ones: a batch of creates that
-/// commits alone is one run, however long.
-struct SequenceRuns {
-    private(set) var runs: [ClosedRange<Int64>] = []
-
-    /// Adds `sequence`, which comes after every one before it: to the last run when it is
-    /// that run's next, otherwise as a new run, if `mayStartRun`. (One not after the others is
-    /// left out.)
-    ///
-    /// - Returns: Whether it started a run.
-    mutating func append(_ sequence: Int64, mayStartRun: Bool) -> Bool {
-        if let last = runs.last {
-            if sequence == last.upperBound + 1 {
-                runs[runs.count - 1] = last.lowerBound...sequence
-                return false
-            }
-            guard sequence > last.upperBound else { return false }
-        }
-        guard mayStartRun else { return false }
-        runs.append(sequence...sequence)
-        return true
-    }
-
-    func contains(_ sequence: Int64) -> Bool {
-        var low = 0
-        var high = runs.count
-        while low < high {
-            let middle = (low + high) / 2
-            if runs[middle].upperBound < sequence { low = middle + 1 } else { high = middle }
-        }
-        return low < runs.count && runs[low].contains(sequence)
     }
 }

@@ -111,7 +111,8 @@ extension ServerCore {
         let session = entry.session
         let ops = entry.write.ops
         if session.excludesOwnWrites {
-            for (op, result) in zip(ops, results) {
+            // (Not a delete's: its tombstone is never left out.)
+            for (op, result) in zip(ops, results) where op.kind != .delete {
                 guard let follower = followed[op.collection] else { continue }
                 follower.ownWrites[result.id] = FeedFollower.OwnWrite(
                     version: result.version, session: session.id,

@@ -47,7 +47,8 @@ public struct SyncConfiguration: Sendable {
     /// connection that made them. Default: false (`excludeOwnWrites`), live and in the
     /// catch-up after a push of what was written offline: the `ack` told the device all of
     /// it, and an echo cost a download, a decode and a lookup per document. A device still
-    /// hears them after a reconnect, where the barrier keeps them from being inserted twice.
+    /// hears them after a reconnect, and while it resumes an interrupted reset, where the
+    /// barrier keeps them from being inserted twice.
     /// Tests turn them on to race them; `.unserialized` always hears them (the race it shows
     /// is theirs).
     @_spi(Testing) public var receivesOwnWrites = false
