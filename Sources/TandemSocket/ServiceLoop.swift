@@ -346,8 +346,21 @@ final class ServiceLoop: @unchecked Sendable {
 
         case LWS_CALLBACK_CLIENT_ESTABLISHED:
             guard let connection = connection(of: wsi) else { return -1 }
-            openConnections.add(1, ordering: .relaxed)
-            connection.didOpen(wsi)
+            clientOpened(connection, wsi)
+            return 0
+
+        case LWS_CALLBACK_RAW_CONNECTED:
+            connection(of: wsi)?.rawConnected(wsi)
+            return 0
+
+        case LWS_CALLBACK_RAW_RX:
+            return connection(of: wsi)?.rawReceived(wsi, input, length) ?? -1
+
+        case LWS_CALLBACK_RAW_WRITEABLE:
+            return connection(of: wsi)?.rawWritable(wsi) ?? -1
+
+        case LWS_CALLBACK_RAW_CLOSE:
+            finish(wsi, failure: connection(of: wsi)?.rawUpgradeFailure)
             return 0
 
         case LWS_CALLBACK_RECEIVE, LWS_CALLBACK_CLIENT_RECEIVE:
@@ -412,6 +425,12 @@ final class ServiceLoop: @unchecked Sendable {
         default:
             return lws_callback_http_dummy(wsi, reason, user, input, length)
         }
+    }
+
+    /// A client connection completed its handshake (service thread).
+    func clientOpened(_ connection: WebSocketConnection, _ wsi: OpaquePointer) {
+        openConnections.add(1, ordering: .relaxed)
+        connection.didOpen(wsi)
     }
 
     /// Forgets the connection of `wsi` and reports its end. After this, no callback of `wsi`
@@ -604,6 +623,9 @@ final class ServiceLoop: @unchecked Sendable {
             return
         }
         registry[ObjectIdentifier(connection)] = connection
+        // Plain ws:// frames its own messages on a raw connection (see ClientFraming).
+        let raw = !target.useTLS && configuration.ownClientFraming
+        if raw { connection.useRawClient(target) }
         let hostHeader = "\(target.host):\(target.port)"
         let opened: Bool = target.host.withCString { host in
             target.path.withCString { path in
@@ -618,6 +640,13 @@ final class ServiceLoop: @unchecked Sendable {
                     info.ssl_connection = target.useTLS ? Int32(LCCSCF_USE_SSL.rawValue) : 0
                     info.retry_and_idle_policy = UnsafePointer(idlePolicy)
                     info.opaque_user_data = Unmanaged.passUnretained(connection).toOpaque()
+                    if raw {
+                        info.local_protocol_name = UnsafePointer(protocolName)
+                        return "RAW".withCString { method in
+                            info.method = method
+                            return lws_client_connect_via_info(&info) != nil
+                        }
+                    }
                     return lws_client_connect_via_info(&info) != nil
                 }
             }

@@ -12,6 +12,10 @@ import Synchronization
 /// libwebsockets itself must only be called from the thread that services its context. The
 /// actual `lws_write` happens on that thread, when libwebsockets reports the socket writable.
 ///
+/// A client connection to a plain `ws://` URL reads and writes its frames itself, on a raw
+/// libwebsockets socket (``ClientFraming``, ``RawClient``); servers and `wss://` clients use
+/// libwebsockets' WebSocket role.
+///
 /// Outgoing messages wait in a bounded queue: a peer that stops reading is closed with 1008
 /// once ``WebSocketConfiguration/maxQueuedBytes`` are waiting, instead of growing memory.
 ///
@@ -60,6 +64,9 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     nonisolated(unsafe) private var lastPing = ContinuousClock.now
     /// The peer's TCP acknowledgements at the last keepalive tick (see ``keepAlive(_:now:)``).
     nonisolated(unsafe) private var bytesAcknowledged: UInt64 = 0
+    /// A plain `ws://` client connection's own WebSocket engine (see ``ClientFraming``), on a
+    /// raw libwebsockets connection; nil on libwebsockets' WebSocket role (servers, `wss://`).
+    nonisolated(unsafe) var rawClient: RawClient?
     /// When the keepalive looks at this connection next: the loop's sweep
     /// (``ServiceLoop/sweepKeepAlive()``) takes every connection whose time has come.
     nonisolated(unsafe) private(set) var nextKeepAlive = ContinuousClock.now
@@ -84,6 +91,34 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         /// Close without waiting for a writable callback, which a peer that stopped reading
         /// never gives.
         var immediate = false
+    }
+
+    /// The state of a client connection that frames its own messages (service thread).
+    struct RawClient {
+        /// The upgrade request (after the headroom ``OutboundMessage/headroom``), until it is
+        /// written.
+        var request: [UInt8]?
+        let key: String
+        /// The server's answer to the upgrade so far, until it is whole.
+        var answer: [UInt8] = []
+        var open = false
+        var reader: ServerFrameReader
+        /// Pongs owed to the server's pings, written before anything else.
+        var pongs: [[UInt8]] = []
+        /// Once the close frame is written the connection ends at once, instead of waiting
+        /// for the server's answer: it answers the server's close, or what the server sent
+        /// broke the protocol and cannot be read further.
+        var endsAfterClose = false
+        /// Why the upgrade failed, for the report.
+        var failure: String?
+
+        init(target: ConnectTarget, maxMessageBytes: Int) {
+            key = ClientFraming.newKey()
+            request =
+                [UInt8](repeating: 0, count: OutboundMessage.headroom)
+                + ClientFraming.upgradeRequest(path: target.path, host: "\(target.host):\(target.port)", key: key)
+            reader = ServerFrameReader(maxMessageBytes: maxMessageBytes)
+        }
     }
 
     /// Where a client connection goes, kept alive until libwebsockets has copied it.
@@ -272,13 +307,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
             lws_set_timeout(wsi, PENDING_TIMEOUT_USER_OK, 3)
             return
         }
-        var frame = [UInt8](repeating: 0, count: OutboundMessage.headroom)
-        frame += [UInt8(request.code.rawValue >> 8), UInt8(request.code.rawValue & 0xFF)]
-        frame += Array(request.reason.utf8.prefix(123))
-        let count = frame.count - OutboundMessage.headroom
-        _ = frame.withUnsafeMutableBufferPointer { buffer in
-            lws_write(wsi, buffer.baseAddress! + OutboundMessage.headroom, count, lws_write_protocol(rawValue: 4))
-        }
+        writeCloseFrame(wsi, request.code, request.reason)
         // At most 256 KiB: a peer that keeps sending gets its RST, and the thread moves on.
         let socket = lws_get_socket_fd(wsi)
         var drain = [UInt8](repeating: 0, count: 16 << 10)
@@ -291,7 +320,42 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_ASYNC)
     }
 
+    /// Writes a close frame now: libwebsockets' own (`lws_write` with `LWS_WRITE_CLOSE`, whose
+    /// value 4 libwebsockets 4.1 keeps private), or a raw client's.
+    private func writeCloseFrame(_ wsi: OpaquePointer, _ code: WebSocketCloseCode, _ reason: String) {
+        var frame = [UInt8](repeating: 0, count: OutboundMessage.headroom)
+        frame += [UInt8(code.rawValue >> 8), UInt8(code.rawValue & 0xFF)]
+        frame += Array(reason.utf8.prefix(123))
+        if rawClient != nil {
+            _ = writeRaw(wsi, &frame, opcode: ClientFraming.close)
+            return
+        }
+        let count = frame.count - OutboundMessage.headroom
+        _ = frame.withUnsafeMutableBufferPointer { buffer in
+            lws_write(wsi, buffer.baseAddress! + OutboundMessage.headroom, count, lws_write_protocol(rawValue: 4))
+        }
+    }
+
+    /// Frames the payload of `storage` (after its headroom) as a client frame and writes it on
+    /// the raw connection: true when libwebsockets took it all (what the socket did not, it
+    /// keeps and sends first). `LWS_WRITE_HTTP` is what the C header's `LWS_WRITE_RAW`, a
+    /// macro Swift does not import, stands for.
+    private func writeRaw(_ wsi: OpaquePointer, _ storage: inout [UInt8], opcode: UInt8) -> Bool {
+        let start = ClientFraming.frame(&storage, headroom: OutboundMessage.headroom, opcode: opcode)
+        let count = storage.count - start
+        let written = storage.withUnsafeMutableBufferPointer { buffer in
+            lws_write(wsi, buffer.baseAddress! + start, count, LWS_WRITE_HTTP)
+        }
+        return written >= count
+    }
+
+    /// Has the close frame with `code` and `reason` sent with the close that follows (the
+    /// caller returns -1): libwebsockets sends it; a raw client writes it now.
     private func setCloseReason(_ wsi: OpaquePointer, _ code: WebSocketCloseCode, _ reason: String) {
+        if rawClient != nil {
+            if lws_partial_buffered(wsi) == 0 { writeCloseFrame(wsi, code, reason) }
+            return
+        }
         var bytes = Array(reason.utf8.prefix(123))
         bytes.withUnsafeMutableBufferPointer { buffer in
             lws_close_reason(wsi, lws_close_status(rawValue: UInt32(code.rawValue)), buffer.baseAddress, buffer.count)
@@ -326,6 +390,13 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         guard let wsi else { return -1 }
         // Waiting for the peer's answer to our close: libwebsockets still calls, nothing may go.
         if closeHanded { return 0 }
+        if let pongs = rawClient?.pongs, !pongs.isEmpty {
+            rawClient?.pongs = []
+            for payload in pongs {
+                var frame = [UInt8](repeating: 0, count: OutboundMessage.headroom) + payload
+                if !writeRaw(wsi, &frame, opcode: ClientFraming.pong) { return -1 }
+            }
+        }
         if pingWanted {
             // A payload, so that the pong reaches LWS_CALLBACK_RECEIVE_PONG (libwebsockets does
             // not report empty pongs); ASCII, because a libwebsockets peer that validates UTF-8
@@ -333,10 +404,14 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
             pingWanted = false
             var frame = [UInt8](repeating: 0, count: OutboundMessage.headroom)
             frame += Array("keepaliv".utf8)
-            let written = frame.withUnsafeMutableBufferPointer { buffer in
-                lws_write(wsi, buffer.baseAddress! + OutboundMessage.headroom, 8, LWS_WRITE_PING)
+            if rawClient != nil {
+                if !writeRaw(wsi, &frame, opcode: ClientFraming.ping) { return -1 }
+            } else {
+                let written = frame.withUnsafeMutableBufferPointer { buffer in
+                    lws_write(wsi, buffer.baseAddress! + OutboundMessage.headroom, 8, LWS_WRITE_PING)
+                }
+                if written < 8 { return -1 }
             }
-            if written < 8 { return -1 }
             if lws_send_pipe_choked(wsi) != 0 {
                 lws_callback_on_writable(wsi)
                 return 0
@@ -370,17 +445,29 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
             }
             switch next {
             case .message(var message):
-                let protocolKind = message.isBinary ? LWS_WRITE_BINARY : LWS_WRITE_TEXT
-                let count = message.count
-                let result = message.storage.withUnsafeMutableBufferPointer { buffer in
-                    lws_write(wsi, buffer.baseAddress! + OutboundMessage.headroom, count, protocolKind)
+                let complete: Bool
+                if rawClient != nil {
+                    complete = writeRaw(
+                        wsi, &message.storage, opcode: message.isBinary ? ClientFraming.binary : ClientFraming.text)
+                } else {
+                    let protocolKind = message.isBinary ? LWS_WRITE_BINARY : LWS_WRITE_TEXT
+                    let count = message.count
+                    complete =
+                        message.storage.withUnsafeMutableBufferPointer { buffer in
+                            lws_write(wsi, buffer.baseAddress! + OutboundMessage.headroom, count, protocolKind)
+                        } >= count
                 }
-                if result < count {
+                if !complete {
                     closeCause = WebSocketCloseEvent(code: .abnormal, reason: "write to \(peer) failed")
                     return -1
                 }
                 written += 1
             case .close(let request):
+                if rawClient != nil {
+                    // The server's close (or the failure that made this one) stays the cause.
+                    if closeCause == nil { closeCause = WebSocketCloseEvent(code: request.code, reason: request.reason) }
+                    return closeRaw(wsi, request)
+                }
                 closeCause = WebSocketCloseEvent(code: request.code, reason: request.reason)
                 setCloseReason(wsi, request.code, request.reason)
                 closeHanded = true
@@ -580,6 +667,152 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         let reason = "protocol error: a frame broke RFC 6455"
         closeCause = WebSocketCloseEvent(code: .protocolError, reason: reason)
         setCloseReason(wsi, .protocolError, reason)
+    }
+
+    // MARK: - Raw client connections (plain ws://, see ClientFraming)
+
+    /// Makes this client connection frame its own messages on a raw connection.
+    func useRawClient(_ target: ConnectTarget) {
+        rawClient = RawClient(target: target, maxMessageBytes: maxMessageBytes)
+    }
+
+    /// The TCP connection is up: the upgrade request goes out at the first writable callback,
+    /// and the server has 10 s to answer it, as libwebsockets' client gives it.
+    func rawConnected(_ wsi: OpaquePointer) {
+        lws_set_timeout(wsi, PENDING_TIMEOUT_AWAITING_SERVER_RESPONSE, 10)
+        lws_callback_on_writable(wsi)
+    }
+
+    /// A raw client's writable callback: the upgrade request, then what ``writable()`` writes.
+    func rawWritable(_ wsi: OpaquePointer) -> Int32 {
+        guard let raw = rawClient else { return -1 }
+        if var request = raw.request {
+            rawClient?.request = nil
+            let count = request.count - OutboundMessage.headroom
+            let written = request.withUnsafeMutableBufferPointer { buffer in
+                lws_write(wsi, buffer.baseAddress! + OutboundMessage.headroom, count, LWS_WRITE_HTTP)
+            }
+            if written < count {
+                rawClient?.failure = "could not send the WebSocket upgrade to \(peer)"
+                return -1
+            }
+            return 0
+        }
+        return raw.open ? writable() : 0
+    }
+
+    /// Why a raw client that never opened ended: what was wrong with the upgrade, or that the
+    /// server closed or did not answer. Nil once it opened.
+    var rawUpgradeFailure: String? {
+        guard let rawClient, !rawClient.open else { return nil }
+        return rawClient.failure ?? "the server closed the connection, or did not answer, during the WebSocket upgrade"
+    }
+
+    /// Bytes from the server: the answer to the upgrade, then frames.
+    func rawReceived(_ wsi: OpaquePointer, _ input: UnsafeMutableRawPointer?, _ length: Int) -> Int32 {
+        guard let input, length > 0, let raw = rawClient else { return 0 }
+        lastReceive = ContinuousClock.now
+        let bytes = UnsafeRawBufferPointer(start: input, count: length)
+        guard !raw.open else { return readFrames(wsi, bytes, raw.reader) }
+        rawClient?.answer.append(contentsOf: bytes)
+        let answer = rawClient?.answer ?? []
+        guard let end = Self.endOfHead(answer) else {
+            if answer.count > 16 << 10 {
+                rawClient?.failure = "the server's answer to the WebSocket upgrade is over 16 KB"
+                return -1
+            }
+            return 0
+        }
+        if let problem = ClientFraming.problem(
+            withAnswer: String(decoding: answer[..<end], as: UTF8.self), key: raw.key)
+        {
+            rawClient?.failure = problem
+            return -1
+        }
+        rawClient?.answer = []
+        rawClient?.open = true
+        lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0)
+        loop.clientOpened(self, wsi)
+        // The server may send frames right behind its answer, in the same read.
+        let rest = answer[(end + 4)...]
+        guard !rest.isEmpty, self.wsi != nil else { return 0 }
+        return Array(rest).withUnsafeBytes { readFrames(wsi, $0, raw.reader) }
+    }
+
+    /// Where the blank line that ends an HTTP head begins.
+    private static func endOfHead(_ bytes: [UInt8]) -> Int? {
+        guard bytes.count >= 4 else { return nil }
+        for index in 0...(bytes.count - 4)
+        where bytes[index] == 13 && bytes[index + 1] == 10 && bytes[index + 2] == 13 && bytes[index + 3] == 10 {
+            return index
+        }
+        return nil
+    }
+
+    /// Turns the server's frames into deliveries, pongs and closes.
+    private func readFrames(_ wsi: OpaquePointer, _ bytes: UnsafeRawBufferPointer, _ reader: ServerFrameReader) -> Int32 {
+        if discardingInput { return 0 }
+        reader.consume(bytes) { event in
+            switch event {
+            case .message(let message):
+                // After this side's close, what still comes is dropped (RFC 6455 §5.5.1).
+                if !closeHanded { delegate?.webSocket(self, didReceive: message) }
+                return !discardingInput
+            case .ping(let payload):
+                if !closeHanded {
+                    rawClient?.pongs.append(payload)
+                    lws_callback_on_writable(wsi)
+                }
+                return true
+            case .pong:
+                return true
+            case .close(let code, let reason):
+                if closeHanded {
+                    // The server's answer to this side's close: the connection ends.
+                    lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_ASYNC)
+                    return false
+                }
+                closeCause = WebSocketCloseEvent(
+                    code: code.map { WebSocketCloseCode(rawValue: $0) } ?? .noStatus, reason: reason)
+                // Answered with the same status (RFC 6455 §5.5.1), then the connection ends.
+                closeFromReading(wsi, code.map { WebSocketCloseCode(rawValue: $0) } ?? .normal, "")
+                return false
+            case .failure(let code, let reason):
+                closeCause = WebSocketCloseEvent(code: code, reason: reason)
+                closeFromReading(wsi, code, reason)
+                return false
+            }
+        }
+        return 0
+    }
+
+    /// A close decided while reading (the server's close, or a frame that broke the
+    /// protocol or the size limit): nothing more is read or sent but the close frame, from
+    /// the next writable callback, and the connection ends once it is written.
+    private func closeFromReading(_ wsi: OpaquePointer, _ code: WebSocketCloseCode, _ reason: String) {
+        discardingInput = true
+        rawClient?.endsAfterClose = true
+        state.withLock { s in
+            s.outbound.removeAll()
+            s.queuedBytes = 0
+            s.phase = .closing
+            s.closeRequest = CloseRequest(code: code, reason: reason)
+        }
+        lws_callback_on_writable(wsi)
+    }
+
+    /// A raw client's close from its writable callback: the close frame goes out; then the
+    /// connection ends at once (``RawClient/endsAfterClose``), or waits up to 5 s for the
+    /// server's answer, as libwebsockets' client does.
+    private func closeRaw(_ wsi: OpaquePointer, _ request: CloseRequest) -> Int32 {
+        writeCloseFrame(wsi, request.code, request.reason)
+        closeHanded = true
+        if rawClient?.endsAfterClose == true {
+            lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_ASYNC)
+        } else {
+            lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_ACK, 5)
+        }
+        return 0
     }
 
     /// Reports the end of the connection to the delegate, once.

@@ -27,7 +27,7 @@ public struct WebSocketMessage: Sendable {
     public enum Kind: Sendable { case text, binary }
 
     public var kind: Kind
-    /// The payload. For text messages libwebsockets has validated it as UTF-8.
+    /// The payload. Text messages have been checked to be UTF-8.
     public var bytes: [UInt8]
 
     public init(kind: Kind, bytes: [UInt8]) {
