@@ -71,6 +71,9 @@ enum ClientFraming {
         if let extensions = headers["sec-websocket-extensions"], !extensions.isEmpty {
             return "the server answered with extensions this client did not ask for: \(extensions.prefix(80))"
         }
+        if let subprotocol = headers["sec-websocket-protocol"], !subprotocol.isEmpty {
+            return "the server answered with a subprotocol this client did not ask for: \(subprotocol.prefix(80))"
+        }
         return nil
     }
 
@@ -348,9 +351,15 @@ final class ServerFrameReader {
                     .protocolError, "protocol error: a close frame's body is a 2-byte status and a reason, not 1 byte")
             }
             guard control.count >= 2 else { return .close(code: nil, reason: "") }
-            return .close(
-                code: UInt16(control[0]) << 8 | UInt16(control[1]),
-                reason: String(decoding: control[2...], as: UTF8.self))
+            let code = UInt16(control[0]) << 8 | UInt16(control[1])
+            guard Self.mayBeSent(code) else {
+                return .failure(.protocolError, "protocol error: the server closed with status \(code), which no endpoint may send")
+            }
+            let reason = Array(control[2...])
+            guard Self.isValidUTF8(reason) else {
+                return .failure(.invalidPayload, "the server's close reason was not valid UTF-8")
+            }
+            return .close(code: code, reason: String(decoding: reason, as: UTF8.self))
         case 9: return .ping(control)
         case 10: return .pong
         default:
@@ -366,6 +375,16 @@ final class ServerFrameReader {
                 message.removeAll(keepingCapacity: true)
             }
             return .message(WebSocketMessage(kind: kind, bytes: whole))
+        }
+    }
+
+    /// Whether a close frame may carry `code` (RFC 6455 §7.4 and IANA's registry): 1000–1003,
+    /// 1007–1014, and 3000–4999 for libraries and applications. 1005 and 1006 only report what
+    /// happened; the rest of 1000–2999 is reserved.
+    static func mayBeSent(_ code: UInt16) -> Bool {
+        switch code {
+        case 1000...1003, 1007...1014, 3000...4999: true
+        default: false
         }
     }
 

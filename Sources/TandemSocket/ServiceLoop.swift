@@ -360,7 +360,8 @@ final class ServiceLoop: @unchecked Sendable {
             return connection(of: wsi)?.rawWritable(wsi) ?? -1
 
         case LWS_CALLBACK_RAW_CLOSE:
-            finish(wsi, failure: connection(of: wsi)?.rawUpgradeFailure)
+            let failure = connection(of: wsi)?.rawUpgradeFailure
+            finish(wsi, failure: failure.map { pending.withLock { $0.stopping } ? "the event loop was shut down" : $0 })
             return 0
 
         case LWS_CALLBACK_RECEIVE, LWS_CALLBACK_CLIENT_RECEIVE:

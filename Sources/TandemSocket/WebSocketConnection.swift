@@ -103,8 +103,9 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         var answer: [UInt8] = []
         var open = false
         var reader: ServerFrameReader
-        /// Pongs owed to the server's pings, written before anything else.
-        var pongs: [[UInt8]] = []
+        /// The pong owed to the server's latest ping, written before anything else (RFC 6455
+        /// §5.5.3 asks an answer to the latest only, which keeps this bounded).
+        var pong: [UInt8]?
         /// Once the close frame is written the connection ends at once, instead of waiting
         /// for the server's answer: it answers the server's close, or what the server sent
         /// broke the protocol and cannot be read further.
@@ -299,7 +300,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     /// within 3 seconds; otherwise the connection is dropped without it.
     private func closeAtOnce(_ wsi: OpaquePointer, _ request: CloseRequest) {
         closeHanded = true
-        guard lws_partial_buffered(wsi) == 0 else {
+        guard rawClient != nil || lws_partial_buffered(wsi) == 0 else {
             // The close frame cannot cut into the message under way: it follows it if the peer
             // reads within a few seconds; otherwise the connection is dropped without it.
             closeHanded = false
@@ -337,23 +338,26 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     }
 
     /// Frames the payload of `storage` (after its headroom) as a client frame and writes it on
-    /// the raw connection: true when libwebsockets took it all (what the socket did not, it
-    /// keeps and sends first). `LWS_WRITE_HTTP` is what the C header's `LWS_WRITE_RAW`, a
-    /// macro Swift does not import, stands for.
+    /// the raw connection: false when the write failed. What the socket does not take,
+    /// libwebsockets keeps, in order behind what it already keeps, and sends first; behind such
+    /// a backlog it answers with the count of the older bytes it sent, not this frame's, so
+    /// only a negative answer is a failure. `LWS_WRITE_HTTP` is what the C header's
+    /// `LWS_WRITE_RAW`, a macro Swift does not import, stands for.
     private func writeRaw(_ wsi: OpaquePointer, _ storage: inout [UInt8], opcode: UInt8) -> Bool {
         let start = ClientFraming.frame(&storage, headroom: OutboundMessage.headroom, opcode: opcode)
         let count = storage.count - start
         let written = storage.withUnsafeMutableBufferPointer { buffer in
             lws_write(wsi, buffer.baseAddress! + start, count, LWS_WRITE_HTTP)
         }
-        return written >= count
+        return written >= 0
     }
 
     /// Has the close frame with `code` and `reason` sent with the close that follows (the
     /// caller returns -1): libwebsockets sends it; a raw client writes it now.
     private func setCloseReason(_ wsi: OpaquePointer, _ code: WebSocketCloseCode, _ reason: String) {
         if rawClient != nil {
-            if lws_partial_buffered(wsi) == 0 { writeCloseFrame(wsi, code, reason) }
+            // In order behind anything libwebsockets still keeps (see writeRaw).
+            writeCloseFrame(wsi, code, reason)
             return
         }
         var bytes = Array(reason.utf8.prefix(123))
@@ -390,11 +394,13 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         guard let wsi else { return -1 }
         // Waiting for the peer's answer to our close: libwebsockets still calls, nothing may go.
         if closeHanded { return 0 }
-        if let pongs = rawClient?.pongs, !pongs.isEmpty {
-            rawClient?.pongs = []
-            for payload in pongs {
-                var frame = [UInt8](repeating: 0, count: OutboundMessage.headroom) + payload
-                if !writeRaw(wsi, &frame, opcode: ClientFraming.pong) { return -1 }
+        if let pong = rawClient?.pong {
+            rawClient?.pong = nil
+            var frame = [UInt8](repeating: 0, count: OutboundMessage.headroom) + pong
+            if !writeRaw(wsi, &frame, opcode: ClientFraming.pong) { return -1 }
+            if lws_send_pipe_choked(wsi) != 0 {
+                lws_callback_on_writable(wsi)
+                return 0
             }
         }
         if pingWanted {
@@ -760,7 +766,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
                 return !discardingInput
             case .ping(let payload):
                 if !closeHanded {
-                    rawClient?.pongs.append(payload)
+                    rawClient?.pong = payload
                     lws_callback_on_writable(wsi)
                 }
                 return true
@@ -778,6 +784,12 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
                 closeFromReading(wsi, code.map { WebSocketCloseCode(rawValue: $0) } ?? .normal, "")
                 return false
             case .failure(let code, let reason):
+                if closeHanded {
+                    // After this side's close: its own code stays the cause; nothing more can
+                    // be read, so the connection ends without waiting for an answer.
+                    lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_ASYNC)
+                    return false
+                }
                 closeCause = WebSocketCloseEvent(code: code, reason: reason)
                 closeFromReading(wsi, code, reason)
                 return false
@@ -819,6 +831,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     func didClose(failure: String? = nil) {
         wsi = nil
         receiveBuffer = []
+        rawClient = nil
         state.withLock { s in
             s.phase = .closed
             s.outbound.removeAll()

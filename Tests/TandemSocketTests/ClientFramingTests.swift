@@ -78,6 +78,10 @@ struct ClientFramingTests {
             ([0x82, 0x7F, 0x80, 0, 0, 0, 0, 0, 0, 0], "1002"),
             ([0x82, 0x7E, 0x10, 0x01], "1009"),
             (serverFrame(0x01, [0x61, 0xC3, 0x28]), "1007"),
+            (serverFrame(0x08, [0x03, 0xED]), "1002"),  // 1005 only reports; no one sends it
+            (serverFrame(0x08, [0x03, 0xE7]), "1002"),  // 999
+            (serverFrame(0x08, [0x0B, 0xB7]), "1002"),  // 2999, reserved
+            (serverFrame(0x08, [0x03, 0xE8, 0xC3, 0x28]), "1007"),  // a reason that is not UTF-8
         ] as [([UInt8], String)])
     func readerFailures(stream: [UInt8], code: String) {
         let reader = ServerFrameReader(maxMessageBytes: 4096)
@@ -91,6 +95,12 @@ struct ClientFramingTests {
         #expect(failures == [code])
     }
 
+    @Test("a close with a status an endpoint may send reaches the reader as it came", arguments: [1000, 1013, 3000, 4999])
+    func closeCodes(code: Int) {
+        let stream = serverFrame(0x08, [UInt8(code >> 8), UInt8(code & 0xFF)] + Array("ok".utf8))
+        #expect(events(reading: stream, cut: stream.count) == ["close:\(code):ok"])
+    }
+
     @Test("UTF-8 is checked a word at a time and exactly past the first byte that is not ASCII")
     func utf8() {
         #expect(ServerFrameReader.isValidUTF8(Array("plain ascii, longer than one word".utf8)))
@@ -101,7 +111,7 @@ struct ClientFramingTests {
         #expect(ServerFrameReader.isValidUTF8([]))
     }
 
-    @Test("on a real socket: the upgrade, a message in pieces, a pong, an echo masked, and the server's close")
+    @Test("on a real socket: the upgrade with frames behind it, a message in pieces, a pong, an echo masked, and the server's close")
     func againstAHandWrittenServer() async throws {
         let server = try HandWrittenServer()
         let seen = Mutex<[String]>([])
@@ -112,13 +122,14 @@ struct ClientFramingTests {
             let key = lines.first { $0.lowercased().hasPrefix("sec-websocket-key:") }!
                 .split(separator: ":", maxSplits: 1)[1].trimmingCharacters(in: .whitespaces)
             seen.withLock { $0.append(lines.contains("Sec-WebSocket-Version: 13") ? "version 13" : "no version") }
-            try peer.write(
+            // The answer, and in the same write the start of a message cut across writes and
+            // frames, with a ping between its fragments.
+            let upgradeAnswer =
                 "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                    + "Sec-WebSocket-Accept: \(ClientFraming.expectedAccept(for: key))\r\n\r\n")
-            // A message cut across writes and frames, with a ping between its fragments.
+                + "Sec-WebSocket-Accept: \(ClientFraming.expectedAccept(for: key))\r\n\r\n"
             let message = serverFrame(0x01, fin: false, Array("hello, ".utf8)) + serverFrame(0x09, Array("p1".utf8))
                 + serverFrame(0x00, Array("world".utf8))
-            try peer.write(Array(message[..<5]))
+            try peer.write(Array(upgradeAnswer.utf8) + message[..<5])
             Thread.sleep(forTimeInterval: 0.05)
             try peer.write(Array(message[5...]))
             let pong = try peer.readClientFrame()
