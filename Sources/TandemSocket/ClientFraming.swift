@@ -368,12 +368,10 @@ final class ServerFrameReader {
             if kind == .text && !Self.isValidUTF8(message) {
                 return .failure(.invalidPayload, "a text message was not valid UTF-8")
             }
+            // The bytes go to the message as they are; the next message reserves its own room
+            // when its first frame announces its length.
             let whole = message
-            if message.capacity > 64 << 10 {
-                message = []
-            } else {
-                message.removeAll(keepingCapacity: true)
-            }
+            message = []
             return .message(WebSocketMessage(kind: kind, bytes: whole))
         }
     }
