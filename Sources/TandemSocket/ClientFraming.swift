@@ -1,5 +1,5 @@
 /// RFC 6455 on the client side, written here instead of libwebsockets' for plain `ws://`
-/// connections: the upgrade request and the check of its answer, the frames a client sends
+/// connections (unless ``WebSocketConfiguration/ownClientFraming`` is false): the upgrade request and the check of its answer, the frames a client sends
 /// (masked), and the frames a server sends.
 ///
 /// Why: libwebsockets 4.1 parses what a client receives one byte at a time (a state machine

@@ -13,7 +13,8 @@ import Synchronization
 /// actual `lws_write` happens on that thread, when libwebsockets reports the socket writable.
 ///
 /// A client connection to a plain `ws://` URL reads and writes its frames itself, on a raw
-/// libwebsockets socket (``ClientFraming``, ``RawClient``); servers and `wss://` clients use
+/// libwebsockets socket (``ClientFraming``, ``RawClient``), unless
+/// ``WebSocketConfiguration/ownClientFraming`` is false; servers and `wss://` clients use
 /// libwebsockets' WebSocket role.
 ///
 /// Outgoing messages wait in a bounded queue: a peer that stops reading is closed with 1008
@@ -104,7 +105,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         var open = false
         var reader: ServerFrameReader
         /// The pong owed to the server's latest ping, written before anything else (RFC 6455
-        /// §5.5.3 asks an answer to the latest only, which keeps this bounded).
+        /// §5.5.3 allows answering the latest only, which keeps this bounded).
         var pong: [UInt8]?
         /// Once the close frame is written the connection ends at once, instead of waiting
         /// for the server's answer: it answers the server's close, or what the server sent
@@ -291,8 +292,8 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     /// comes.
     ///
     /// The close frame is written straight into the socket's buffer (`lws_write` with
-    /// `LWS_WRITE_CLOSE`, whose value 4 libwebsockets 4.1 keeps private) when libwebsockets
-    /// holds no part of an earlier message; the kernel delivers it after what is queued, and a
+    /// `LWS_WRITE_CLOSE`, whose value 4 libwebsockets 4.1 keeps private; a raw client's own
+    /// frame) when libwebsockets holds no part of an earlier message; the kernel delivers it after what is queued, and a
     /// peer that reads late still finds the status. What the peer sent and nobody read is
     /// drained first, so that the close ends in FIN, not RST (an RST can make the peer discard
     /// what it has not read yet). Then libwebsockets drops the connection. When it does hold
@@ -300,7 +301,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     /// within 3 seconds; otherwise the connection is dropped without it.
     private func closeAtOnce(_ wsi: OpaquePointer, _ request: CloseRequest) {
         closeHanded = true
-        guard rawClient != nil || lws_partial_buffered(wsi) == 0 else {
+        guard lws_partial_buffered(wsi) == 0 else {
             // The close frame cannot cut into the message under way: it follows it if the peer
             // reads within a few seconds; otherwise the connection is dropped without it.
             closeHanded = false
@@ -356,8 +357,9 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     /// caller returns -1): libwebsockets sends it; a raw client writes it now.
     private func setCloseReason(_ wsi: OpaquePointer, _ code: WebSocketCloseCode, _ reason: String) {
         if rawClient != nil {
-            // In order behind anything libwebsockets still keeps (see writeRaw).
-            writeCloseFrame(wsi, code, reason)
+            // Only when libwebsockets holds no unsent bytes: a raw connection is closed without
+            // flushing them, and a frame behind them would go too.
+            if lws_partial_buffered(wsi) == 0 { writeCloseFrame(wsi, code, reason) }
             return
         }
         var bytes = Array(reason.utf8.prefix(123))
@@ -389,7 +391,8 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     }
 
     /// Writes queued messages while the socket takes them. Returns -1 to have libwebsockets
-    /// close the connection (after a requested close frame was set up).
+    /// close the connection (after a requested close frame was set up); a raw client's close
+    /// returns 0 and waits for the server's answer (``closeRaw(_:_:)``).
     func writable() -> Int32 {
         guard let wsi else { return -1 }
         // Waiting for the peer's answer to our close: libwebsockets still calls, nothing may go.

@@ -14,7 +14,7 @@ struct TransportConformanceTests {
     }
 
     @Test(arguments: TransportConformance.checks)
-    func libWebSocketsOwnClient(_ check: TransportConformance.Check) async throws {
+    func libWebSocketsClient(_ check: TransportConformance.Check) async throws {
         var configuration = WebSocketConfiguration()
         configuration.ownClientFraming = false
         let client = try WebSocketClient(configuration: configuration)
