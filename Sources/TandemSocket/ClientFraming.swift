@@ -1,3 +1,5 @@
+import Foundation
+
 /// RFC 6455 on the client side, written here instead of libwebsockets' for plain `ws://`
 /// connections (unless ``WebSocketConfiguration/ownClientFraming`` is false): the upgrade request and the check of its answer, the frames a client sends
 /// (masked), and the frames a server sends.
@@ -137,24 +139,10 @@ enum ClientFraming {
         }
     }
 
-    // MARK: - Base 64 and SHA-1 (for the handshake alone)
+    // MARK: - Base 64 (Foundation's) and SHA-1 (for the handshake alone)
 
     static func base64(_ bytes: [UInt8]) -> String {
-        let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
-        var out: [UInt8] = []
-        out.reserveCapacity((bytes.count + 2) / 3 * 4)
-        var index = 0
-        while index < bytes.count {
-            let b0 = bytes[index]
-            let b1 = index + 1 < bytes.count ? bytes[index + 1] : 0
-            let b2 = index + 2 < bytes.count ? bytes[index + 2] : 0
-            out.append(alphabet[Int(b0 >> 2)])
-            out.append(alphabet[Int((b0 & 0x03) << 4 | b1 >> 4)])
-            out.append(index + 1 < bytes.count ? alphabet[Int((b1 & 0x0F) << 2 | b2 >> 6)] : UInt8(ascii: "="))
-            out.append(index + 2 < bytes.count ? alphabet[Int(b2 & 0x3F)] : UInt8(ascii: "="))
-            index += 3
-        }
-        return String(decoding: out, as: UTF8.self)
+        Data(bytes).base64EncodedString()
     }
 
     /// SHA-1 (FIPS 180-4), which the handshake's accept value needs and nothing else.

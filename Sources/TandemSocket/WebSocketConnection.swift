@@ -512,16 +512,9 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         }
         if receiveBuffer.count + length + Int(lws_remaining_packet_payload(wsi)) > maxMessageBytes {
             receiveBuffer = []
-            discardingInput = true
             let reason = "message larger than \(maxMessageBytes) bytes"
             closeCause = WebSocketCloseEvent(code: .messageTooBig, reason: reason)
-            state.withLock { s in
-                s.outbound.removeAll()
-                s.queuedBytes = 0
-                s.phase = .closing
-                s.closeRequest = CloseRequest(code: .messageTooBig, reason: reason)
-            }
-            lws_callback_on_writable(wsi)
+            closeFromReading(wsi, .messageTooBig, reason)
             return 0
         }
         if let input, length > 0 {
@@ -801,9 +794,10 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         return 0
     }
 
-    /// A close decided while reading (the server's close, or a frame that broke the
-    /// protocol or the size limit): nothing more is read or sent but the close frame, from
-    /// the next writable callback, and the connection ends once it is written.
+    /// A close decided while reading (a message over the limit; on a raw client also the
+    /// server's close, or a frame that broke the protocol): nothing more is read or sent but
+    /// the close frame, from the next writable callback, and the connection ends once it is
+    /// written.
     private func closeFromReading(_ wsi: OpaquePointer, _ code: WebSocketCloseCode, _ reason: String) {
         discardingInput = true
         rawClient?.endsAfterClose = true
