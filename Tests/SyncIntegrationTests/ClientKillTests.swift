@@ -13,13 +13,19 @@ import Testing
 @Suite("A device killed with SIGKILL")
 struct ClientKillTests {
     /// The ops a device's database holds for sending, by idempotency key: what is left of its
-    /// outbox, read from the file the killed process left.
+    /// outbox, read from the file the killed process left (keys recorded on rows, and creates
+    /// listed in batch entries, each under `batchKey-rowId`).
     static func outbox(_ folder: TemporaryDirectory, _ name: String) throws -> [String: String] {
         let database = try DatabaseQueue(path: folder.path("\(name).sqlite"))
         return try database.read { db in
             try Row.fetchAll(
                 db,
-                sql: "SELECT idempotencyKey, tableName || '#' || rowId FROM tandem_row WHERE idempotencyKey IS NOT NULL"
+                sql: """
+                    SELECT idempotencyKey, tableName || '#' || rowId FROM tandem_row WHERE idempotencyKey IS NOT NULL
+                    UNION ALL
+                    SELECT s.key || '-' || json_extract(sent.value, '$[0]'), s.tableName || '#' || json_extract(sent.value, '$[0]')
+                    FROM tandem_sending AS s, json_each(s.rows) AS sent
+                    """
             ).reduce(into: [:]) { keys, row in keys[row[0]] = row[1] }
         }
     }
@@ -71,7 +77,10 @@ struct ClientKillTests {
     func killedMidPushForgettingKeys() async throws {
         let (server, folder, _) = try await Self.killDuringPush()
         let database = try DatabaseQueue(path: folder.path("phone.sqlite"))
-        try await database.write { db in try db.execute(sql: "UPDATE tandem_row SET idempotencyKey = NULL") }
+        try await database.write { db in
+            try db.execute(sql: "UPDATE tandem_row SET idempotencyKey = NULL")
+            try db.execute(sql: "DELETE FROM tandem_sending")
+        }
         try database.close()
 
         let reopened = try TestDevice(name: "phone", serverURL: server.url, folder: folder)

@@ -54,7 +54,7 @@ import Testing
         let applied = try await laptop.database.read { db in
             try String.fetchAll(db, sql: "SELECT identifier FROM grdb_migrations WHERE identifier LIKE 'tandem-%'")
         }
-        #expect(Set(applied) == ["tandem-1", "tandem-2", "tandem-3", "tandem-4"])
+        #expect(Set(applied) == ["tandem-1", "tandem-2", "tandem-3", "tandem-4", "tandem-5"])
         let versionsAfter = try await laptop.database.read { db in
             try ["account", "entry", "note"].flatMap { table in
                 try Row.fetchAll(db, sql: "SELECT id, serverVersion FROM \(table) WHERE serverVersion > 0").map {

@@ -124,20 +124,33 @@ struct RaceTests {
         }
         device.service.start()
         try await afterAck.reached()
-        // Each row's key was recorded, with its row, before the batch went out.
-        let recorded = try device.database.read { db in
-            try Row.fetchAll(db, sql: "SELECT rowId, idempotencyKey, pendingOp FROM tandem_row ORDER BY rowId")
+        // The creates were recorded before the batch went out: the batch's entry lists each row
+        // and the revision it carried, and each create's key is the entry's key and its row id.
+        let entries = try device.database.read { db in
+            try Row.fetchAll(db, sql: "SELECT key, tableName, rows FROM tandem_sending")
         }
-        #expect(recorded.map { $0["rowId"] as Int64 } == ids)
-        #expect(Set(recorded.map { $0["idempotencyKey"] as String }) == Set(sent.all))
+        #expect(entries.count == 1)
+        let entry = try #require(entries.first)
+        #expect(entry["tableName"] == "account")
+        let listed = try JSONDecoder().decode([[Int64]].self, from: Data((entry["rows"] as String).utf8))
+        #expect(listed.map { $0[0] } == ids)
+        #expect(Set(sent.all) == Set(ids.map { "\(entry["key"] as String)-\($0)" }))
         #expect(sent.all.count == 70)
-        #expect(recorded.allSatisfy { $0["pendingOp"] == "create" })
+        #expect(try await device.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tandem_row") } == 0)
         try await device.database.write { db in
             for index in [3, 66] {
                 try db.execute(sql: "UPDATE account SET name = 'edited' WHERE id = ?", arguments: [ids[index]])
             }
             for index in [10, 67] { try db.execute(sql: "DELETE FROM account WHERE id = ?", arguments: [ids[index]]) }
         }
+        // A listed row the app deletes gets the entry of a sent create, which the answer makes
+        // a filed delete.
+        let deletedEntries = try device.database.read { db in
+            try Row.fetchAll(db, sql: "SELECT rowId, idempotencyKey, pendingOp FROM tandem_row ORDER BY rowId")
+        }
+        #expect(deletedEntries.map { $0["rowId"] as Int64 } == [ids[10], ids[67]])
+        #expect(deletedEntries.allSatisfy { $0["pendingOp"] == "create" })
+        #expect(deletedEntries.map { $0["idempotencyKey"] as String } == [10, 67].map { "\(entry["key"] as String)-\(ids[$0])" })
         afterAck.release()
 
         try await waitUntil("the server has the edits and the deletes") {
@@ -164,6 +177,9 @@ struct RaceTests {
         #expect(try await device.service.failedRecords().isEmpty)
         #expect(
             try await device.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tandem_row") } == 0)
+        #expect(
+            try await device.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tandem_sending") }
+                == 0)
     }
 
     /// Without the barrier, the echoes of three creates are inserted before their write-back;

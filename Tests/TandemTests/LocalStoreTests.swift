@@ -45,15 +45,49 @@ struct StoreFixture {
     }
 
     func apply(_ id: String, version: Int64, title: String) throws {
-        let document = Document(
-            id: try DocumentID(id), version: version, fields: ["title": .string(title)], createTime: 0, updateTime: 0)
+        try apply(
+            Document(
+                id: try DocumentID(id), version: version, fields: ["title": .string(title)], createTime: 0,
+                updateTime: 0),
+            as: .modified)
+    }
+
+    /// Dirty rows the app inserted (no bookkeeping yet).
+    func insertRows(_ titles: [String]) throws -> [Int64] {
+        try database.write { db in
+            try titles.map { title in
+                try db.execute(sql: "INSERT INTO item (title) VALUES (?)", arguments: [title])
+                return db.lastInsertedRowID
+            }
+        }
+    }
+
+    /// The ops of a push's first batch, as the push prepares and records them.
+    func preparePush() throws -> [PreparedPush] {
+        var cursor = PushCursor()
+        return try database.write { db in try store.preparePush(maxOps: 100, maxBytes: 1 << 20, after: &cursor, db) }
+    }
+
+    /// A document the server made from `push`'s create, carrying its key.
+    func document(of push: PreparedPush, id: String) throws -> Document {
+        Document(
+            id: try DocumentID(id), version: 1, fields: push.op.fields ?? [:], createTime: 0, updateTime: 0,
+            createKey: push.op.idempotencyKey.rawValue)
+    }
+
+    /// Applies one change, as the listener does.
+    func apply(_ document: Document, as kind: Change.Kind = .added) throws {
         let snapshot = ServerMessage.Snapshot(
-            target: "items", changes: [Change(.modified, document)], resumeToken: "e.\(version)", initial: false)
+            target: "items", changes: [Change(kind, document)], resumeToken: "e.\(document.version)", initial: false)
         _ = try database.write { db in
             try store.apply(
                 snapshot, collection: items, target: ListenerTarget(table: "item", parentRowId: nil),
                 isolatingChanges: false, db)
         }
+    }
+
+    func count(_ sql: String) throws -> Int {
+        try database.read { db in try Int.fetchOne(db, sql: sql) ?? 0 }
     }
 
     func bookkeeping(_ serverId: String) throws -> Row? {
@@ -99,5 +133,69 @@ struct LocalStoreTests {
         #expect(try fixture.database.read { db in try String.fetchOne(db, sql: "SELECT title FROM item") } == "Rent")
         try fixture.apply("X", version: 4, title: "Newer")
         #expect(try fixture.database.read { db in try String.fetchOne(db, sql: "SELECT title FROM item") } == "Newer")
+    }
+
+    // MARK: Creates recorded in a batch entry
+
+    @Test("the creates of rows without bookkeeping are recorded as one batch entry, each under its key")
+    func batchEntry() throws {
+        let fixture = try StoreFixture()
+        let rows = try fixture.insertRows(["a", "b", "c"])
+        let pushes = try fixture.preparePush()
+        #expect(pushes.map(\.rowId) == rows)
+        let entry = try #require(pushes.first?.sendingEntry)
+        #expect(pushes.allSatisfy { $0.sendingEntry == entry && $0.op.kind == .create })
+        #expect(pushes.map(\.op.idempotencyKey.rawValue) == rows.map { "\(entry.rawValue)-\($0)" })
+        #expect(try fixture.count("SELECT COUNT(*) FROM tandem_row") == 0)
+        let listed = try fixture.database.read { db in
+            try String.fetchOne(db, sql: "SELECT rows FROM tandem_sending WHERE key = ?", arguments: [entry.rawValue])
+        }
+        #expect(listed == "[" + rows.map { "[\($0),1]" }.joined(separator: ",") + "]")
+    }
+
+    @Test("a batch never answered goes out again at the next push under the same keys, recorded on its rows")
+    func unansweredBatchKeepsItsKeys() throws {
+        let fixture = try StoreFixture()
+        _ = try fixture.insertRows(["a", "b"])
+        let first = try fixture.preparePush()
+        // The next push starts: the entry's answer never came.
+        let again = try fixture.preparePush()
+        #expect(again.map(\.op.idempotencyKey) == first.map(\.op.idempotencyKey))
+        #expect(again.allSatisfy { $0.sendingEntry == nil })
+        #expect(again.map(\.revision) == first.map(\.revision))
+        #expect(try fixture.count("SELECT COUNT(*) FROM tandem_sending") == 0)
+        #expect(try fixture.count("SELECT COUNT(*) FROM tandem_row WHERE pendingOp = 'create'") == 2)
+    }
+
+    @Test("the document of an unanswered create in a batch entry is adopted by its row, not inserted again")
+    func batchEntryAdoptedFromListener() throws {
+        let fixture = try StoreFixture()
+        let rows = try fixture.insertRows(["a", "b"])
+        let pushes = try fixture.preparePush()
+        try fixture.apply(try fixture.document(of: pushes[1], id: "D1"))
+        #expect(try fixture.count("SELECT COUNT(*) FROM item") == 2)
+        let serverId = try fixture.database.read { db in
+            try String.fetchOne(db, sql: "SELECT serverId FROM item WHERE id = ?", arguments: [rows[1]])
+        }
+        #expect(serverId == "D1")
+        // The adopted row is synced: the next push sends only the other one, under its key.
+        let again = try fixture.preparePush()
+        #expect(again.map(\.rowId) == [rows[0]])
+        #expect(again.first?.op.idempotencyKey == pushes[0].op.idempotencyKey)
+    }
+
+    /// Without the delete trigger's entry, the next push would drop the deleted row from the
+    /// batch (it lists only rows that still exist), and its document would come back as a new row.
+    @Test("a row the app deletes while its create is on its way in a batch entry: its document, when it comes, is deleted")
+    func batchEntryRowDeletedByApp() throws {
+        let fixture = try StoreFixture()
+        let rows = try fixture.insertRows(["a", "b"])
+        let pushes = try fixture.preparePush()
+        try fixture.database.write { db in try db.execute(sql: "DELETE FROM item WHERE id = ?", arguments: [rows[0]]) }
+        _ = try fixture.preparePush()
+        try fixture.apply(try fixture.document(of: pushes[0], id: "D0"))
+        #expect(try fixture.count("SELECT COUNT(*) FROM item") == 1, "the deleted row did not come back")
+        let row = try #require(try fixture.bookkeeping("D0"))
+        #expect(row["pendingOp"] == "delete")
     }
 }

@@ -19,6 +19,9 @@ extension SyncLedger {
     ///   which are those of rows whose create is on its way: recording a create's key and
     ///   forgetting it at the acknowledgement each write one index fewer (about 6 % of `bench
     ///   throughput`). The lookups by server id (`serverId = ?`) still use it.
+    /// - `tandem-5`: `tandem_sending`, the creates of a batch on their way, recorded as one
+    ///   entry per table and batch instead of a `tandem_row` entry per row (see
+    ///   ``SyncLedger/recordSending(_:key:_:_:)``).
     ///
     /// The triggers are not versioned: they follow the app's tables and are made again each
     /// time the service starts (``installTriggers(_:_:)``).
@@ -137,6 +140,19 @@ extension SyncLedger {
                     CREATE INDEX tandem_row_server ON tandem_row(tableName, serverId) WHERE serverId IS NOT NULL;
                     """)
         }
+        migrator.registerMigration("tandem-5", foreignKeyChecks: .immediate) { db in
+            try db.execute(
+                sql: """
+                    -- The creates of one batch, of one table, sent and not answered yet: each
+                    -- went out under the key `key-rowId`. `rows` is a JSON array of
+                    -- [rowId, localRevision] pairs, the revision each create carried.
+                    CREATE TABLE tandem_sending (
+                        key TEXT PRIMARY KEY NOT NULL,
+                        tableName TEXT NOT NULL,
+                        rows TEXT NOT NULL
+                    ) WITHOUT ROWID;
+                    """)
+        }
         return migrator
     }
 
@@ -154,7 +170,8 @@ extension SyncLedger {
     /// - A delete by the app of a row known to the server files the delete in `tandem_row`, with
     ///   the document's id, collection and version, so that it is pushed; the row itself is gone
     ///   at once, as the app expects. Tandem's own deletes set `isDeleted` first and are not
-    ///   filed.
+    ///   filed. A row whose create is on its way in a batch (`tandem_sending`) gets the entry of
+    ///   a sent create instead, which its answer, or its document, turns into a filed delete.
     /// - An update that would put back a stale `localRevision`, `serverId` or `serverVersion` (a
     ///   record type that encodes Tandem's columns and saved an old copy) is refused with an
     ///   explanation.
@@ -227,6 +244,11 @@ extension SyncLedger {
                         collection = COALESCE(excluded.collection, collection), serverVersion = excluded.serverVersion,
                         pendingOp = 'delete', idempotencyKey = NULL, attempts = 0, state = 'pending', errorCode = NULL,
                         serverErrorCode = NULL, lastError = NULL, outOfScope = 0;
+                    INSERT INTO tandem_row (tableName, rowId, pendingOp, idempotencyKey, pushedRevision)
+                    SELECT \(literal), OLD.id, 'create', s.key || '-' || OLD.id, json_extract(sent.value, '$[1]')
+                    FROM tandem_sending AS s, json_each(s.rows) AS sent
+                    WHERE OLD.serverId IS NULL AND s.tableName = \(literal) AND json_extract(sent.value, '$[0]') = OLD.id
+                    ON CONFLICT (tableName, rowId) DO NOTHING;
                     DELETE FROM tandem_field WHERE tableName = \(literal) AND rowId = OLD.id;
                     DELETE FROM tandem_conflict WHERE tableName = \(literal) AND rowId = OLD.id;
                 END;

@@ -18,7 +18,7 @@ import TandemWire
 /// |---|---|---|
 /// | local-only | not shared (or its parent does not sync) | none |
 /// | dirty | `isDirty = 1` | none, or kept from before with `pendingOp` NULL |
-/// | sent | `isDirty = 1` | `pendingOp` create/update, `idempotencyKey`, `pushedRevision` |
+/// | sent | `isDirty = 1` | `pendingOp` create/update, `idempotencyKey`, `pushedRevision`; for the create of a row that had no entry: none, and the row is listed in its batch's `tandem_sending` entry (key `batchKey-rowId`, the revision) |
 /// | synced | `isDirty = 0`, `serverId`, `serverVersion` | none; for a table that merges or is nested (``TableModel/recordsSyncedRows``): `state = 'synced'`, `collection`, `serverFields` for merging tables |
 /// | failed | as it was | `state = 'failed'`, `errorCode`, `lastError`, `attempts` |
 /// | deleted, not pushed | gone | `pendingOp = 'delete'`, `serverId`, `collection`, `serverVersion` (its key once sent) |
@@ -38,7 +38,11 @@ import TandemWire
 /// - **app delete** (trigger): a row the server knows → deleted, not pushed; its field times
 ///   and conflict go.
 /// - ``recordSending(_:_:_:)`` (push): dirty → sent, with the key recorded before anything
-///   goes out, so that a resend after a crash carries it.
+///   goes out, so that a resend after a crash carries it; ``recordSending(_:under:_:_:)`` for
+///   the creates of rows without an entry, one batch entry for them all. A batch entry goes at
+///   the acknowledgement (``sendingAnswered(_:_:)``); any other answer, or none (found at the
+///   next push), turns it into the entries of sent rows (``keepSendingPerRow(_:keys:_:)``),
+///   and an app delete of a listed row gives that row its entry (the delete trigger).
 /// - ``acknowledge(_:_:_:)`` (`ack`): sent → synced, or back to dirty when the row changed
 ///   after it was sent (`localRevision` moved past `pushedRevision`); a row deleted meanwhile →
 ///   deleted, not pushed. ``forget(_:_:_:)`` ends a deleted row's bookkeeping once its delete is
@@ -262,7 +266,11 @@ struct SyncLedger: Sendable {
         // walk the primary key through every row of the table instead).
         ApplyContext(
             unansweredCreates: try Bool.fetchOne(
-                db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE pendingOp = 'create')"))
+                db.cachedStatement(
+                    sql: """
+                        SELECT EXISTS (SELECT 1 FROM tandem_row WHERE pendingOp = 'create')
+                            OR EXISTS (SELECT 1 FROM tandem_sending)
+                        """))
                 ?? true,
             filedDeletes: try Bool.fetchOne(
                 db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE pendingOp = 'delete')"))
@@ -287,12 +295,12 @@ struct SyncLedger: Sendable {
     }
 
     /// The columns ``dirtyRows(_:syncs:after:limit:_:)`` reads before the row's field columns.
-    static let dirtyRowColumns = 9
+    static let dirtyRowColumns = 10
 
     /// Dirty rows of `model` after `rowId` that sync (`syncs`, on alias `t`), are not failed
     /// and not in conflict, with their bookkeeping: id, localRevision, updatedAt, serverId,
     /// parent foreign key, serverVersion, recorded key, recorded collection, pushedRevision,
-    /// then the field columns.
+    /// the entry's state (NULL when the row has no `tandem_row` entry), then the field columns.
     func dirtyRows(_ model: TableModel, syncs: String, after rowId: Int64, limit: Int, _ db: Database) throws
         -> RowCursor
     {
@@ -300,7 +308,7 @@ struct SyncLedger: Sendable {
         let columns =
             ([
                 "t.id", "t.localRevision", "t.updatedAt", "t.serverId", foreignKey, "t.serverVersion",
-                "m.idempotencyKey", "m.collection", "m.pushedRevision",
+                "m.idempotencyKey", "m.collection", "m.pushedRevision", "m.state",
             ] + model.fieldColumns.map { "t.\(SQL.quote($0))" }).joined(separator: ", ")
         return try Row.fetchCursor(
             db.cachedStatement(
@@ -360,6 +368,78 @@ struct SyncLedger: Sendable {
         }
     }
 
+    /// dirty → sent, for the creates of one table that a batch takes, of rows without a
+    /// `tandem_row` entry: one `tandem_sending` entry for them all, recorded before they go
+    /// out. Each create's key is `key-rowId` (``sendingKey(_:rowId:)``).
+    ///
+    /// This is the common case of a push (rows inserted offline, or since the last push), and
+    /// the one entry stands for a `tandem_row` entry per row, written here and deleted at the
+    /// acknowledgement: those were two B-tree writes per row in each of the table and its two
+    /// indexes. An answer other than an acknowledgement turns the entry into the per-row
+    /// entries (``keepSendingPerRow(_:keys:_:)``), which the other paths know.
+    func recordSending(
+        _ model: TableModel, under key: ClientName, _ creates: [(rowId: Int64, revision: Int64)], _ db: Database
+    ) throws {
+        var rows = "["
+        rows.reserveCapacity(creates.count * 16)
+        for (index, create) in creates.enumerated() {
+            if index > 0 { rows += "," }
+            rows += "[\(create.rowId),\(create.revision)]"
+        }
+        rows += "]"
+        try db.cachedStatement(sql: "INSERT INTO tandem_sending (key, tableName, rows) VALUES (?, ?, ?)")
+            .execute { values in
+                values.bind(key.rawValue)
+                values.bind(model.name)
+                values.bind(rows)
+            }
+    }
+
+    /// The idempotency key of row `rowId`'s create in the batch entry `key`.
+    static func sendingKey(_ key: ClientName, rowId: Int64) throws -> ClientName {
+        try ClientName("\(key.rawValue)-\(rowId)")
+    }
+
+    /// Whether any batch entry is recorded.
+    func anySending(_ db: Database) throws -> Bool {
+        try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_sending)")) ?? true
+    }
+
+    /// The batch entries were answered (acknowledged): they go.
+    func sendingAnswered(_ keys: some Sequence<ClientName>, _ db: Database) throws {
+        let statement = try db.cachedStatement(sql: "DELETE FROM tandem_sending WHERE key = ?")
+        for key in keys { try statement.execute { $0.bind(key.rawValue) } }
+    }
+
+    /// Batch entries (`keys`, or all of them) become a `tandem_row` entry per create, as
+    /// ``recordSending(_:_:_:)`` records one: for an answer other than an acknowledgement
+    /// (the same keys go out again, attempts are counted per row), and at the start of a push
+    /// for the entries of batches whose answer never came (a dropped connection, a crash).
+    ///
+    /// Only rows still waiting for their server id: a row that got it from its document meanwhile
+    /// (``adoptOwnCreate(_:rowId:serverId:collection:keepsLocal:_:)``) is synced, a row the app
+    /// deleted got its entry from the delete trigger, and a row Tandem removed is gone with
+    /// its bookkeeping. An entry a row has by now is kept.
+    func keepSendingPerRow(_ models: [TableModel], keys: [ClientName]?, _ db: Database) throws {
+        // All entries, or those of `keys`.
+        let list = keys.map { Self.placeholders(rows: 1, columns: $0.count) }
+        let keyArguments = (keys ?? []).map(\.rawValue)
+        for model in models {
+            try db.execute(
+                sql: """
+                    INSERT INTO tandem_row (tableName, rowId, pendingOp, idempotencyKey, pushedRevision)
+                    SELECT s.tableName, t.id, 'create', s.key || '-' || t.id, json_extract(sent.value, '$[1]')
+                    FROM tandem_sending AS s, json_each(s.rows) AS sent
+                    JOIN \(model.quotedName) AS t ON t.id = json_extract(sent.value, '$[0]')
+                    WHERE s.tableName = ? \(list.map { "AND s.key IN \($0)" } ?? "") AND t.serverId IS NULL
+                    ON CONFLICT (tableName, rowId) DO NOTHING
+                    """, arguments: StatementArguments([model.name] + keyArguments))
+        }
+        try db.execute(
+            sql: "DELETE FROM tandem_sending \(list.map { "WHERE key IN \($0)" } ?? "")",
+            arguments: StatementArguments(keyArguments))
+    }
+
     /// Records the key of a filed delete's first sending.
     func recordDeleteKey(_ key: ClientName, _ table: String, _ rowId: Int64, _ db: Database) throws {
         try db.cachedStatement(sql: "UPDATE tandem_row SET idempotencyKey = ? WHERE tableName = ? AND rowId = ?")
@@ -407,23 +487,28 @@ struct SyncLedger: Sendable {
             return .duplicate(otherRowId: try lookup(model, serverId: result.id.rawValue, db)?.id)
         }
         guard let clean else {
-            try fileDelete(model, push.rowId, answer: result, fields: fieldsText, db)
+            try fileDelete(model, push, answer: result, fields: fieldsText, db)
             return .deletedMeanwhile
         }
         guard model.recordsSyncedRows else {
             // Synced, or dirty with nothing sent: either way nothing the row does not hold,
-            // unless it is out of scope.
-            try forgetSynced(model, CollectionOfOne(push.rowId), db)
+            // unless it is out of scope. A create sent in a batch entry has no row entry.
+            if push.sendingEntry == nil { try forgetSynced(model, CollectionOfOne(push.rowId), db) }
             return .row(clean: clean)
         }
+        // A create sent in a batch entry has no row entry yet; this one stays.
         try db.cachedStatement(
             sql: """
-                UPDATE tandem_row SET serverId = ?, serverFields = ?, pendingOp = NULL,
-                    idempotencyKey = NULL, pushedRevision = NULL, attempts = 0, state = ?, errorCode = NULL,
+                INSERT INTO tandem_row (tableName, rowId, serverId, collection, serverFields, state)
+                VALUES (?4, ?5, ?1, ?6, ?2, ?3)
+                ON CONFLICT (tableName, rowId) DO UPDATE SET serverId = ?1, serverFields = ?2, pendingOp = NULL,
+                    idempotencyKey = NULL, pushedRevision = NULL, attempts = 0, state = ?3, errorCode = NULL,
                     serverErrorCode = NULL, lastError = NULL
-                WHERE tableName = ? AND rowId = ?
                 """
-        ).execute(arguments: [result.id.rawValue, fieldsText, clean ? "synced" : "pending", model.name, push.rowId])
+        ).execute(arguments: [
+            result.id.rawValue, fieldsText, clean ? "synced" : "pending", model.name, push.rowId,
+            push.op.collection.rawValue,
+        ])
         return .row(clean: clean)
     }
 
@@ -479,16 +564,17 @@ struct SyncLedger: Sendable {
         } catch let error as DatabaseError where error.extendedResultCode == .SQLITE_CONSTRAINT_UNIQUE {
             return try answered.map { try acknowledge(model, $0.push, $0.result, db) }
         }
+        // Rows whose create went out in a batch entry have no row entry to forget.
         var synced: [Int64] = []
         synced.reserveCapacity(clean.count)
         var outcomes: [Acknowledged] = []
         outcomes.reserveCapacity(answered.count)
         for (push, result) in answered {
             if let isClean = clean[push.rowId] {
-                synced.append(push.rowId)
+                if push.sendingEntry == nil { synced.append(push.rowId) }
                 outcomes.append(.row(clean: isClean))
             } else {
-                try fileDelete(model, push.rowId, answer: result, fields: nil, db)
+                try fileDelete(model, push, answer: result, fields: nil, db)
                 outcomes.append(.deletedMeanwhile)
             }
         }
@@ -517,18 +603,23 @@ struct SyncLedger: Sendable {
     }
 
     /// A row deleted while its op was on its way: the document exists now, so its delete is
-    /// filed at the answer's version.
+    /// filed at the answer's version. (The delete trigger gave the row an entry, and the
+    /// entry is made here if not.)
     private func fileDelete(
-        _ model: TableModel, _ rowId: Int64, answer result: WriteResult, fields: String?, _ db: Database
+        _ model: TableModel, _ push: PreparedPush, answer result: WriteResult, fields: String?, _ db: Database
     ) throws {
         try db.cachedStatement(
             sql: """
-                UPDATE tandem_row SET serverId = ?, serverVersion = ?, serverFields = ?, pendingOp = 'delete',
+                INSERT INTO tandem_row (tableName, rowId, serverId, collection, serverVersion, serverFields, pendingOp)
+                VALUES (?4, ?5, ?1, ?6, ?2, ?3, 'delete')
+                ON CONFLICT (tableName, rowId) DO UPDATE SET serverId = ?1, serverVersion = ?2, serverFields = ?3,
+                    collection = COALESCE(collection, ?6), pendingOp = 'delete',
                     idempotencyKey = CASE WHEN pendingOp = 'delete' THEN idempotencyKey ELSE NULL END,
                     pushedRevision = NULL, attempts = 0, state = 'pending'
-                WHERE tableName = ? AND rowId = ?
                 """
-        ).execute(arguments: [result.id.rawValue, result.version, fields, model.name, rowId])
+        ).execute(arguments: [
+            result.id.rawValue, result.version, fields, model.name, push.rowId, push.op.collection.rawValue,
+        ])
     }
 
     /// The server's document becomes the base of the row's next push, which stays pending
@@ -721,18 +812,32 @@ struct SyncLedger: Sendable {
     }
 
     /// The local row whose create, sent but never answered, made a document with this
-    /// `createKey`, and the revision the create carried.
+    /// `createKey`, and the revision the create carried: recorded on the row, or in the entry
+    /// of the batch it went out in (`key` is then `batchKey-rowId`).
     func unansweredCreate(_ model: TableModel, key: String, _ db: Database) throws
         -> (rowId: Int64, pushedRevision: Int64?)?
     {
-        try Row.fetchOne(
+        if let row = try Row.fetchOne(
             db.cachedStatement(
                 sql: """
                     SELECT rowId, pushedRevision FROM tandem_row
                     WHERE pendingOp = 'create' AND idempotencyKey = ? AND tableName = ?
                     """),
-            arguments: [key, model.name]
-        ).map { row in (row[0], row[1]) }
+            arguments: [key, model.name])
+        {
+            return (row[0], row[1])
+        }
+        guard let dash = key.firstIndex(of: "-"), let rowId = Int64(key[key.index(after: dash)...]) else {
+            return nil
+        }
+        return try Int64.fetchOne(
+            db.cachedStatement(
+                sql: """
+                    SELECT json_extract(sent.value, '$[1]') FROM tandem_sending AS s, json_each(s.rows) AS sent
+                    WHERE s.key = ? AND s.tableName = ? AND json_extract(sent.value, '$[0]') = ?
+                    """),
+            arguments: [String(key[..<dash]), model.name, rowId]
+        ).map { revision in (rowId, revision) }
     }
 
     /// One of this device's unanswered creates was applied by the server, and its row was
@@ -743,9 +848,10 @@ struct SyncLedger: Sendable {
     ) throws {
         try db.cachedStatement(
             sql: """
-                UPDATE tandem_row SET serverId = ?, collection = ?, serverVersion = ?, pendingOp = 'delete',
-                    idempotencyKey = NULL, pushedRevision = NULL, state = 'pending'
-                WHERE tableName = ? AND rowId = ?
+                INSERT INTO tandem_row (tableName, rowId, serverId, collection, serverVersion, pendingOp)
+                VALUES (?4, ?5, ?1, ?2, ?3, 'delete')
+                ON CONFLICT (tableName, rowId) DO UPDATE SET serverId = ?1, collection = ?2, serverVersion = ?3,
+                    pendingOp = 'delete', idempotencyKey = NULL, pushedRevision = NULL, state = 'pending'
                 """
         ).execute(arguments: [serverId, collection.rawValue, version, model.name, rowId])
     }
@@ -762,12 +868,14 @@ struct SyncLedger: Sendable {
             sql: "UPDATE \(model.quotedName) SET serverId = ?, localRevision = localRevision + 1 WHERE id = ?"
         ).execute(arguments: [serverId, rowId])
         if keepsLocal {
+            // A create sent in a batch entry has no row entry: one is made, with the collection,
+            // which a nested table's filed delete needs.
             try db.cachedStatement(
                 sql: """
-                    UPDATE tandem_row SET serverId = ?, collection = ?, serverFields = NULL,
+                    INSERT INTO tandem_row (tableName, rowId, serverId, collection) VALUES (?3, ?4, ?1, ?2)
+                    ON CONFLICT (tableName, rowId) DO UPDATE SET serverId = ?1, collection = ?2, serverFields = NULL,
                         pendingOp = NULL, idempotencyKey = NULL, pushedRevision = NULL, attempts = 0,
                         state = 'pending', errorCode = NULL, serverErrorCode = NULL, lastError = NULL
-                    WHERE tableName = ? AND rowId = ?
                     """
             ).execute(arguments: [serverId, collection.rawValue, model.name, rowId])
         }

@@ -12,6 +12,9 @@ struct PreparedPush: Sendable {
     var revision: Int64
     /// A reference went out as null because its target has no server id yet: push again.
     var incomplete: Bool
+    /// The batch entry (`tandem_sending`) a create was recorded in, for a row without a
+    /// `tandem_row` entry; nil when the op's key is recorded on its row.
+    var sendingEntry: ClientName? = nil
 }
 
 /// How far one push has come: each batch starts after the rows the batches before it took,
@@ -27,18 +30,28 @@ struct PushCursor {
     /// The last batch read every filed delete and dirty row there was: no batch after it
     /// would find any.
     var reachedEnd = false
+    /// The batch entries left by pushes before this one were turned into row entries.
+    var recovered = false
 }
 
 extension LocalStore {
     /// Builds the next batch of ops, after the cursor, and records, before anything is sent,
     /// the idempotency key of each: a resend after a lost answer must carry the same key,
-    /// even after a crash.
+    /// even after a crash. The creates of rows with no bookkeeping yet are recorded together,
+    /// in one batch entry per table (``SyncLedger/recordSending(_:under:_:_:)``); the other
+    /// ops on their rows (``SyncLedger/recordSending(_:_:_:)``).
     ///
     /// Filed deletes come first, then dirty rows table by table, parents before children (a
     /// child's collection needs its parent's server id, so it waits for the parent's create).
     func preparePush(maxOps: Int, maxBytes: Int, after cursor: inout PushCursor, _ db: Database) throws
         -> [PreparedPush]
     {
+        if !cursor.recovered {
+            // No batch is on its way between pushes: an entry left is one whose answer never
+            // came. Its creates go out again under the same keys, recorded on their rows.
+            cursor.recovered = true
+            if try ledger.anySending(db) { try ledger.keepSendingPerRow(tables, keys: nil, db) }
+        }
         var prepared: [PreparedPush] = []
         var bytes = 0
         let deletes = try ledger.filedDeletes(after: cursor.lastDelete, limit: maxOps, db)
@@ -78,6 +91,8 @@ extension LocalStore {
             var read = 0
             // The keys are recorded once the rows are read, before the batch is sent.
             var sendings: [SyncLedger.Sending] = []
+            var entry: ClientName?
+            var entryCreates: [(rowId: Int64, revision: Int64)] = []
             while let row = try rows.next() {
                 read += 1
                 if read == limit { reachedEnd = false }
@@ -111,6 +126,7 @@ extension LocalStore {
                 }
                 let serverVersion: Int64? = row[5]
                 let recordedKey: String? = row[6]
+                let hasEntry = (row[9] as String?) != nil
                 if let serverId, let known: String = row[7], known != collection.rawValue {
                     try ledger.fail(
                         model.name, rowId,
@@ -122,33 +138,50 @@ extension LocalStore {
                     continue
                 }
                 // The key is recorded with the op below, before anything is sent.
-                let key = (recordedKey.flatMap { try? ClientName($0) }) ?? newKey()
+                let recorded = recordedKey.flatMap { try? ClientName($0) }
                 // A key stays bound to the revision it was first sent with. If an op went out,
                 // was applied, and its answer was lost, the resend under the same key gets that
                 // first answer back: the row must then stay dirty when it changed since, or its
                 // newer content would be taken for pushed.
                 let keyRevision: Int64 = recordedKey != nil ? (row[8] ?? revision) : revision
                 var op: WriteOp
+                var sendingEntry: ClientName?
                 if let serverId, let id = try? DocumentID(serverId) {
                     op = .update(
-                        in: collection, id: id, fields: document, baseVersion: serverVersion, idempotencyKey: key)
+                        in: collection, id: id, fields: document, baseVersion: serverVersion,
+                        idempotencyKey: recorded ?? newKey())
+                } else if let recorded {
+                    op = .create(in: collection, fields: document, idempotencyKey: recorded)
+                } else if serverId == nil, !hasEntry {
+                    // A new row with no bookkeeping: its create goes in the table's batch entry.
+                    let batchKey = entry ?? newKey()
+                    entry = batchKey
+                    sendingEntry = batchKey
+                    entryCreates.append((rowId, keyRevision))
+                    op = .create(
+                        in: collection, fields: document,
+                        idempotencyKey: try SyncLedger.sendingKey(batchKey, rowId: rowId))
                 } else {
-                    op = .create(in: collection, fields: document, idempotencyKey: key)
+                    op = .create(in: collection, fields: document, idempotencyKey: newKey())
                 }
+                let key = op.idempotencyKey
                 if model.mergesFields {
                     // Field-level tables merge on the server, field by field, with no precondition.
                     op.baseVersion = nil
                     op.fieldTimes = try ledger.localFieldTimes(model, rowId: rowId, updatedAt: updatedAt, db)
                         .filter { document[$0.key] != nil }
                 }
-                sendings.append(
-                    SyncLedger.Sending(
-                        rowId: rowId, serverId: serverId, collection: collection, kind: op.kind, key: key,
-                        revision: keyRevision))
+                if sendingEntry == nil {
+                    sendings.append(
+                        SyncLedger.Sending(
+                            rowId: rowId, serverId: serverId, collection: collection, kind: op.kind, key: key,
+                            revision: keyRevision))
+                }
                 if incomplete { cursor.passedOver = true }
                 prepared.append(
-                    PreparedPush(table: model.name, rowId: rowId, op: op, revision: keyRevision, incomplete: incomplete)
-                )
+                    PreparedPush(
+                        table: model.name, rowId: rowId, op: op, revision: keyRevision, incomplete: incomplete,
+                        sendingEntry: sendingEntry))
                 bytes += 64
                 if bytes >= maxBytes {
                     reachedEnd = false
@@ -156,6 +189,7 @@ extension LocalStore {
                 }
             }
             try ledger.recordSending(model, sendings, db)
+            if let entry { try ledger.recordSending(model, under: entry, entryCreates, db) }
         }
         cursor.reachedEnd = reachedEnd
         return prepared
@@ -275,7 +309,17 @@ extension LocalStore {
             }
         }
         try removeRowsOutOfScope(db)
+        try ledger.sendingAnswered(Set(pushes.compactMap(\.sendingEntry)), db)
         return (duplicates, conflicts)
+    }
+
+    /// A batch was answered with something other than an acknowledgement, or not at all: its
+    /// creates recorded in batch entries get entries of their own, which the conflict, refusal
+    /// and failure paths work with (and a resend keeps their keys).
+    func answeredOtherwise(_ batch: [PreparedPush], _ db: Database) throws {
+        let entries = Array(Set(batch.compactMap(\.sendingEntry)))
+        guard !entries.isEmpty else { return }
+        try ledger.keepSendingPerRow(tables, keys: entries, db)
     }
 
     /// Settles a `conflict` answer for one op with the conflict policy. The other ops of the

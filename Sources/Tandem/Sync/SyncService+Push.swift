@@ -105,6 +105,7 @@ extension SyncService {
                     let error = TandemError(
                         .disconnected, "the connection dropped before the acknowledgement arrived")
                     try ownWrite { db in
+                        try store.answeredOtherwise(batch, db)
                         try store.ledger.countFailedAttempt(
                             batch, error, maxAttempts: configuration.maxAttempts, db)
                     }
@@ -123,7 +124,10 @@ extension SyncService {
                     newParents || batch.contains { $0.op.kind == .create && parentTables.contains($0.table) }
 
             case .success(.conflict(let index, let server)):
-                if try ownWrite({ db in try store.resolvePushConflict(batch[index], server: server, db) }) {
+                if try ownWrite({ db in
+                    try store.answeredOtherwise(batch, db)
+                    return try store.resolvePushConflict(batch[index], server: server, db)
+                }) {
                     report.conflicts += 1
                 }
                 leftBehind = true
@@ -139,6 +143,7 @@ extension SyncService {
                         .server, "\(push.table) row \(push.rowId): \(serverError.message)", serverError: serverError
                     )
                     try ownWrite { db in
+                        try store.answeredOtherwise(batch, db)
                         if serverError.code == .notFound {
                             try store.recordNotFound(push, db)
                         } else if serverError.code.isRejection {
@@ -155,6 +160,7 @@ extension SyncService {
                 if let serverError, serverError.code.isRejection {
                     let refusal = TandemError(server: serverError)
                     try ownWrite { db in
+                        try store.answeredOtherwise(batch, db)
                         for push in batch { try store.ledger.fail(push.table, push.rowId, refusal, db) }
                     }
                     noteError(refusal)
@@ -162,6 +168,7 @@ extension SyncService {
                 }
                 let failure = TandemError("push failed", error, otherwise: .database)
                 try ownWrite { db in
+                    try store.answeredOtherwise(batch, db)
                     try store.ledger.countFailedAttempt(batch, failure, maxAttempts: configuration.maxAttempts, db)
                 }
                 noteError(failure)
