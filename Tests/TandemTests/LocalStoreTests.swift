@@ -198,4 +198,27 @@ struct LocalStoreTests {
         let row = try #require(try fixture.bookkeeping("D0"))
         #expect(row["pendingOp"] == "delete")
     }
+
+    /// Found by review: a row the listener removes (its own create's document arrived deleted)
+    /// must take its key with it. Left in the batch entry, the key went to the next push with
+    /// whatever row then had that id, and a second delivery of the tombstone filed its delete
+    /// again.
+    @Test("a listed row removed by its own document's tombstone leaves no key behind")
+    func batchEntryRowRemovedByTombstone() throws {
+        let fixture = try StoreFixture()
+        let rows = try fixture.insertRows(["a", "b"])
+        let pushes = try fixture.preparePush()
+        var tombstone = try fixture.document(of: pushes[0], id: "D0")
+        tombstone.deleted = true
+        tombstone.version = 2
+        try fixture.apply(tombstone, as: .deleted)
+        #expect(try fixture.count("SELECT COUNT(*) FROM item WHERE id = \(rows[0])") == 0)
+        #expect(try fixture.count("SELECT COUNT(*) FROM tandem_sending") == 0)
+        #expect(try fixture.count("SELECT COUNT(*) FROM tandem_row WHERE rowId = \(rows[0])") == 0)
+        try fixture.apply(tombstone, as: .deleted)
+        #expect(try fixture.count("SELECT COUNT(*) FROM tandem_row WHERE pendingOp = 'delete'") == 0)
+        let again = try fixture.preparePush()
+        #expect(again.map(\.rowId) == [rows[1]])
+        #expect(again.map(\.op.idempotencyKey) == [pushes[1].op.idempotencyKey])
+    }
 }

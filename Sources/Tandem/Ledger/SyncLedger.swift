@@ -41,8 +41,9 @@ import TandemWire
 ///   goes out, so that a resend after a crash carries it; ``recordSending(_:under:_:_:)`` for
 ///   the creates of rows without an entry, one batch entry for them all. A batch entry goes at
 ///   the acknowledgement (``sendingAnswered(_:_:)``); any other answer, or none (found at the
-///   next push), turns it into the entries of sent rows (``keepSendingPerRow(_:keys:_:)``),
-///   and an app delete of a listed row gives that row its entry (the delete trigger).
+///   next push, or by the listener before it applies anything), turns it into the entries of
+///   sent rows (``keepSendingPerRow(_:keys:_:)``), and an app delete of a listed row gives that
+///   row its entry (the delete trigger).
 /// - ``acknowledge(_:_:_:)`` (`ack`): sent → synced, or back to dirty when the row changed
 ///   after it was sent (`localRevision` moved past `pushedRevision`); a row deleted meanwhile →
 ///   deleted, not pushed. ``forget(_:_:_:)`` ends a deleted row's bookkeeping once its delete is
@@ -266,11 +267,7 @@ struct SyncLedger: Sendable {
         // walk the primary key through every row of the table instead).
         ApplyContext(
             unansweredCreates: try Bool.fetchOne(
-                db.cachedStatement(
-                    sql: """
-                        SELECT EXISTS (SELECT 1 FROM tandem_row WHERE pendingOp = 'create')
-                            OR EXISTS (SELECT 1 FROM tandem_sending)
-                        """))
+                db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE pendingOp = 'create')"))
                 ?? true,
             filedDeletes: try Bool.fetchOne(
                 db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE pendingOp = 'delete')"))
@@ -405,21 +402,29 @@ struct SyncLedger: Sendable {
         try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_sending)")) ?? true
     }
 
-    /// The batch entries were answered (acknowledged): they go.
-    func sendingAnswered(_ keys: some Sequence<ClientName>, _ db: Database) throws {
+    /// The batch entries were acknowledged: they go.
+    ///
+    /// - Returns: The keys of those that were still recorded (an entry is gone when a listener
+    ///   running without the barrier turned it into row entries meanwhile).
+    func sendingAnswered(_ keys: some Sequence<ClientName>, _ db: Database) throws -> Set<ClientName> {
         let statement = try db.cachedStatement(sql: "DELETE FROM tandem_sending WHERE key = ?")
-        for key in keys { try statement.execute { $0.bind(key.rawValue) } }
+        var recorded: Set<ClientName> = []
+        for key in keys {
+            try statement.execute { $0.bind(key.rawValue) }
+            if db.changesCount > 0 { recorded.insert(key) }
+        }
+        return recorded
     }
 
     /// Batch entries (`keys`, or all of them) become a `tandem_row` entry per create, as
     /// ``recordSending(_:_:_:)`` records one: for an answer other than an acknowledgement
-    /// (the same keys go out again, attempts are counted per row), and at the start of a push
-    /// for the entries of batches whose answer never came (a dropped connection, a crash).
+    /// (the same keys go out again, attempts are counted per row); and, for the entries of
+    /// batches whose answer never came (a dropped connection, a crash), at the start of the next
+    /// push and before the listener applies anything, so that the listener's paths (a document
+    /// adopted by its row, a row removed with its bookkeeping) find the keys where they look.
     ///
-    /// Only rows still waiting for their server id: a row that got it from its document meanwhile
-    /// (``adoptOwnCreate(_:rowId:serverId:collection:keepsLocal:_:)``) is synced, a row the app
-    /// deleted got its entry from the delete trigger, and a row Tandem removed is gone with
-    /// its bookkeeping. An entry a row has by now is kept.
+    /// Only rows still waiting for their server id; a row the app deleted got its entry from
+    /// the delete trigger. An entry a row has by now is kept.
     func keepSendingPerRow(_ models: [TableModel], keys: [ClientName]?, _ db: Database) throws {
         // All entries, or those of `keys`.
         let list = keys.map { Self.placeholders(rows: 1, columns: $0.count) }
@@ -812,32 +817,20 @@ struct SyncLedger: Sendable {
     }
 
     /// The local row whose create, sent but never answered, made a document with this
-    /// `createKey`, and the revision the create carried: recorded on the row, or in the entry
-    /// of the batch it went out in (`key` is then `batchKey-rowId`).
+    /// `createKey`, and the revision the create carried. (A create listed in a batch entry is
+    /// looked up here too: the listener turns the entries into row entries before it applies
+    /// anything.)
     func unansweredCreate(_ model: TableModel, key: String, _ db: Database) throws
         -> (rowId: Int64, pushedRevision: Int64?)?
     {
-        if let row = try Row.fetchOne(
+        try Row.fetchOne(
             db.cachedStatement(
                 sql: """
                     SELECT rowId, pushedRevision FROM tandem_row
                     WHERE pendingOp = 'create' AND idempotencyKey = ? AND tableName = ?
                     """),
-            arguments: [key, model.name])
-        {
-            return (row[0], row[1])
-        }
-        guard let dash = key.firstIndex(of: "-"), let rowId = Int64(key[key.index(after: dash)...]) else {
-            return nil
-        }
-        return try Int64.fetchOne(
-            db.cachedStatement(
-                sql: """
-                    SELECT json_extract(sent.value, '$[1]') FROM tandem_sending AS s, json_each(s.rows) AS sent
-                    WHERE s.key = ? AND s.tableName = ? AND json_extract(sent.value, '$[0]') = ?
-                    """),
-            arguments: [String(key[..<dash]), model.name, rowId]
-        ).map { revision in (rowId, revision) }
+            arguments: [key, model.name]
+        ).map { row in (row[0], row[1]) }
     }
 
     /// One of this device's unanswered creates was applied by the server, and its row was

@@ -245,6 +245,16 @@ extension LocalStore {
     func recordAcknowledgement(_ pushes: [PreparedPush], _ results: [WriteResult], _ db: Database) throws
         -> (duplicates: [String], conflicts: Int)
     {
+        var pushes = pushes
+        // An answer short of results leaves ops unanswered: their creates keep their keys on
+        // their rows, and the acknowledgement settles those rows as it does any row with an
+        // entry. So does the batch entry a listener without the barrier turned into row
+        // entries meanwhile.
+        if results.count < pushes.count { try answeredOtherwise(pushes, db) }
+        let recorded = try ledger.sendingAnswered(Set(pushes.compactMap(\.sendingEntry)), db)
+        for index in pushes.indices where pushes[index].sendingEntry.map({ !recorded.contains($0) }) ?? false {
+            pushes[index].sendingEntry = nil
+        }
         var duplicates: [String] = []
         var conflicts = 0
         let waiting = try ledger.anythingWaits(db)
@@ -309,7 +319,6 @@ extension LocalStore {
             }
         }
         try removeRowsOutOfScope(db)
-        try ledger.sendingAnswered(Set(pushes.compactMap(\.sendingEntry)), db)
         return (duplicates, conflicts)
     }
 
