@@ -23,7 +23,7 @@ struct ClientKillTests {
                 sql: """
                     SELECT idempotencyKey, tableName || '#' || rowId FROM tandem_row WHERE idempotencyKey IS NOT NULL
                     UNION ALL
-                    SELECT s.key || '-' || json_extract(sent.value, '$[0]'), s.tableName || '#' || json_extract(sent.value, '$[0]')
+                    SELECT s.key || '-' || sent.key, s.tableName || '#' || sent.key
                     FROM tandem_sending AS s, json_each(s.rows) AS sent
                     """
             ).reduce(into: [:]) { keys, row in keys[row[0]] = row[1] }

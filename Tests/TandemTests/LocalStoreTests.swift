@@ -147,10 +147,14 @@ struct LocalStoreTests {
         #expect(pushes.allSatisfy { $0.sendingEntry == entry && $0.op.kind == .create })
         #expect(pushes.map(\.op.idempotencyKey.rawValue) == rows.map { "\(entry.rawValue)-\($0)" })
         #expect(try fixture.count("SELECT COUNT(*) FROM tandem_row") == 0)
-        let listed = try fixture.database.read { db in
-            try String.fetchOne(db, sql: "SELECT rows FROM tandem_sending WHERE key = ?", arguments: [entry.rawValue])
-        }
-        #expect(listed == "[" + rows.map { "[\($0),1]" }.joined(separator: ",") + "]")
+        let listed = try #require(
+            try fixture.database.read { db in
+                try Row.fetchOne(
+                    db, sql: "SELECT firstRowId, lastRowId, rows FROM tandem_sending WHERE key = ?",
+                    arguments: [entry.rawValue])
+            })
+        #expect(listed["firstRowId"] == rows.first && listed["lastRowId"] == rows.last)
+        #expect(listed["rows"] == "{" + rows.map { "\"\($0)\":1" }.joined(separator: ",") + "}")
     }
 
     @Test("a batch never answered goes out again at the next push under the same keys, recorded on its rows")
@@ -191,7 +195,17 @@ struct LocalStoreTests {
         let fixture = try StoreFixture()
         let rows = try fixture.insertRows(["a", "b"])
         let pushes = try fixture.preparePush()
-        try fixture.database.write { db in try db.execute(sql: "DELETE FROM item WHERE id = ?", arguments: [rows[0]]) }
+        // A row inserted after the batch is not in it: its delete leaves nothing behind.
+        let later = try fixture.insertRows(["c"])
+        try fixture.database.write { db in
+            try db.execute(sql: "DELETE FROM item WHERE id IN (?, ?)", arguments: [rows[0], later[0]])
+        }
+        let entries = try fixture.database.read { db in
+            try Row.fetchAll(db, sql: "SELECT rowId, pendingOp, idempotencyKey, pushedRevision FROM tandem_row")
+        }
+        #expect(entries.map { $0["rowId"] as Int64 } == [rows[0]])
+        #expect(entries.first?["idempotencyKey"] == pushes[0].op.idempotencyKey.rawValue)
+        #expect(entries.first?["pushedRevision"] == pushes[0].revision)
         _ = try fixture.preparePush()
         try fixture.apply(try fixture.document(of: pushes[0], id: "D0"))
         #expect(try fixture.count("SELECT COUNT(*) FROM item") == 1, "the deleted row did not come back")

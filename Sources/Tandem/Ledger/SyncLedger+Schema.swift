@@ -145,11 +145,15 @@ extension SyncLedger {
             try db.execute(
                 sql: """
                     -- The creates of one batch, of one table, sent and not answered yet: each
-                    -- went out under the key `key-rowId`. `rows` is a JSON array of
-                    -- [rowId, localRevision] pairs, the revision each create carried.
+                    -- went out under the key `key-rowId`. `rows` is a JSON object from each
+                    -- row id to the localRevision its create carried; firstRowId and lastRowId
+                    -- bound them, so that the delete trigger reads the object only for a row
+                    -- that may be in it.
                     CREATE TABLE tandem_sending (
                         key TEXT PRIMARY KEY NOT NULL,
                         tableName TEXT NOT NULL,
+                        firstRowId INTEGER NOT NULL,
+                        lastRowId INTEGER NOT NULL,
                         rows TEXT NOT NULL
                     ) WITHOUT ROWID;
                     """)
@@ -246,9 +250,10 @@ extension SyncLedger {
                         pendingOp = 'delete', idempotencyKey = NULL, attempts = 0, state = 'pending', errorCode = NULL,
                         serverErrorCode = NULL, lastError = NULL, outOfScope = 0;
                     INSERT INTO tandem_row (tableName, rowId, pendingOp, idempotencyKey, pushedRevision)
-                    SELECT \(literal), OLD.id, 'create', s.key || '-' || OLD.id, json_extract(sent.value, '$[1]')
-                    FROM tandem_sending AS s, json_each(s.rows) AS sent
-                    WHERE OLD.serverId IS NULL AND s.tableName = \(literal) AND json_extract(sent.value, '$[0]') = OLD.id
+                    SELECT \(literal), OLD.id, 'create', s.key || '-' || OLD.id, json_extract(s.rows, '$."' || OLD.id || '"')
+                    FROM tandem_sending AS s
+                    WHERE OLD.serverId IS NULL AND s.tableName = \(literal) AND OLD.id BETWEEN s.firstRowId AND s.lastRowId
+                        AND json_extract(s.rows, '$."' || OLD.id || '"') IS NOT NULL
                     ON CONFLICT (tableName, rowId) DO NOTHING;
                     DELETE FROM tandem_field WHERE tableName = \(literal) AND rowId = OLD.id;
                     DELETE FROM tandem_conflict WHERE tableName = \(literal) AND rowId = OLD.id;
