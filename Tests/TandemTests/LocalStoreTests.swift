@@ -160,13 +160,19 @@ struct LocalStoreTests {
     @Test("a batch never answered goes out again at the next push under the same keys, recorded on its rows")
     func unansweredBatchKeepsItsKeys() throws {
         let fixture = try StoreFixture()
-        _ = try fixture.insertRows(["a", "b"])
+        let rows = try fixture.insertRows(["a", "b"])
         let first = try fixture.preparePush()
+        // Edited since it was sent: the resend still carries the revision of the first sending,
+        // so that the first answer, which the key brings back, leaves the row dirty.
+        try fixture.database.write { db in
+            try db.execute(sql: "UPDATE item SET title = 'a, edited' WHERE id = ?", arguments: [rows[0]])
+        }
         // The next push starts: the entry's answer never came.
         let again = try fixture.preparePush()
         #expect(again.map(\.op.idempotencyKey) == first.map(\.op.idempotencyKey))
         #expect(again.allSatisfy { $0.sendingEntry == nil })
         #expect(again.map(\.revision) == first.map(\.revision))
+        #expect(again.first?.op.fields?["title"] == "a, edited")
         #expect(try fixture.count("SELECT COUNT(*) FROM tandem_sending") == 0)
         #expect(try fixture.count("SELECT COUNT(*) FROM tandem_row WHERE pendingOp = 'create'") == 2)
     }
@@ -194,11 +200,19 @@ struct LocalStoreTests {
     func batchEntryRowDeletedByApp() throws {
         let fixture = try StoreFixture()
         let rows = try fixture.insertRows(["a", "b"])
-        let pushes = try fixture.preparePush()
-        // A row inserted after the batch is not in it: its delete leaves nothing behind.
-        let later = try fixture.insertRows(["c"])
+        // A row between the batch's first and last that is not in it (not shared).
+        let unshared = try fixture.insertRows(["not shared"])
         try fixture.database.write { db in
-            try db.execute(sql: "DELETE FROM item WHERE id IN (?, ?)", arguments: [rows[0], later[0]])
+            try db.execute(sql: "UPDATE item SET isShared = 0 WHERE id = ?", arguments: [unshared[0]])
+        }
+        _ = try fixture.insertRows(["c"])
+        let pushes = try fixture.preparePush()
+        #expect(!pushes.map(\.rowId).contains(unshared[0]))
+        // Rows out of the batch, inside its bounds and after it, leave nothing at their delete.
+        let later = try fixture.insertRows(["d"])
+        try fixture.database.write { db in
+            try db.execute(
+                sql: "DELETE FROM item WHERE id IN (?, ?, ?)", arguments: [rows[0], unshared[0], later[0]])
         }
         let entries = try fixture.database.read { db in
             try Row.fetchAll(db, sql: "SELECT rowId, pendingOp, idempotencyKey, pushedRevision FROM tandem_row")
@@ -208,7 +222,7 @@ struct LocalStoreTests {
         #expect(entries.first?["pushedRevision"] == pushes[0].revision)
         _ = try fixture.preparePush()
         try fixture.apply(try fixture.document(of: pushes[0], id: "D0"))
-        #expect(try fixture.count("SELECT COUNT(*) FROM item") == 1, "the deleted row did not come back")
+        #expect(try fixture.count("SELECT COUNT(*) FROM item") == 2, "the deleted row did not come back")
         let row = try #require(try fixture.bookkeeping("D0"))
         #expect(row["pendingOp"] == "delete")
     }
@@ -234,5 +248,34 @@ struct LocalStoreTests {
         let again = try fixture.preparePush()
         #expect(again.map(\.rowId) == [rows[1]])
         #expect(again.map(\.op.idempotencyKey) == [pushes[1].op.idempotencyKey])
+    }
+
+    /// Found by review: the write-back filed a delete for any listed row it found gone, but a
+    /// row Tandem removes itself (a conflict resolved for the server's side, which keeps the
+    /// document) must not take its document with it.
+    @Test("a listed row gone at its acknowledgement: deleted by the app, its delete is filed; removed by Tandem, nothing is")
+    func acknowledgementOfRowsGoneMeanwhile() throws {
+        let fixture = try StoreFixture()
+        let rows = try fixture.insertRows(["deleted by the app", "removed by Tandem"])
+        let pushes = try fixture.preparePush()
+        let model = try #require(fixture.store.tables.first)
+        try fixture.database.write { db in
+            try db.execute(sql: "DELETE FROM item WHERE id = ?", arguments: [rows[0]])
+            _ = try fixture.store.removeQuietly(model, rowId: rows[1], discardingChanges: true, db)
+            let results = [
+                WriteResult(id: try DocumentID("D0"), version: 1, updateTime: 0),
+                WriteResult(id: try DocumentID("D1"), version: 1, updateTime: 0),
+            ]
+            _ = try fixture.store.recordAcknowledgement(pushes, results, db)
+        }
+        let filed = try fixture.database.read { db in
+            try Row.fetchAll(db, sql: "SELECT rowId, serverId, collection, pendingOp FROM tandem_row")
+        }
+        #expect(filed.count == 1)
+        #expect(filed.first?["rowId"] == rows[0])
+        #expect(filed.first?["serverId"] == "D0")
+        #expect(filed.first?["collection"] == "items", "a filed delete needs its collection")
+        #expect(filed.first?["pendingOp"] == "delete")
+        #expect(try fixture.count("SELECT COUNT(*) FROM tandem_sending") == 0)
     }
 }

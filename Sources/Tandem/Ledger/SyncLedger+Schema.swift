@@ -22,7 +22,7 @@ extension SyncLedger {
     ///   `tandem-5`, most creates on their way have no entry at all.)
     /// - `tandem-5`: `tandem_sending`, the creates of a batch on their way, recorded as one
     ///   entry per table and batch instead of a `tandem_row` entry per row (see
-    ///   ``SyncLedger/recordSending(_:key:_:_:)``).
+    ///   ``SyncLedger/recordSending(_:under:_:_:)``).
     ///
     /// The triggers are not versioned: they follow the app's tables and are made again each
     /// time the service starts (``installTriggers(_:_:)``).
@@ -250,10 +250,13 @@ extension SyncLedger {
                         pendingOp = 'delete', idempotencyKey = NULL, attempts = 0, state = 'pending', errorCode = NULL,
                         serverErrorCode = NULL, lastError = NULL, outOfScope = 0;
                     INSERT INTO tandem_row (tableName, rowId, pendingOp, idempotencyKey, pushedRevision)
-                    SELECT \(literal), OLD.id, 'create', s.key || '-' || OLD.id, json_extract(s.rows, '$."' || OLD.id || '"')
-                    FROM tandem_sending AS s
-                    WHERE OLD.serverId IS NULL AND s.tableName = \(literal) AND OLD.id BETWEEN s.firstRowId AND s.lastRowId
-                        AND json_extract(s.rows, '$."' || OLD.id || '"') IS NOT NULL
+                    SELECT \(literal), OLD.id, 'create', listed.key || '-' || OLD.id, listed.revision
+                    FROM (
+                        SELECT s.key, json_extract(s.rows, '$."' || OLD.id || '"') AS revision FROM tandem_sending AS s
+                        WHERE OLD.serverId IS NULL AND s.tableName = \(literal)
+                            AND OLD.id BETWEEN s.firstRowId AND s.lastRowId
+                    ) AS listed
+                    WHERE listed.revision IS NOT NULL
                     ON CONFLICT (tableName, rowId) DO NOTHING;
                     DELETE FROM tandem_field WHERE tableName = \(literal) AND rowId = OLD.id;
                     DELETE FROM tandem_conflict WHERE tableName = \(literal) AND rowId = OLD.id;

@@ -371,8 +371,8 @@ struct SyncLedger: Sendable {
     ///
     /// This is the common case of a push (rows inserted offline, or since the last push), and
     /// the one entry stands for a `tandem_row` entry per row, written here and deleted at the
-    /// acknowledgement: those were two B-tree writes per row in each of the table and its two
-    /// indexes. An answer other than an acknowledgement turns the entry into the per-row
+    /// acknowledgement: an insert and a delete per row in the table, its primary key's index
+    /// and the index of pending creates. An answer other than an acknowledgement turns the entry into the per-row
     /// entries (``keepSendingPerRow(_:keys:_:)``), which the other paths know.
     func recordSending(
         _ model: TableModel, under key: ClientName, _ creates: [(rowId: Int64, revision: Int64)], _ db: Database
@@ -618,23 +618,24 @@ struct SyncLedger: Sendable {
         return Array(repeating: row, count: rows).joined(separator: ", ")
     }
 
-    /// A row deleted while its op was on its way: the document exists now, so its delete is
-    /// filed at the answer's version. (The delete trigger gave the row an entry, and the
-    /// entry is made here if not.)
+    /// A row the app deleted while its op was on its way: the document exists now, so its
+    /// delete is filed at the answer's version. The row has an entry (a create listed in a
+    /// batch entry got one from the delete trigger, without a collection, which the op gives).
+    /// A row Tandem removed itself meanwhile (a conflict resolved for the server, which keeps
+    /// the document) has none, and nothing is filed.
     private func fileDelete(
         _ model: TableModel, _ push: PreparedPush, answer result: WriteResult, fields: String?, _ db: Database
     ) throws {
         try db.cachedStatement(
             sql: """
-                INSERT INTO tandem_row (tableName, rowId, serverId, collection, serverVersion, serverFields, pendingOp)
-                VALUES (?4, ?5, ?1, ?6, ?2, ?3, 'delete')
-                ON CONFLICT (tableName, rowId) DO UPDATE SET serverId = ?1, serverVersion = ?2, serverFields = ?3,
-                    collection = COALESCE(collection, ?6), pendingOp = 'delete',
+                UPDATE tandem_row SET serverId = ?, serverVersion = ?, serverFields = ?,
+                    collection = COALESCE(collection, ?), pendingOp = 'delete',
                     idempotencyKey = CASE WHEN pendingOp = 'delete' THEN idempotencyKey ELSE NULL END,
                     pushedRevision = NULL, attempts = 0, state = 'pending'
+                WHERE tableName = ? AND rowId = ?
                 """
         ).execute(arguments: [
-            result.id.rawValue, result.version, fields, model.name, push.rowId, push.op.collection.rawValue,
+            result.id.rawValue, result.version, fields, push.op.collection.rawValue, model.name, push.rowId,
         ])
     }
 
@@ -852,10 +853,9 @@ struct SyncLedger: Sendable {
     ) throws {
         try db.cachedStatement(
             sql: """
-                INSERT INTO tandem_row (tableName, rowId, serverId, collection, serverVersion, pendingOp)
-                VALUES (?4, ?5, ?1, ?2, ?3, 'delete')
-                ON CONFLICT (tableName, rowId) DO UPDATE SET serverId = ?1, collection = ?2, serverVersion = ?3,
-                    pendingOp = 'delete', idempotencyKey = NULL, pushedRevision = NULL, state = 'pending'
+                UPDATE tandem_row SET serverId = ?, collection = ?, serverVersion = ?, pendingOp = 'delete',
+                    idempotencyKey = NULL, pushedRevision = NULL, state = 'pending'
+                WHERE tableName = ? AND rowId = ?
                 """
         ).execute(arguments: [serverId, collection.rawValue, version, model.name, rowId])
     }
@@ -872,14 +872,12 @@ struct SyncLedger: Sendable {
             sql: "UPDATE \(model.quotedName) SET serverId = ?, localRevision = localRevision + 1 WHERE id = ?"
         ).execute(arguments: [serverId, rowId])
         if keepsLocal {
-            // A create sent in a batch entry has no row entry: one is made, with the collection,
-            // which a nested table's filed delete needs.
             try db.cachedStatement(
                 sql: """
-                    INSERT INTO tandem_row (tableName, rowId, serverId, collection) VALUES (?3, ?4, ?1, ?2)
-                    ON CONFLICT (tableName, rowId) DO UPDATE SET serverId = ?1, collection = ?2, serverFields = NULL,
+                    UPDATE tandem_row SET serverId = ?, collection = ?, serverFields = NULL,
                         pendingOp = NULL, idempotencyKey = NULL, pushedRevision = NULL, attempts = 0,
                         state = 'pending', errorCode = NULL, serverErrorCode = NULL, lastError = NULL
+                    WHERE tableName = ? AND rowId = ?
                     """
             ).execute(arguments: [serverId, collection.rawValue, model.name, rowId])
         }

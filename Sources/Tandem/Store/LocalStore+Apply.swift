@@ -58,9 +58,8 @@ extension LocalStore {
             return ApplyOutcome()
         }
         // Creates whose answer never came, still listed in batch entries: their keys go on
-        // their rows, where a document of theirs is recognized (no push is on its way while the
-        // listener applies).
-        if try ledger.anySending(db) { try ledger.keepSendingPerRow(tables, keys: nil, db) }
+        // their rows, where a document of theirs is recognized.
+        try keepUnansweredSendingPerRow(db)
         let resetting = try ledger.isResetting(collection, db)
         var outcome = ApplyOutcome()
         var context = try ledger.applyContext(db)

@@ -47,10 +47,9 @@ extension LocalStore {
         -> [PreparedPush]
     {
         if !cursor.recovered {
-            // No batch is on its way between pushes: an entry left is one whose answer never
-            // came. Its creates go out again under the same keys, recorded on their rows.
+            // Its creates go out again under the same keys, recorded on their rows.
             cursor.recovered = true
-            if try ledger.anySending(db) { try ledger.keepSendingPerRow(tables, keys: nil, db) }
+            try keepUnansweredSendingPerRow(db)
         }
         var prepared: [PreparedPush] = []
         var bytes = 0
@@ -252,8 +251,8 @@ extension LocalStore {
         // entries meanwhile.
         if results.count < pushes.count { try answeredOtherwise(pushes, db) }
         let recorded = try ledger.sendingAnswered(Set(pushes.compactMap(\.sendingEntry)), db)
-        for index in pushes.indices where pushes[index].sendingEntry.map({ !recorded.contains($0) }) ?? false {
-            pushes[index].sendingEntry = nil
+        for index in pushes.indices {
+            if let entry = pushes[index].sendingEntry, !recorded.contains(entry) { pushes[index].sendingEntry = nil }
         }
         var duplicates: [String] = []
         var conflicts = 0
@@ -320,6 +319,13 @@ extension LocalStore {
         }
         try removeRowsOutOfScope(db)
         return (duplicates, conflicts)
+    }
+
+    /// Batch entries left when no batch is on its way (at the start of a push, and when the
+    /// listener applies, which the barrier keeps apart from pushes) are those whose answer never
+    /// came (a dropped connection, a crash): they become row entries.
+    func keepUnansweredSendingPerRow(_ db: Database) throws {
+        if try ledger.anySending(db) { try ledger.keepSendingPerRow(tables, keys: nil, db) }
     }
 
     /// A batch was answered with something other than an acknowledgement, or not at all: its
