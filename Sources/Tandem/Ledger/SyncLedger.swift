@@ -372,8 +372,9 @@ struct SyncLedger: Sendable {
     /// This is the common case of a push (rows inserted offline, or since the last push), and
     /// the one entry stands for a `tandem_row` entry per row, written here and deleted at the
     /// acknowledgement: an insert and a delete per row in the table, its primary key's index
-    /// and the index of pending creates. An answer other than an acknowledgement turns the entry into the per-row
-    /// entries (``keepSendingPerRow(_:keys:_:)``), which the other paths know.
+    /// and the index of pending creates. An answer other than an acknowledgement turns the
+    /// entry into the per-row entries (``keepSendingPerRow(_:keys:_:)``), which the other paths
+    /// know.
     func recordSending(
         _ model: TableModel, under key: ClientName, _ creates: [(rowId: Int64, revision: Int64)], _ db: Database
     ) throws {
