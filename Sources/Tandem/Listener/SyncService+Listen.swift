@@ -35,7 +35,7 @@ extension SyncService {
                     guard state.running, state.generation == generation else { return false }
                     state.connecting = false
                     state.connection = connection
-                    state.listening = [:]
+                    state.listening = Listeners()
                     state.listenFailures = [:]
                     state.reconnectAttempt = 0
                     state.status.isConnected = true
@@ -78,7 +78,7 @@ extension SyncService {
         let reconnect = state.withLock { state -> Bool in
             guard state.connection === connection else { return false }
             state.connection = nil
-            state.listening = [:]
+            state.listening = Listeners()
             state.generation += 1
             state.urlIndex += 1
             state.status.isConnected = false
@@ -94,7 +94,7 @@ extension SyncService {
         let reconnect = state.withLock { state -> Bool in
             guard state.generation == generation, state.connection != nil else { return false }
             state.connection = nil
-            state.listening = [:]
+            state.listening = Listeners()
             state.urlIndex += 1
             state.status.isConnected = false
             return state.running
@@ -123,12 +123,17 @@ extension SyncService {
     // MARK: - Listeners
 
     /// Opens a listener for every collection that should be listened to and is not, closes
-    /// those that should no longer be (a parent stopped being shared or went away).
+    /// those that should no longer be (a parent stopped being shared or went away), and opens
+    /// again those whose collection's token was forgotten since they opened (the rows they
+    /// brought were removed: the open listener would never send them again).
     /// Runs on the sync queue.
     func refreshListeners() {
         guard let connection = state.withLock({ $0.running ? $0.connection : nil }), connection.isOpen else { return }
         let generation = state.withLock { $0.generation }
         let (user, maxMessageBytes) = (connection.welcome.user, connection.welcome.limits.maxMessageBytes)
+        // Taken before the tokens are read: a collection forgotten after this is read with its
+        // old token, and taken by the next refresh.
+        let forgotten = store.ledger.forgottenListeners.take()
         do {
             var problems: [TandemError] = []
             let (desired, tokens, views, resetting) = try readState { db in
@@ -146,7 +151,8 @@ extension SyncService {
                     // Nor while a reset's full snapshot is under way: the rows it has not
                     // brought yet are still here, and the server would not send them again.
                     // (Only for listeners about to open: a refresh runs whenever parents change.)
-                    if target.query != nil, tokens[path] != nil, state.withLock({ $0.listening[path] == nil }),
+                    if target.query != nil, tokens[path] != nil,
+                        forgotten.contains(path) || state.withLock({ $0.listening.open[path] == nil }),
                         !resetting.contains(path)
                     {
                         let ids = try store.viewIDs(of: target.table, db)
@@ -158,28 +164,28 @@ extension SyncService {
             }
             for problem in problems { noteError(problem) }
             // Opened in path order, so that the order snapshots arrive in is reproducible.
-            let (open, close) = state.withLock { state -> ([(CollectionPath, ListenerTarget)], [CollectionPath]) in
-                let open = desired.filter { state.listening[$0.key] == nil }.map { ($0.key, $0.value) }
-                    .sorted { $0.0 < $1.0 }
-                let close = state.listening.keys.filter { desired[$0] == nil }
-                for (path, target) in open { state.listening[path] = target }
-                for path in close { state.listening[path] = nil }
-                return (open, close)
+            let (open, close) = state.withLock { state -> ([(CollectionPath, ListenerTarget, String)], [String]) in
+                let close = state.listening.open.filter { desired[$0.key] == nil || forgotten.contains($0.key) }
+                for path in close.keys { state.listening.open[path] = nil }
+                let open = desired.filter { state.listening.open[$0.key] == nil }.sorted { $0.key < $1.key }
+                    .map { path, target in (path, target, state.listening.opening(path, target)) }
+                return (open, close.values.map(\.name))
             }
-            for path in close { connection.unlisten(path.rawValue) }
+            for name in close { connection.unlisten(name) }
             let excludingOwnWrites = !configuration.receivesOwnWrites && configuration.serialization == .barrier
-            for (path, target) in open {
+            for (path, target, name) in open {
                 // A reset's full snapshot, resumed on this connection, is the whole truth: the
                 // rows it does not bring go at its end, so it must bring what this connection's
                 // push wrote before the listen too.
                 connection.listen(
-                    to: path, target: path.rawValue, resumeToken: tokens[path], query: target.query, view: views[path],
+                    to: path, target: name, resumeToken: tokens[path], query: target.query, view: views[path],
                     excludingOwnWrites: excludingOwnWrites && !resetting.contains(path)
                 ) { [weak self] event in
-                    self?.listenerEvent(event, path: path, target: target, generation: generation)
+                    self?.listenerEvent(event, path: path, target: target, name: name, generation: generation)
                 }
             }
         } catch {
+            store.ledger.forgottenListeners.insert(forgotten)
             noteError(TandemError("cannot read the listeners", error, otherwise: .database))
         }
     }
@@ -187,7 +193,8 @@ extension SyncService {
     /// A listener's event, on the connection's queue: into the inbox, and an operation queued
     /// to take it out.
     private func listenerEvent(
-        _ event: ServerConnection.ListenEvent, path: CollectionPath, target: ListenerTarget, generation: Int
+        _ event: ServerConnection.ListenEvent, path: CollectionPath, target: ListenerTarget, name: String,
+        generation: Int
     ) {
         switch event {
         case .snapshot(let snapshot):
@@ -199,7 +206,9 @@ extension SyncService {
             deliver(.reset(path), generation: generation)
         case .error(let error):
             state.withLock { state in
-                if state.generation == generation { state.listening[path] = nil }
+                if state.generation == generation, state.listening.open[path]?.name == name {
+                    state.listening.open[path] = nil
+                }
             }
             noteError(TandemError(.server, "listening to \(path) was refused: \(error.message)", serverError: error))
             if error.code == .internal || error.code == .rateLimited { scheduleRelisten(path, generation: generation) }
@@ -350,5 +359,31 @@ extension SyncService {
             noteError(TandemError("cannot apply a snapshot of \(paths)", error, otherwise: .database))
         }
         refreshStatus()
+    }
+}
+
+/// The listeners open on the current connection, and the names they were opened under.
+///
+/// A name (the protocol's `target`) is never used twice on a connection: a collection listened
+/// to again after its listener closed gets a new one (`path#1`, `path#2`, …), so that nothing
+/// the closed listener's subscription still had on its way reaches the new one, whose first
+/// snapshot must be the one it asked for.
+struct Listeners {
+    struct Open {
+        var target: ListenerTarget
+        var name: String
+    }
+
+    var open: [CollectionPath: Open] = [:]
+    /// How many listeners each collection had on this connection.
+    private var opened: [CollectionPath: Int] = [:]
+
+    /// Records a listener about to open, and returns its name.
+    mutating func opening(_ path: CollectionPath, _ target: ListenerTarget) -> String {
+        let count = opened[path, default: 0]
+        opened[path] = count + 1
+        let name = count == 0 ? path.rawValue : "\(path.rawValue)#\(count)"
+        open[path] = Open(target: target, name: name)
+        return name
     }
 }

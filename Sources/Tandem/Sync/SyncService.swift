@@ -84,7 +84,7 @@ public final class SyncService: Sendable {
         var urlIndex = 0
         /// True from the start of a connection attempt until it succeeds or fails.
         var connecting = false
-        var listening: [CollectionPath: ListenerTarget] = [:]
+        var listening = Listeners()
         /// Counts reads of the counts for the status, and the last one shown: reads that run
         /// at once may finish out of order, and an older one must not overwrite a newer.
         var countReads = 0
@@ -235,7 +235,7 @@ public final class SyncService: Sendable {
             state.generation += 1
             state.connecting = false
             state.connection = nil
-            state.listening = [:]
+            state.listening = Listeners()
             state.periodicPush = nil
             state.reconnect = nil
             state.relisten = nil
@@ -528,25 +528,37 @@ public final class SyncService: Sendable {
         BlockingCheck.willBlock("a synchronous write of the database", file: file, line: line)
         let observer = self.observer
         let store = self.store
-        return try database.write { db in
+        let result = try database.write { db in
             observer.isTandemWriting = true
             defer { observer.isTandemWriting = false }
             let result = try body(db)
             try store.storeClock(db)
             return result
         }
+        refreshForgottenListeners()
+        return result
     }
 
     func ownWrite<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
         let observer = self.observer
         let store = self.store
-        return try await database.write { db in
+        let result = try await database.write { db in
             observer.isTandemWriting = true
             defer { observer.isTandemWriting = false }
             let result = try body(db)
             try store.storeClock(db)
             return result
         }
+        refreshForgottenListeners()
+        return result
+    }
+
+    /// Rows that a write of Tandem's removed (out of scope once their push was answered, or
+    /// dropped by a conflict's resolution) took their collections' tokens: the listeners still
+    /// open on those collections close, or open again from the whole collection.
+    private func refreshForgottenListeners() {
+        guard !store.ledger.forgottenListeners.isEmpty else { return }
+        queue.addOperation { [weak self] in self?.refreshListeners() }
     }
 
     private func localChangesCommitted(parentsChanged: Bool) {
