@@ -153,24 +153,70 @@ struct FeedPage {
 }
 
 /// A row of the document table: a document with its place in the feed.
+///
+/// A write passes each row through several tables (the group's, the saved rows, the feed's
+/// tail, the listeners' pages), so the row is copied often: its strings, which never change
+/// once the row is made, are kept in one shared box, and a copy retains the box instead of
+/// each string (the copies were 3 % of the CPU of the throughput benchmark).
 struct StoredDocument {
-    var collection: CollectionPath
-    var id: DocumentID
-    /// The canonical JSON of the fields (`{}` for a tombstone), spliced as is into frames.
-    var fieldsJSON: String
+    /// The parts of a row that never change once it is made.
+    private final class Text: Sendable {
+        let collection: CollectionPath
+        let id: DocumentID
+        let fieldsJSON: String
+        let createKey: String?
+        let createClient: String?
+        let fieldTimesJSON: String?
+
+        init(
+            collection: CollectionPath, id: DocumentID, fieldsJSON: String, createKey: String?,
+            createClient: String?, fieldTimesJSON: String?
+        ) {
+            self.collection = collection
+            self.id = id
+            self.fieldsJSON = fieldsJSON
+            self.createKey = createKey
+            self.createClient = createClient
+            self.fieldTimesJSON = fieldTimesJSON
+        }
+    }
+
+    private let text: Text
     var version: Int64
     var createTime: Int64
     var updateTime: Int64
     var deleted: Bool
     var sequence: Int64
     var createSequence: Int64
-    /// The idempotency key and client of the create that made the document.
-    var createKey: String?
-    var createClient: String?
-    /// For field-level merges: when each field was last written, as canonical JSON.
-    var fieldTimesJSON: String?
     /// True for a row that did not exist before this write (inserted, not replaced).
-    var isNew = false
+    var isNew: Bool
+
+    init(
+        collection: CollectionPath, id: DocumentID, fieldsJSON: String, version: Int64, createTime: Int64,
+        updateTime: Int64, deleted: Bool, sequence: Int64, createSequence: Int64, createKey: String? = nil,
+        createClient: String? = nil, fieldTimesJSON: String? = nil, isNew: Bool = false
+    ) {
+        text = Text(
+            collection: collection, id: id, fieldsJSON: fieldsJSON, createKey: createKey, createClient: createClient,
+            fieldTimesJSON: fieldTimesJSON)
+        self.version = version
+        self.createTime = createTime
+        self.updateTime = updateTime
+        self.deleted = deleted
+        self.sequence = sequence
+        self.createSequence = createSequence
+        self.isNew = isNew
+    }
+
+    var collection: CollectionPath { text.collection }
+    var id: DocumentID { text.id }
+    /// The canonical JSON of the fields (`{}` for a tombstone), spliced as is into frames.
+    var fieldsJSON: String { text.fieldsJSON }
+    /// The idempotency key and client of the create that made the document.
+    var createKey: String? { text.createKey }
+    var createClient: String? { text.createClient }
+    /// For field-level merges: when each field was last written, as canonical JSON.
+    var fieldTimesJSON: String? { text.fieldTimesJSON }
 
     var key: DocumentKey { DocumentKey(collection: collection, id: id) }
 
@@ -224,7 +270,7 @@ struct StoredDocument {
         writer.key("version")
         writer.int(version)
         writer.key("fields")
-        writer.raw(deleted ? Array("{}".utf8) : Array(fieldsJSON.utf8))
+        writer.raw(deleted ? "{}".utf8 : fieldsJSON.utf8)
         writer.key("createTime")
         writer.int(createTime)
         writer.key("updateTime")
@@ -237,7 +283,7 @@ struct StoredDocument {
         }
         if let fieldTimesJSON {
             writer.key("fieldTimes")
-            writer.raw(Array(fieldTimesJSON.utf8))
+            writer.raw(fieldTimesJSON.utf8)
         }
         writer.endObject()
     }
