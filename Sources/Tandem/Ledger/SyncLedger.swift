@@ -1,5 +1,4 @@
 import GRDB
-import Synchronization
 import TandemSQLite
 import TandemWire
 
@@ -73,10 +72,6 @@ import TandemWire
 /// resume tokens and resets (`tandem_listener`, `tandem_reset_seen`), documents known deleted
 /// whose tombstones are on their way (`tandem_gone`), and the clock (`tandem_meta`).
 struct SyncLedger: Sendable {
-    /// The collections whose listeners' tokens committed transactions forgot
-    /// (``forgetListeners(_:_:)``), until the service takes them to open those listeners again.
-    let forgottenListeners = ForgottenListeners()
-
     // MARK: - Counts
 
     /// The status's counts: rows waiting to be pushed (failed ones and ones in conflict
@@ -155,19 +150,13 @@ struct SyncLedger: Sendable {
         ).execute(arguments: [collection.rawValue, token])
     }
 
-    /// The device no longer holds anything of these collections (the rows they are under left
-    /// a scoped table): their listeners' tokens and reset state go, so that holding them again
-    /// starts from the whole collection, not from where the device left it. Once the
-    /// transaction commits, they are also among the ``forgottenListeners``: a listener still
-    /// open on one would go on from where the device left it.
-    func forgetListeners(_ collections: [CollectionPath], _ db: Database) throws {
-        guard !collections.isEmpty else { return }
-        for collection in collections {
-            for table in ["tandem_listener", "tandem_reset_seen", "tandem_gone"] {
-                try db.execute(sql: "DELETE FROM \(table) WHERE collection = ?", arguments: [collection.rawValue])
-            }
+    /// The device no longer holds anything of this collection (the row it is under left a
+    /// scoped table): its listener's token and reset state go, so that holding it again
+    /// starts from the whole collection, not from where the device left it.
+    func forgetListener(_ collection: CollectionPath, _ db: Database) throws {
+        for table in ["tandem_listener", "tandem_reset_seen", "tandem_gone"] {
+            try db.execute(sql: "DELETE FROM \(table) WHERE collection = ?", arguments: [collection.rawValue])
         }
-        db.afterNextTransaction { [forgottenListeners] _ in forgottenListeners.insert(collections) }
     }
 
     /// The server could not resume this listener: its token goes, and the documents the full
@@ -1173,29 +1162,4 @@ struct ApplyContext {
     /// For changes applied outside a snapshot (a deferred document): look for everything.
     static let everything = ApplyContext(
         unansweredCreates: true, filedDeletes: true, waiting: true, gone: true, outOfScope: true)
-}
-
-/// Collections whose listeners' resume tokens were forgotten by committed transactions (the
-/// rows they brought were removed), kept in memory until the service takes them: a listener
-/// that was open on one goes on from where the device no longer is (it would not send again
-/// what the device removed), so the service opens it again, from the whole collection. Added
-/// to only after the commit, so that a listener opened after a `take()` reads the tokens
-/// without them.
-final class ForgottenListeners: Sendable {
-    private let collections = Mutex<Set<CollectionPath>>([])
-
-    func insert(_ forgotten: some Sequence<CollectionPath>) {
-        collections.withLock { $0.formUnion(forgotten) }
-    }
-
-    /// Whether any wait to be taken.
-    var isEmpty: Bool { collections.withLock { $0.isEmpty } }
-
-    /// The collections forgotten since the last call.
-    func take() -> Set<CollectionPath> {
-        collections.withLock { collections in
-            defer { collections = [] }
-            return collections
-        }
-    }
 }

@@ -124,16 +124,19 @@ extension SyncService {
 
     /// Opens a listener for every collection that should be listened to and is not, closes
     /// those that should no longer be (a parent stopped being shared or went away), and opens
-    /// again those whose collection's token was forgotten since they opened (the rows they
-    /// brought were removed: the open listener would never send them again).
+    /// again those whose parent row is not the one they were opened for.
+    ///
+    /// A parent row that comes back after it went (its document left the scope, then came
+    /// back) is a new row (ids are `AUTOINCREMENT`, never reused): the rows under it went with
+    /// it, and so did their listener's token, while the listener opened for the old row would
+    /// go on from where the device left them, never sending them again. It opens again, for
+    /// the new row, from the whole collection.
+    ///
     /// Runs on the sync queue.
     func refreshListeners() {
         guard let connection = state.withLock({ $0.running ? $0.connection : nil }), connection.isOpen else { return }
         let generation = state.withLock { $0.generation }
         let (user, maxMessageBytes) = (connection.welcome.user, connection.welcome.limits.maxMessageBytes)
-        // Taken before the tokens are read: a collection forgotten after this is read with its
-        // old token, and taken by the next refresh.
-        let forgotten = store.ledger.forgottenListeners.take()
         do {
             var problems: [TandemError] = []
             let (desired, tokens, views, resetting) = try readState { db in
@@ -152,8 +155,7 @@ extension SyncService {
                     // brought yet are still here, and the server would not send them again.
                     // (Only for listeners about to open: a refresh runs whenever parents change.)
                     if target.query != nil, tokens[path] != nil,
-                        forgotten.contains(path) || state.withLock({ $0.listening.open[path] == nil }),
-                        !resetting.contains(path)
+                        state.withLock({ $0.listening.open[path]?.target != target }), !resetting.contains(path)
                     {
                         let ids = try store.viewIDs(of: target.table, db)
                         let bytes = ids.reduce(0) { $0 + $1.rawValue.utf8.count + 3 }
@@ -165,7 +167,7 @@ extension SyncService {
             for problem in problems { noteError(problem) }
             // Opened in path order, so that the order snapshots arrive in is reproducible.
             let (open, close) = state.withLock { state -> ([(CollectionPath, ListenerTarget, String)], [String]) in
-                let close = state.listening.open.filter { desired[$0.key] == nil || forgotten.contains($0.key) }
+                let close = state.listening.open.filter { desired[$0.key] != $0.value.target }
                 for path in close.keys { state.listening.open[path] = nil }
                 let open = desired.filter { state.listening.open[$0.key] == nil }.sorted { $0.key < $1.key }
                     .map { path, target in (path, target, state.listening.opening(path, target)) }
@@ -185,7 +187,6 @@ extension SyncService {
                 }
             }
         } catch {
-            store.ledger.forgottenListeners.insert(forgotten)
             noteError(TandemError("cannot read the listeners", error, otherwise: .database))
         }
     }

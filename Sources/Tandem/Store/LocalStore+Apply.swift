@@ -220,8 +220,7 @@ extension LocalStore {
     /// Other rows that reference a removed row keep the reference: the column goes null by
     /// Tandem's own write (not a change to push) and waits for the row's server id, as a
     /// reference to a row not arrived yet does. The removed rows' nested listeners forget their
-    /// tokens, so that holding the row again brings all of its collection (and the service
-    /// opens again those still open, see ``ForgottenListeners``).
+    /// tokens, so that holding the row again brings all of its collection.
     ///
     /// - Returns: How many rows were removed.
     @discardableResult
@@ -258,7 +257,7 @@ extension LocalStore {
             }
         }
         for (model, rowId) in subtree { try ledger.removeRow(model, id: rowId, db) }
-        try ledger.forgetListeners(collections, db)
+        for collection in collections { try ledger.forgetListener(collection, db) }
         return subtree.count
     }
 

@@ -528,37 +528,25 @@ public final class SyncService: Sendable {
         BlockingCheck.willBlock("a synchronous write of the database", file: file, line: line)
         let observer = self.observer
         let store = self.store
-        let result = try database.write { db in
+        return try database.write { db in
             observer.isTandemWriting = true
             defer { observer.isTandemWriting = false }
             let result = try body(db)
             try store.storeClock(db)
             return result
         }
-        refreshForgottenListeners()
-        return result
     }
 
     func ownWrite<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
         let observer = self.observer
         let store = self.store
-        let result = try await database.write { db in
+        return try await database.write { db in
             observer.isTandemWriting = true
             defer { observer.isTandemWriting = false }
             let result = try body(db)
             try store.storeClock(db)
             return result
         }
-        refreshForgottenListeners()
-        return result
-    }
-
-    /// Rows that a write of Tandem's removed (out of scope once their push was answered, or
-    /// dropped by a conflict's resolution) took their collections' tokens: the listeners still
-    /// open on those collections close, or open again from the whole collection.
-    private func refreshForgottenListeners() {
-        guard !store.ledger.forgottenListeners.isEmpty else { return }
-        queue.addOperation { [weak self] in self?.refreshListeners() }
     }
 
     private func localChangesCommitted(parentsChanged: Bool) {
