@@ -348,6 +348,35 @@ struct ServiceBehaviorTests {
         }
     }
 
+    @Test(
+        "a nested collection whose path is longer than a listener's name may be (128 bytes) is listened to under a shorter name, and syncs"
+    )
+    func longCollectionPaths() async throws {
+        let accounts = String(repeating: "a", count: 60)
+        let entries = String(repeating: "e", count: 60)
+        let model = DeviceModel(
+            tables: [
+                SyncTable.root(CashFlow.Account.self, collection: accounts),
+                SyncTable.nested(
+                    CashFlow.Entry.self, under: CashFlow.Account.self, foreignKey: "accountId", collection: entries),
+            ],
+            createTables: CashFlow.createTables)
+        let server = try await TestServer()
+        let phone = try TestDevice(name: "phone", serverURL: server.url, model: model)
+        let laptop = try TestDevice(name: "laptop", serverURL: server.url, model: model)
+        phone.service.start()
+        laptop.service.start()
+        let account = try await phone.addAccount("Household")
+        try await phone.addEntry("Rent", amount: -100, account: account.id!)
+        try await phone.service.syncNow()
+        let serverId = try #require(try await phone.database.read { db in
+            try String.fetchOne(db, sql: "SELECT serverId FROM account")
+        })
+        #expect("\(accounts)/\(serverId)/\(entries)".utf8.count > 128)
+        try await waitUntil("the laptop has the entry") { try await laptop.entries().map(\.title) == ["Rent"] }
+        #expect(laptop.service.status.lastError == nil, "\(String(describing: laptop.service.status.lastError))")
+    }
+
     @Test("a change the table refuses is left out; the other changes of its snapshot apply once and its token is kept")
     func refusedChangeLeftOut() async throws {
         let server = try await TestServer()

@@ -368,7 +368,9 @@ extension SyncService {
 /// A name (the protocol's `target`) is never used twice on a connection: a collection listened
 /// to again after its listener closed gets a new one (`path#1`, `path#2`, …), so that nothing
 /// the closed listener's subscription still had on its way reaches the new one, whose first
-/// snapshot must be the one it asked for.
+/// snapshot must be the one it asked for. A name is at most 128 bytes: a longer path (nested
+/// collections with long names) is named by the listener's number on the connection and the
+/// end of the path (`#7:…/entries`). Paths never hold `#`, so no two names are alike.
 struct Listeners {
     struct Open {
         var target: ListenerTarget
@@ -378,12 +380,22 @@ struct Listeners {
     var open: [CollectionPath: Open] = [:]
     /// How many listeners each collection had on this connection.
     private var opened: [CollectionPath: Int] = [:]
+    /// How many listeners opened on this connection.
+    private var count = 0
+
+    /// The protocol's limit on a target's length.
+    static let maxNameBytes = 128
 
     /// Records a listener about to open, and returns its name.
     mutating func opening(_ path: CollectionPath, _ target: ListenerTarget) -> String {
-        let count = opened[path, default: 0]
-        opened[path] = count + 1
-        let name = count == 0 ? path.rawValue : "\(path.rawValue)#\(count)"
+        let times = opened[path, default: 0]
+        opened[path] = times + 1
+        count += 1
+        var name = times == 0 ? path.rawValue : "\(path.rawValue)#\(times)"
+        if name.utf8.count > Self.maxNameBytes {
+            let prefix = "#\(count):"
+            name = prefix + String(path.rawValue.utf8.suffix(Self.maxNameBytes - prefix.utf8.count))!
+        }
         open[path] = Open(target: target, name: name)
         return name
     }
