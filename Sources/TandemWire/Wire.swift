@@ -20,6 +20,9 @@ public enum Wire {
     /// `[[[[…]]]]` cannot exhaust the parser's stack.
     public static let maxNestingDepth = 64
 
+    /// The longest label a client may choose (`request`, `target`), in bytes.
+    public static let maxLabelBytes = 128
+
     /// The UTF-8 bytes of a value's JSON, after `prefix` zero bytes: room that a transport fills
     /// in front of the payload (a WebSocket frame's header), so that it sends them without
     /// another copy.

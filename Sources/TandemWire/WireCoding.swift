@@ -183,8 +183,8 @@ struct ObjectReader {
     /// A client-chosen label (`request`, `target`): 1 to 128 bytes, no control characters.
     func label(_ key: String) throws(WireError) -> String {
         let label = try string(key)
-        if label.isEmpty || label.utf8.count > 128 {
-            throw WireError(.badMessage, "\(name(key)): must be 1 to 128 bytes long")
+        if label.isEmpty || label.utf8.count > Wire.maxLabelBytes {
+            throw WireError(.badMessage, "\(name(key)): must be 1 to \(Wire.maxLabelBytes) bytes long")
         }
         if label.unicodeScalars.contains(where: { $0.properties.generalCategory == .control }) {
             throw WireError(.badMessage, "\(name(key)): may not contain control characters")

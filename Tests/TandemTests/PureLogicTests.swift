@@ -17,6 +17,29 @@ struct PureLogicTests {
         #expect(backoff.delay(attempt: 30, random: 0) == .milliseconds(2500))
     }
 
+    @Test(
+        "listener names: the path first, a new name each time a collection is listened to again, none longer than a label may be, no two alike"
+    )
+    func listenerNames() throws {
+        var listeners = Listeners()
+        let entries = try CollectionPath("accounts/a1/entries")
+        let long = try CollectionPath(
+            String(repeating: "a", count: 60) + "/" + String(repeating: "b", count: 20) + "/"
+                + String(repeating: "e", count: 60))
+        let target = ListenerTarget(table: "entry", parentRowId: 1)
+        var names: [String] = []
+        for (path, first) in [(entries, true), (long, true), (entries, false), (long, false), (entries, false)] {
+            let name = listeners.opening(path, target)
+            #expect(name.isFirst == first)
+            #expect(name.text.utf8.count <= Wire.maxLabelBytes, "\(name.text)")
+            #expect(listeners.open[path]?.name == name.text)
+            names.append(name.text)
+        }
+        #expect(names[0] == "accounts/a1/entries" && names[2] == "accounts/a1/entries#1")
+        #expect(names[1].hasPrefix("#2:") && names[1].hasSuffix("/" + String(repeating: "e", count: 60)))
+        #expect(Set(names).count == names.count, "\(names)")
+    }
+
     @Test("three-way merge: a field changed on one side takes that side, whatever the clocks say")
     func threeWayOneSided() {
         let base: JSONObject = ["title": "Rent", "amount": -100, "updatedAt": 1]

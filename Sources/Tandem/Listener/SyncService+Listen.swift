@@ -134,8 +134,11 @@ extension SyncService {
     ///
     /// Runs on the sync queue.
     func refreshListeners() {
-        guard let connection = state.withLock({ $0.running ? $0.connection : nil }), connection.isOpen else { return }
-        let generation = state.withLock { $0.generation }
+        guard
+            let (connection, generation) = state.withLock({ state in
+                state.running ? state.connection.map { ($0, state.generation) } : nil
+            }), connection.isOpen
+        else { return }
         let (user, maxMessageBytes) = (connection.welcome.user, connection.welcome.limits.maxMessageBytes)
         do {
             var problems: [TandemError] = []
@@ -166,7 +169,9 @@ extension SyncService {
             }
             for problem in problems { noteError(problem) }
             // Opened in path order, so that the order snapshots arrive in is reproducible.
-            let (open, close) = state.withLock { state -> ([(CollectionPath, ListenerTarget, String)], [String]) in
+            let (open, close) = state.withLock { state -> ([(CollectionPath, ListenerTarget, Listeners.Name)], [String]) in
+                // The connection went while the state was read: the next one has its own refresh.
+                guard state.connection === connection, state.generation == generation else { return ([], []) }
                 let close = state.listening.open.filter { desired[$0.key] != $0.value.target }
                 for path in close.keys { state.listening.open[path] = nil }
                 let open = desired.filter { state.listening.open[$0.key] == nil }.sorted { $0.key < $1.key }
@@ -178,12 +183,15 @@ extension SyncService {
             for (path, target, name) in open {
                 // A reset's full snapshot, resumed on this connection, is the whole truth: the
                 // rows it does not bring go at its end, so it must bring what this connection's
-                // push wrote before the listen too.
+                // push wrote before the listen too. So must a collection listened to again on
+                // this connection: the device may have removed its rows since (their parent
+                // left the scope), this connection's writes among them, which the server, once
+                // noted, would leave out of any later listener's catch-up.
                 connection.listen(
-                    to: path, target: name, resumeToken: tokens[path], query: target.query, view: views[path],
-                    excludingOwnWrites: excludingOwnWrites && !resetting.contains(path)
+                    to: path, target: name.text, resumeToken: tokens[path], query: target.query, view: views[path],
+                    excludingOwnWrites: excludingOwnWrites && !resetting.contains(path) && name.isFirst
                 ) { [weak self] event in
-                    self?.listenerEvent(event, path: path, target: target, name: name, generation: generation)
+                    self?.listenerEvent(event, path: path, target: target, name: name.text, generation: generation)
                 }
             }
         } catch {
@@ -360,43 +368,5 @@ extension SyncService {
             noteError(TandemError("cannot apply a snapshot of \(paths)", error, otherwise: .database))
         }
         refreshStatus()
-    }
-}
-
-/// The listeners open on the current connection, and the names they were opened under.
-///
-/// A name (the protocol's `target`) is never used twice on a connection: a collection listened
-/// to again after its listener closed gets a new one (`path#1`, `path#2`, …), so that nothing
-/// the closed listener's subscription still had on its way reaches the new one, whose first
-/// snapshot must be the one it asked for. A name is at most 128 bytes: a longer path (nested
-/// collections with long names) is named by the listener's number on the connection and the
-/// end of the path (`#7:…/entries`). Paths never hold `#`, so no two names are alike.
-struct Listeners {
-    struct Open {
-        var target: ListenerTarget
-        var name: String
-    }
-
-    var open: [CollectionPath: Open] = [:]
-    /// How many listeners each collection had on this connection.
-    private var opened: [CollectionPath: Int] = [:]
-    /// How many listeners opened on this connection.
-    private var count = 0
-
-    /// The protocol's limit on a target's length.
-    static let maxNameBytes = 128
-
-    /// Records a listener about to open, and returns its name.
-    mutating func opening(_ path: CollectionPath, _ target: ListenerTarget) -> String {
-        let times = opened[path, default: 0]
-        opened[path] = times + 1
-        count += 1
-        var name = times == 0 ? path.rawValue : "\(path.rawValue)#\(times)"
-        if name.utf8.count > Self.maxNameBytes {
-            let prefix = "#\(count):"
-            name = prefix + String(path.rawValue.utf8.suffix(Self.maxNameBytes - prefix.utf8.count))!
-        }
-        open[path] = Open(target: target, name: name)
-        return name
     }
 }
