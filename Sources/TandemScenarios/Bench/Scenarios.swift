@@ -20,36 +20,45 @@ public enum Bench {
         let count = quick ? 200 : 1000
         let server = try await benchServer()
         defer { server.stopWithoutWaiting() }
-        let latencies = try await propagationLatencies(from: server, to: server, count: count, progress: progress)
+        let propagation = try await propagationLatencies(from: server, to: server, count: count, progress: progress)
+        let latencies = propagation.total
         let echo = try await onOwnThread { try Floors.echo(messages: quick ? 20_000 : 100_000) }
         let p50 = latencies.milliseconds(at: 50)
         let p99 = latencies.milliseconds(at: 99)
         let echoP50 = echo.roundTrip.milliseconds(at: 50)
         return BenchResult(
             scenario: "propagation", metric: "p50", value: p50, unit: "ms", goal: "p50 ≤ 1 ms, p99 ≤ 5 ms",
-            met: p50 <= 1 && p99 <= 5, details: ["p50 ms": p50, "p99 ms": p99, "documents": Double(count)],
+            met: p50 <= 1 && p99 <= 5, details: ["p50 ms": p50, "p99 ms": p99, "documents": Double(count)].merging(
+                propagation.stageDetails) { first, _ in first },
             floor: "raw libwebsockets echo round trip, p50 ms", floorValue: echoP50, floorRatio: echoP50 / p50)
     }
 
     /// Device A on `serverA` writes documents one at a time; for each, the time from A's local
-    /// commit to B's (on `serverB`) local commit of it.
+    /// commit to B's (on `serverB`) local commit of it, and the stages of that time.
     ///
     /// The writes run on a thread of their own that sleeps until B's apply hook signals: a
     /// loop polling for the arrival would take CPU from the devices and servers it measures.
     static func propagationLatencies(
         from serverA: TestServer, to serverB: TestServer, count: Int, progress: @escaping Progress
-    ) async throws -> Latencies {
-        let arrivals = Mutex<[String: ContinuousClock.Instant]>([:])
+    ) async throws -> Propagation {
+        /// When each stage of a document was reached, by its title.
+        let marks = Mutex<[String: [Propagation.Stage: ContinuousClock.Instant]]>([:])
+        @Sendable func mark(_ stage: Propagation.Stage, _ titles: some Sequence<String>) {
+            let now = ContinuousClock.now
+            marks.withLock { marks in for title in titles { marks[title, default: [:]][stage] = now } }
+        }
         let arrived = DispatchSemaphore(value: 0)
-        let a = try benchDevice("a", server: serverA)
+        let a = try benchDevice("a", server: serverA) { configuration in
+            configuration.hooks.beforeSend = { ops in
+                mark(.sent, ops.compactMap { $0.fields?["title"]?.stringValue })
+            }
+        }
         let b = try benchDevice("b", server: serverB) { configuration in
+            configuration.hooks.snapshotReceived = { snapshot in
+                mark(.received, snapshot.changes.compactMap { $0.document.fields["title"]?.stringValue })
+            }
             configuration.hooks.afterApply = { snapshot in
-                let now = ContinuousClock.now
-                arrivals.withLock { arrivals in
-                    for change in snapshot.changes {
-                        if let title = change.document.fields["title"]?.stringValue { arrivals[title] = now }
-                    }
-                }
+                mark(.applied, snapshot.changes.compactMap { $0.document.fields["title"]?.stringValue })
                 arrived.signal()
             }
         }
@@ -58,8 +67,8 @@ public enum Bench {
         try await poll("b is connected") { b.service.status.isConnected && a.service.status.isConnected }
         try await Task.sleep(for: .milliseconds(200))
 
-        let latencies = try await onOwnThread {
-            var latencies = Latencies()
+        let propagation = try await onOwnThread {
+            var propagation = Propagation()
             for index in 0..<count {
                 let title = "p\(index)"
                 try a.database.write { db in
@@ -67,20 +76,54 @@ public enum Bench {
                         sql: "INSERT INTO item (title, amount, note) VALUES (?, ?, ?)",
                         arguments: [title, index, BenchModel.note])
                 }
-                let committed = ContinuousClock.now
-                while arrivals.withLock({ $0[title] }) == nil {
+                mark(.committed, [title])
+                while marks.withLock({ $0[title]?[.applied] }) == nil {
                     guard arrived.wait(timeout: .now() + .seconds(60)) == .success else {
                         throw ScenarioError("b did not get \(title) within 60 s")
                     }
                 }
-                latencies.record(arrivals.withLock { $0[title]! } - committed)
+                propagation.record(marks.withLock { $0.removeValue(forKey: title)! })
                 if index % 50 == 0 { progress("propagation: \(index)/\(count) documents") }
             }
-            return latencies
+            return propagation
         }
         await a.service.stop()
         await b.service.stop()
-        return latencies
+        return propagation
+    }
+
+    /// Propagation latencies, whole and by stage.
+    struct Propagation {
+        enum Stage: CaseIterable {
+            case committed, sent, received, applied
+        }
+
+        /// A's commit to B's commit.
+        var total = Latencies()
+        /// A's commit to its push leaving.
+        var push = Latencies()
+        /// The push leaving A to B receiving the change: the server's part.
+        var server = Latencies()
+        /// B receiving the change to its commit.
+        var apply = Latencies()
+
+        mutating func record(_ marks: [Stage: ContinuousClock.Instant]) {
+            total.record(marks[.applied]! - marks[.committed]!)
+            // A push can leave before the commit's mark is taken (the observer is quick).
+            guard let sent = marks[.sent], let received = marks[.received] else { return }
+            push.record(max(.zero, sent - marks[.committed]!))
+            server.record(received - sent)
+            apply.record(marks[.applied]! - received)
+        }
+
+        /// The stages' medians, for a result's details.
+        var stageDetails: [String: Double] {
+            [
+                "stage p50 ms: A commit → push sent": push.milliseconds(at: 50),
+                "stage p50 ms: push sent → B received": server.milliseconds(at: 50),
+                "stage p50 ms: B received → applied": apply.milliseconds(at: 50),
+            ]
+        }
     }
 
     // MARK: throughput
