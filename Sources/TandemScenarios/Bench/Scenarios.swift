@@ -69,6 +69,8 @@ public enum Bench {
 
         let propagation = try await onOwnThread {
             var propagation = Propagation()
+            let cpuAtStart = processCPU()
+            defer { propagation.cpuPerDocument = (processCPU() - cpuAtStart) / Double(count) }
             for index in 0..<count {
                 let title = "p\(index)"
                 try a.database.write { db in
@@ -92,6 +94,14 @@ public enum Bench {
         return propagation
     }
 
+    /// The CPU time this process has used, in seconds (to the microsecond).
+    static func processCPU() -> Double {
+        var usage = rusage()
+        getrusage(RUSAGE_SELF.rawValue, &usage)
+        func seconds(_ time: timeval) -> Double { Double(time.tv_sec) + Double(time.tv_usec) / 1e6 }
+        return seconds(usage.ru_utime) + seconds(usage.ru_stime)
+    }
+
     /// Propagation latencies, whole and by stage.
     struct Propagation {
         enum Stage: CaseIterable {
@@ -106,6 +116,9 @@ public enum Bench {
         var server = Latencies()
         /// B receiving the change to its commit.
         var apply = Latencies()
+        /// The process's CPU time (devices and server) per document, in seconds: the work,
+        /// which moves only with the code, beside the latency, which moves with the machine.
+        var cpuPerDocument = 0.0
 
         mutating func record(_ marks: [Stage: ContinuousClock.Instant]) {
             total.record(marks[.applied]! - marks[.committed]!)
@@ -122,6 +135,7 @@ public enum Bench {
                 "stage p50 ms: A commit → push sent": push.milliseconds(at: 50),
                 "stage p50 ms: push sent → B received": server.milliseconds(at: 50),
                 "stage p50 ms: B received → applied": apply.milliseconds(at: 50),
+                "CPU per document, µs": cpuPerDocument * 1e6,
             ]
         }
     }
