@@ -249,6 +249,29 @@ struct ServiceBehaviorTests {
         #expect(try await serverDocuments(server, "accounts/\(accountId)/entries").count == 1)
     }
 
+    @Test(
+        "times received from a server whose clock runs an hour ahead are kept across a restart: the restarted devices stamp their edits after them"
+    )
+    func clockKeptAcrossRestart() async throws {
+        let ahead = Int64((Date().timeIntervalSince1970 + 3600) * 1000)
+        let server = try await TestServer { $0.clock = { ahead } }
+        let laptop = try TestDevice(name: "laptop", serverURL: server.url)
+        let phone = try TestDevice(name: "phone", serverURL: server.url)
+        laptop.service.start()
+        phone.service.start()
+        try await laptop.addAccount("Household")
+        _ = try await laptop.service.syncNow()
+        try await waitUntil("the phone has the account") { try phone.accountCount() == 1 }
+        // The laptop took the time in with its write's acknowledgement, the phone with the
+        // document; neither has it in a row (the account's updatedAt is the laptop's own time).
+        let received = HybridLogicalClock.timestamp(milliseconds: ahead)
+        for device in [laptop, phone] {
+            #expect(device.service.clock.latest >= received, "\(device.name)")
+            try await device.restart()
+            #expect(device.service.clock.now() > received, "\(device.name) after its restart")
+        }
+    }
+
     @Test("last write wins: of two offline edits of one entry, the later one wins on every device")
     func lastWriteWins() async throws {
         let clock = TestClock()

@@ -57,12 +57,14 @@ extension LocalStore {
         {
             return ApplyOutcome()
         }
-        // Creates whose answer never came, still listed in batch entries: their keys go on
-        // their rows, where a document of theirs is recognized.
-        try keepUnansweredSendingPerRow(db)
-        let resetting = try ledger.isResetting(collection, db)
+        var (sending, resetting, context) = try ledger.applyState(of: collection, db)
+        if sending {
+            // Creates whose answer never came, still listed in batch entries: their keys go on
+            // their rows, where a document of theirs is recognized.
+            try ledger.keepSendingPerRow(tables, keys: nil, db)
+            context.unansweredCreates = true
+        }
         var outcome = ApplyOutcome()
-        var context = try ledger.applyContext(db)
         for change in snapshot.changes {
             if isolatingChanges {
                 do {

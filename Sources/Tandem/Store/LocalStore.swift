@@ -155,9 +155,6 @@ struct LocalStore: Sendable {
     /// The latest time this database has seen: the stored clock, and every stamped time.
     func latestTime(_ db: Database) throws -> Int64 { try ledger.latestTime(tables, db) }
 
-    /// Stores the clock, so that it never goes back after a restart.
-    func storeClock(_ db: Database) throws { try ledger.storeClock(clock.latest, db) }
-
     /// Takes in the times a server document carries.
     func receiveTimes(of document: Document) {
         clock.receive(HybridLogicalClock.timestamp(milliseconds: document.updateTime))

@@ -59,6 +59,8 @@ public final class SyncService: Sendable {
     public let configuration: SyncConfiguration
     let database: any DatabaseWriter
     let store: LocalStore
+    /// The clock's value as last committed by ``ownWrite(_:file:line:)`` (0 until then).
+    private let storedClock = Atomic<Int64>(0)
     let queue: OperationQueue
     /// Where listener snapshots are applied with `Serialization.unserialized`; unused otherwise.
     let applyQueue: OperationQueue
@@ -523,30 +525,41 @@ public final class SyncService: Sendable {
     // MARK: - Writes
 
     /// Writes as Tandem: changes made here are not mistaken for the app's local changes. The
-    /// clock is stored with them, so that it never goes back after a restart.
+    /// clock is stored with them, so that it never goes back after a restart; a write after
+    /// which it has not moved past the value last committed leaves it as it is (most of a
+    /// push's write-backs, whose answers carry times the device's own edit stamped past, and
+    /// the snapshots that carry a new resume token alone: an upsert fewer).
     func ownWrite<T>(_ body: (Database) throws -> T, file: StaticString = #fileID, line: UInt = #line) throws -> T {
         BlockingCheck.willBlock("a synchronous write of the database", file: file, line: line)
         let observer = self.observer
-        let store = self.store
-        return try database.write { db in
+        let (result, stored) = try database.write { db in
             observer.isTandemWriting = true
             defer { observer.isTandemWriting = false }
-            let result = try body(db)
-            try store.storeClock(db)
-            return result
+            return (try body(db), try storeClockIfMoved(db))
         }
+        if let stored { storedClock.max(stored, ordering: .relaxed) }
+        return result
     }
 
     func ownWrite<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
         let observer = self.observer
-        let store = self.store
-        return try await database.write { db in
+        let (result, stored) = try await database.write { [self] db in
             observer.isTandemWriting = true
             defer { observer.isTandemWriting = false }
-            let result = try body(db)
-            try store.storeClock(db)
-            return result
+            return (try body(db), try storeClockIfMoved(db))
         }
+        if let stored { storedClock.max(stored, ordering: .relaxed) }
+        return result
+    }
+
+    /// Stores the clock when it moved past the value last committed, and returns what it
+    /// stored; the caller notes it once the transaction has committed (a value noted before
+    /// a rollback would leave the clock unstored).
+    private func storeClockIfMoved(_ db: Database) throws -> Int64? {
+        let latest = store.clock.latest
+        guard latest > storedClock.load(ordering: .relaxed) else { return nil }
+        try store.ledger.storeClock(latest, db)
+        return latest
     }
 
     private func localChangesCommitted(parentsChanged: Bool) {

@@ -70,7 +70,6 @@ public enum Bench {
         let propagation = try await onOwnThread {
             var propagation = Propagation()
             let cpuAtStart = processCPU()
-            defer { propagation.cpuPerDocument = (processCPU() - cpuAtStart) / Double(count) }
             for index in 0..<count {
                 let title = "p\(index)"
                 try a.database.write { db in
@@ -87,6 +86,7 @@ public enum Bench {
                 propagation.record(marks.withLock { $0.removeValue(forKey: title)! })
                 if index % 50 == 0 { progress("propagation: \(index)/\(count) documents") }
             }
+            propagation.cpuPerDocument = (processCPU() - cpuAtStart) / Double(count)
             return propagation
         }
         await a.service.stop()
