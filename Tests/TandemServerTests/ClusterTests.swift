@@ -133,6 +133,34 @@ struct ClusterTests {
         #expect(resumed.resets.isEmpty)
     }
 
+    @Test(
+        "text that array literals must escape (quotes, backslashes, braces, commas, NULL, non-ASCII) is stored and read back exactly, by another node"
+    )
+    func awkwardTextRoundTrips() async throws {
+        let nodes = try await Nodes.start(2)
+        let awkward: [String] = [
+            #"say "hi""#, #"back\slash \" and \\"#, "{braces},commas,\"quoted,\"", "NULL", "", " padded ",
+            "accents é ü ñ, CJK 漢字, emoji 🦊🏳️‍🌈", "line\nbreak\ttab", #"{"json": ["in", "text"]}"#,
+        ]
+        let writer = try await connect(nodes[0])
+        var ids: [DocumentID: String] = [:]
+        // One write of them all, and each in a write of its own: the group's arrays, and arrays of one.
+        let ops = try awkward.map { text in
+            WriteOp.create(in: try path("texts"), fields: ["text": .string(text), text: true], idempotencyKey: key())
+        }
+        guard case .ack(let results) = try await writer.write(ops) else { throw TestFailure("refused") }
+        for (result, text) in zip(results, awkward) { ids[result.id] = text }
+        for text in awkward { ids[try await writer.create("texts", ["text": .string(text)]).id] = text }
+
+        let stored = try await nodes[1].server.documents(in: try path("texts"))
+        #expect(stored.count == awkward.count * 2)
+        for document in stored {
+            let text = try #require(ids[document.id])
+            #expect(document.fields["text"] == .string(text))
+            if document.fields.count == 2 { #expect(document.fields[text] == true) }
+        }
+    }
+
     @Test("an idempotency key resent to another node gets the first answer and changes nothing")
     func idempotentAcrossNodes() async throws {
         let nodes = try await Nodes.start(2)

@@ -324,22 +324,29 @@ struct PostgresError: Error, CustomStringConvertible {
 /// PostgreSQL's text forms of values.
 enum PostgresText {
     /// An array literal of texts, `{"a","b\"c",NULL}`.
+    ///
+    /// Built in UTF-8 bytes: appended a scalar at a time to a `String`, a group's 1,000
+    /// documents of 400 bytes took 31 ms, more than PostgreSQL took to store them.
     static func array(_ values: [String?]) -> String {
-        var literal = "{"
+        let quote = UInt8(ascii: "\""), backslash = UInt8(ascii: "\\")
+        var literal: [UInt8] = []
+        literal.reserveCapacity(values.reduce(2) { $0 + ($1?.utf8.count ?? 4) + 4 })
+        literal.append(UInt8(ascii: "{"))
         for (index, value) in values.enumerated() {
-            if index > 0 { literal += "," }
+            if index > 0 { literal.append(UInt8(ascii: ",")) }
             guard let value else {
-                literal += "NULL"
+                literal.append(contentsOf: "NULL".utf8)
                 continue
             }
-            literal += "\""
-            for character in value.unicodeScalars {
-                if character == "\"" || character == "\\" { literal += "\\" }
-                literal.unicodeScalars.append(character)
+            literal.append(quote)
+            for byte in value.utf8 {
+                if byte == quote || byte == backslash { literal.append(backslash) }
+                literal.append(byte)
             }
-            literal += "\""
+            literal.append(quote)
         }
-        return literal + "}"
+        literal.append(UInt8(ascii: "}"))
+        return String(decoding: literal, as: UTF8.self)
     }
 
     static func array(_ values: [Int64]) -> String {
