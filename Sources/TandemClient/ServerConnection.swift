@@ -79,14 +79,21 @@ public final class ServerConnection: Sendable {
     ///   - trustedCertificates: For `wss://` over the default transport: a PEM file of the
     ///     certificate authorities the server's certificate must chain to (nil: the system's).
     ///   - timeout: How long to wait for `welcome`.
+    ///   - queue: The serial queue that decodes this connection's messages and runs its
+    ///     handlers; by default one of its own. Connections may share one (a process that holds
+    ///     hundreds of them), and each then waits while another's handler runs. Never a queue
+    ///     of the global concurrent pool: libdispatch on Linux gives that pool as many threads
+    ///     as cores, and notices only once a second that they are blocked, so a push waiting
+    ///     there for its `ack` (Tandem's sync service does) would wait that long for the queue that
+    ///     brings it.
     /// - Throws: ``TandemError``: `.invalidArgument` for a bad URL or client id, `.unreachable`
     ///   when the server cannot be reached, `.server` when it refuses the `hello`,
     ///   `.timedOut`.
     public static func connect(
         to url: String, clientId: String, token: String? = nil, transport: (any WebSocketTransport)? = nil,
         trustedCertificates: String? = nil,
-        timeout: Duration = .seconds(10), logger: Logger = Logger(label: "tandem.connection"),
-        onClose: (@Sendable (TransportClose) -> Void)? = nil
+        timeout: Duration = .seconds(10), queue: DispatchQueue? = nil,
+        logger: Logger = Logger(label: "tandem.connection"), onClose: (@Sendable (TransportClose) -> Void)? = nil
     ) async throws -> ServerConnection {
         let name: ClientName
         do { name = try ClientName(clientId, field: "clientId") } catch {
@@ -104,7 +111,7 @@ public final class ServerConnection: Sendable {
         }
         let connection = ServerConnection(
             url: url, clientId: name, socket: socket,
-            inbox: DispatchQueue(label: "tandem.connection", target: .global()), logger: logger)
+            inbox: queue ?? DispatchQueue(label: "tandem.connection"), logger: logger)
         connection.state.withLock { $0.onClose = onClose }
         relay.attach(connection)
 

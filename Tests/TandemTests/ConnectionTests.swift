@@ -3,6 +3,8 @@ import Synchronization
 import Tandem
 import TandemSocket
 import TandemTesting
+import TandemClient
+import TandemWire
 import Testing
 
 @Suite("Connecting")
@@ -25,6 +27,59 @@ struct ConnectionTests {
             } catch let error as TandemError {
                 // A lost failure ends in `.timedOut` instead.
                 #expect(error.code == .unreachable, "attempt \(attempt): \(error)")
+            }
+        }
+    }
+
+    @Test(
+        "a write is decoded by the server and answered to the client while every thread of libdispatch's global pool is blocked"
+    )
+    func answersArriveWithTheGlobalPoolBlocked() async throws {
+        // The sync service's pushes wait for their answers on threads of that pool, as many as
+        // there are devices pushing; on Linux libdispatch gives the pool as many threads as
+        // cores, and adds one a second while they are blocked. With the connection's queue, or
+        // the server session's decoder, on the pool, the answer waited for that (the cluster
+        // benchmark stalled for up to a second at a time, and halved its throughput).
+        let server = try await TestServer()
+        let connection = try await ServerConnection.connect(to: server.url, clientId: "blocked-pool")
+        defer { connection.close() }
+        // Over 4 KB: the server decodes it on the session's own queue, not the core queue.
+        let ops = [
+            WriteOp.create(
+                in: try CollectionPath("notes"), fields: ["note": .string(String(repeating: "x", count: 8 << 10))],
+                idempotencyKey: .random())
+        ]
+        let cores = ProcessInfo.processInfo.activeProcessorCount
+        let release = DispatchSemaphore(value: 0)
+        let blocked = Atomic<Int>(0)
+        // More than libdispatch ever adds (it stops at 255 threads): what is queued behind them
+        // waits until they are released.
+        let count = 256 + 4 * cores
+        for _ in 0..<count {
+            DispatchQueue.global().async {
+                blocked.add(1, ordering: .relaxed)
+                release.wait()
+            }
+        }
+        defer { for _ in 0..<count { release.signal() } }
+        // Nothing awaits from here until the pool is released: Swift concurrency's tasks run on
+        // that pool too (on Linux), so this test's own would wait like the answer.
+        let deadline = ContinuousClock.now + .seconds(60)
+        while blocked.load(ordering: .relaxed) < cores && ContinuousClock.now < deadline { usleep(1000) }
+        let answer = Mutex<Result<ServerConnection.WriteReply, any Error>?>(nil)
+        let answered = DispatchSemaphore(value: 0)
+        connection.write(ops) { result in
+            answer.withLock { $0 = result }
+            answered.signal()
+        }
+        // A bound on progress only: the answer takes milliseconds.
+        let arrived = answered.wait(timeout: .now() + .seconds(60)) == .success
+        #expect(arrived, "no answer while the pool was blocked")
+        if arrived {
+            let reply = try #require(answer.withLock { $0 }).get()
+            guard case .ack = reply else {
+                Issue.record("the write was refused: \(reply)")
+                return
             }
         }
     }

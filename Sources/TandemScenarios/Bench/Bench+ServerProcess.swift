@@ -180,13 +180,17 @@ extension Bench {
                 }
             }
         #endif
+        // The listeners share a few queues: a queue of its own each would have a thousand
+        // connections wake a thousand threads for every write.
+        let lanes = (0..<4).map { DispatchQueue(label: "tandem.bench.listeners.\($0)") }
         for first in stride(from: 0, to: swarm ? 0 : listeners, by: 100) {
             // Connected a hundred at a time: one by one, 10,000 handshakes take long.
             let opened = try await withThrowingTaskGroup(of: ServerConnection.self) { group in
                 for index in first..<min(listeners, first + 100) {
                     group.addTask {
                         let connection = try await ServerConnection.connect(
-                            to: url, clientId: "listener-\(index)", timeout: .seconds(60))
+                            to: url, clientId: "listener-\(index)", timeout: .seconds(60),
+                            queue: lanes[index % lanes.count])
                         connection.listen(to: items) { event in
                             guard case .snapshot(let snapshot) = event else { return }
                             if snapshot.initial {
