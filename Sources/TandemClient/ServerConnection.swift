@@ -324,7 +324,9 @@ public final class ServerConnection: Sendable {
     private func scheduleTimeout(
         _ timeout: Duration, _ expire: @escaping @Sendable (inout State) -> (@Sendable () -> Void)?
     ) {
-        DispatchQueue.global().asyncAfter(deadline: .now() + timeout.dispatchInterval) { [self] in
+        // On the connection's queue, not the global pool: a push waiting on that pool for a
+        // silent server must get its timeout whatever else holds the pool's threads.
+        inbox.asyncAfter(deadline: .now() + timeout.dispatchInterval) { [self] in
             let action = state.withLock { state in expire(&state) }
             action?()
         }

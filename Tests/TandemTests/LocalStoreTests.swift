@@ -279,3 +279,40 @@ struct LocalStoreTests {
         #expect(try fixture.count("SELECT COUNT(*) FROM tandem_sending") == 0)
     }
 }
+
+@Suite("The clock across restarts")
+struct ClockStoreTests {
+    @Test(
+        "a Tandem write whose commit fails after it stored a moved clock leaves the next write to store it: a restart still starts past that time"
+    )
+    func clockStoredAfterFailedCommit() throws {
+        let database = try DatabaseQueue()
+        try database.write { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE item (id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL,
+                        isShared INTEGER NOT NULL DEFAULT 1);
+                    CREATE TABLE target (id INTEGER PRIMARY KEY);
+                    CREATE TABLE pointer (target INTEGER REFERENCES target(id) DEFERRABLE INITIALLY DEFERRED);
+                    """)
+        }
+        func service() throws -> SyncService {
+            try SyncService(
+                database: database, serverURL: "ws://127.0.0.1:1", clientId: "device",
+                tables: [.root("item", collection: "items")])
+        }
+        let ahead = HybridLogicalClock.timestamp(milliseconds: Int64(Date().timeIntervalSince1970 * 1000) + 3_600_000)
+        let first = try service()
+        first.clock.receive(ahead)
+        // The clock is stored in this transaction, whose commit then fails (a deferred foreign
+        // key), and SQLite rolls it all back.
+        #expect(throws: DatabaseError.self) {
+            try first.ownWrite { db in try db.execute(sql: "INSERT INTO pointer (target) VALUES (42)") }
+        }
+        // The clock has not moved since: this write must store it all the same.
+        try first.ownWrite { _ in }
+
+        let restarted = try service()
+        #expect(restarted.clock.now() > ahead)
+    }
+}

@@ -1,4 +1,5 @@
 import Dispatch
+import Foundation
 import Synchronization
 import TandemSocket
 import TandemWire
@@ -69,12 +70,16 @@ final class Session: @unchecked Sendable {
     /// Messages received and not yet handled: past a high mark the socket stops reading.
     let pendingMessages = Atomic<Int>(0)
     /// Where large messages are decoded, in order, off the core queue (see
-    /// `ServerCore.webSocket(_:didReceive:)`). A queue of its own, not one of the global
-    /// concurrent pool: in a process that also runs devices (tests, benchmarks, an app with an
-    /// embedded server), their pushes block that pool's few threads while they wait for the
-    /// answer, which this queue must decode first (seen as stalls of up to a second, until
-    /// libdispatch adds a thread).
-    let decoder = DispatchQueue(label: "tandem.session.decode")
+    /// `ServerCore.webSocket(_:didReceive:)`): one of a few serial queues the sessions share,
+    /// not the global concurrent pool. In a process that also runs devices (tests, benchmarks,
+    /// an app with an embedded server), their pushes block that pool's few threads while they
+    /// wait for the answer, which this queue must decode first (seen as stalls of up to a
+    /// second, until libdispatch adds a thread); and a queue per session would start a thread
+    /// per session in a burst of large writes.
+    var decoder: DispatchQueue { Self.decoders[Int(connection.id % UInt64(Self.decoders.count))] }
+    private static let decoders = (0..<max(2, ProcessInfo.processInfo.activeProcessorCount)).map {
+        DispatchQueue(label: "tandem.session.decode.\($0)")
+    }
     /// Messages given to `decoder` and not yet passed on to the core queue.
     let decoding = Atomic<Int>(0)
     /// Messages handled so far (for injected faults).

@@ -277,18 +277,17 @@ struct SyncLedger: Sendable {
         let row = try Row.fetchOne(
             db.cachedStatement(
                 sql: """
-                    SELECT EXISTS (SELECT 1 FROM tandem_sending),
+                    SELECT \(Self.anySendingSQL),
                         coalesce((SELECT resetting FROM tandem_listener WHERE collection = ?), 0),
                         EXISTS (SELECT 1 FROM tandem_row WHERE pendingOp = 'create'),
                         EXISTS (SELECT 1 FROM tandem_row WHERE pendingOp = 'delete'),
-                        EXISTS (SELECT 1 FROM tandem_reference) OR EXISTS (SELECT 1 FROM tandem_deferred),
+                        \(Self.anythingWaitsSQL),
                         EXISTS (SELECT 1 FROM tandem_gone),
-                        EXISTS (SELECT 1 FROM tandem_row WHERE outOfScope = 1)
+                        \(Self.anyOutOfScopeSQL)
                     """), arguments: [collection.rawValue])!
-        return (
-            row[0], row[1],
-            ApplyContext(unansweredCreates: row[2], filedDeletes: row[3], waiting: row[4], gone: row[5], outOfScope: row[6])
-        )
+        let context = ApplyContext(
+            unansweredCreates: row[2], filedDeletes: row[3], waiting: row[4], gone: row[5], outOfScope: row[6])
+        return (row[0], row[1], context)
     }
 
     // MARK: - Pushing
@@ -425,8 +424,10 @@ struct SyncLedger: Sendable {
 
     /// Whether any batch entry is recorded.
     func anySending(_ db: Database) throws -> Bool {
-        try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_sending)")) ?? true
+        try Bool.fetchOne(db.cachedStatement(sql: "SELECT \(Self.anySendingSQL)")) ?? true
     }
+
+    static let anySendingSQL = "EXISTS (SELECT 1 FROM tandem_sending)"
 
     /// The batch entries were acknowledged: they go.
     ///
@@ -973,11 +974,11 @@ struct SyncLedger: Sendable {
     /// Whether any reference or document waits for a row to arrive (usually not: then a row
     /// that gets its server id need not look for what waited for it).
     func anythingWaits(_ db: Database) throws -> Bool {
-        try Bool.fetchOne(
-            db.cachedStatement(
-                sql: "SELECT EXISTS (SELECT 1 FROM tandem_reference) OR EXISTS (SELECT 1 FROM tandem_deferred)"))
-            ?? true
+        try Bool.fetchOne(db.cachedStatement(sql: "SELECT \(Self.anythingWaitsSQL)")) ?? true
     }
+
+    static let anythingWaitsSQL =
+        "EXISTS (SELECT 1 FROM tandem_reference) OR EXISTS (SELECT 1 FROM tandem_deferred)"
 
     /// What waited for the row of `model` with `serverId`, taken out of the ledger: the
     /// reference columns to fill in, and the deferred documents to apply now.
@@ -1103,9 +1104,10 @@ struct SyncLedger: Sendable {
 
     /// Whether any row is out of scope (most databases: none, and nothing to look for).
     func anyOutOfScope(_ db: Database) throws -> Bool {
-        try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM tandem_row WHERE outOfScope = 1)"))
-            ?? true
+        try Bool.fetchOne(db.cachedStatement(sql: "SELECT \(Self.anyOutOfScopeSQL)")) ?? true
     }
+
+    static let anyOutOfScopeSQL = "EXISTS (SELECT 1 FROM tandem_row WHERE outOfScope = 1)"
 
     /// The rows out of scope whose conflict the app has resolved: they go once nothing under
     /// them waits to be pushed.

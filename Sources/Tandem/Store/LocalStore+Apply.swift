@@ -57,7 +57,8 @@ extension LocalStore {
         {
             return ApplyOutcome()
         }
-        var (sending, resetting, context) = try ledger.applyState(of: collection, db)
+        let (sending, resetting, flags) = try ledger.applyState(of: collection, db)
+        var context = flags
         if sending {
             // Creates whose answer never came, still listed in batch entries: their keys go on
             // their rows, where a document of theirs is recognized.

@@ -321,9 +321,10 @@ extension LocalStore {
         return (duplicates, conflicts)
     }
 
-    /// Batch entries left when no batch is on its way (at the start of a push, and when the
-    /// listener applies, which the barrier keeps apart from pushes) are those whose answer never
-    /// came (a dropped connection, a crash): they become row entries.
+    /// Batch entries left when no batch is on its way (at the start of a push; the listener's
+    /// apply does the same after reading ``SyncLedger/applyState(of:_:)``, the barrier keeping it
+    /// apart from pushes) are those whose answer never came (a dropped connection, a crash):
+    /// they become row entries.
     func keepUnansweredSendingPerRow(_ db: Database) throws {
         if try ledger.anySending(db) { try ledger.keepSendingPerRow(tables, keys: nil, db) }
     }

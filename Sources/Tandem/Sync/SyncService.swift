@@ -526,9 +526,9 @@ public final class SyncService: Sendable {
 
     /// Writes as Tandem: changes made here are not mistaken for the app's local changes. The
     /// clock is stored with them, so that it never goes back after a restart; a write after
-    /// which it has not moved past the value last committed leaves it as it is (most of a
-    /// push's write-backs, whose answers carry times the device's own edit stamped past, and
-    /// the snapshots that carry a new resume token alone: an upsert fewer).
+    /// which it has not moved past the value last committed leaves it as it is (an upsert
+    /// fewer: a snapshot that carries a new resume token alone, for instance, or a write-back
+    /// whose answer's time is no later than the clock).
     func ownWrite<T>(_ body: (Database) throws -> T, file: StaticString = #fileID, line: UInt = #line) throws -> T {
         BlockingCheck.willBlock("a synchronous write of the database", file: file, line: line)
         let observer = self.observer

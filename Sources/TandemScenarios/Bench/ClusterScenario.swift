@@ -24,7 +24,9 @@ extension Bench {
         defer { for node in nodes { node.stopWithoutWaiting() } }
 
         let count = quick ? 200 : 1000
-        let latencies = try await propagationLatencies(from: nodes[0], to: nodes[1], count: count, progress: progress).total
+        let latencies = try await propagationLatencies(
+            from: nodes[0], to: nodes[1], count: count, progress: progress
+        ).total
         let p50 = latencies.milliseconds(at: 50)
         let p99 = latencies.milliseconds(at: 99)
 

@@ -94,12 +94,11 @@ public enum Bench {
         return propagation
     }
 
-    /// The CPU time this process has used, in seconds (to the microsecond).
+    /// The CPU time this process has used, in seconds.
     static func processCPU() -> Double {
-        var usage = rusage()
-        getrusage(RUSAGE_SELF.rawValue, &usage)
-        func seconds(_ time: timeval) -> Double { Double(time.tv_sec) + Double(time.tv_usec) / 1e6 }
-        return seconds(usage.ru_utime) + seconds(usage.ru_stime)
+        var time = timespec()
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &time)
+        return Double(time.tv_sec) + Double(time.tv_nsec) / 1e9
     }
 
     /// Propagation latencies, whole and by stage.
@@ -112,7 +111,8 @@ public enum Bench {
         var total = Latencies()
         /// A's commit to its push leaving.
         var push = Latencies()
-        /// The push leaving A to B receiving the change: the server's part.
+        /// The push leaving A to B receiving the change: both sockets, and the server with its
+        /// sync to disk.
         var server = Latencies()
         /// B receiving the change to its commit.
         var apply = Latencies()
