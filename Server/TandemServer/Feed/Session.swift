@@ -71,13 +71,14 @@ final class Session: @unchecked Sendable {
     let pendingMessages = Atomic<Int>(0)
     /// Where large messages are decoded, in order, off the core queue (see
     /// `ServerCore.webSocket(_:didReceive:)`): one of a few serial queues the sessions share,
-    /// not the global concurrent pool. In a process that also runs devices (tests, benchmarks,
-    /// an app with an embedded server), their pushes block that pool's few threads while they
-    /// wait for the answer, which this queue must decode first (seen as stalls of up to a
-    /// second, until libdispatch adds a thread); and a queue per session would start a thread
-    /// per session in a burst of large writes.
+    /// two per core, not the global concurrent pool. In a process that also runs devices (tests,
+    /// benchmarks, an app with an embedded server), their pushes block that pool's few threads
+    /// while they wait for the answer, which this queue must decode first (seen as stalls of up
+    /// to a second, until libdispatch adds a thread); and a queue per session would start a
+    /// thread per session in a burst of large writes. (The cluster benchmark, whose three
+    /// writers send batches of 500, did not tell the two apart.)
     var decoder: DispatchQueue { Self.decoders[Int(connection.id % UInt64(Self.decoders.count))] }
-    private static let decoders = (0..<max(2, ProcessInfo.processInfo.activeProcessorCount)).map {
+    private static let decoders = (0..<max(4, 2 * ProcessInfo.processInfo.activeProcessorCount)).map {
         DispatchQueue(label: "tandem.session.decode.\($0)")
     }
     /// Messages given to `decoder` and not yet passed on to the core queue.
