@@ -285,9 +285,9 @@ struct ClockStoreTests {
     @Test(
         "a Tandem write whose commit fails after it stored a moved clock leaves the next write to store it: a restart still starts past that time"
     )
-    func clockStoredAfterFailedCommit() throws {
+    func clockStoredAfterFailedCommit() async throws {
         let database = try DatabaseQueue()
-        try database.write { db in
+        try await database.write { db in
             try db.execute(
                 sql: """
                     CREATE TABLE item (id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL,
@@ -306,11 +306,11 @@ struct ClockStoreTests {
         first.clock.receive(ahead)
         // The clock is stored in this transaction, whose commit then fails (a deferred foreign
         // key), and SQLite rolls it all back.
-        #expect(throws: DatabaseError.self) {
-            try first.ownWrite { db in try db.execute(sql: "INSERT INTO pointer (target) VALUES (42)") }
+        await #expect(throws: DatabaseError.self) {
+            try await first.ownWrite { db in try db.execute(sql: "INSERT INTO pointer (target) VALUES (42)") }
         }
         // The clock has not moved since: this write must store it all the same.
-        try first.ownWrite { _ in }
+        try await first.ownWrite { _ in }
 
         let restarted = try service()
         #expect(restarted.clock.now() > ahead)
