@@ -83,9 +83,9 @@ public final class ServerConnection: Sendable {
     ///     handlers; by default one of its own. Connections may share one (a process that holds
     ///     hundreds of them), and each then waits while another's handler runs. Never a queue
     ///     of the global concurrent pool: libdispatch on Linux gives that pool as many threads
-    ///     as cores, and notices only once a second that they are blocked, so a push waiting
-    ///     there for its `ack` (Tandem's sync service does) would wait that long for the queue that
-    ///     brings it.
+    ///     as cores and adds one a second while they are blocked, so a push waiting there for
+    ///     its `ack` (Tandem's sync service's do) would wait that long for the queue that brings
+    ///     it.
     /// - Throws: ``TandemError``: `.invalidArgument` for a bad URL or client id, `.unreachable`
     ///   when the server cannot be reached, `.server` when it refuses the `hello`,
     ///   `.timedOut`.

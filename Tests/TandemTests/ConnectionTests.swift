@@ -76,6 +76,39 @@ struct ConnectionTests {
         }
     }
 
+    @Test("connections given one queue run their handlers on it, each in its own order")
+    func sharedQueue() async throws {
+        let server = try await TestServer()
+        let shared = DispatchQueue(label: "tandem.test.shared")
+        let key = DispatchSpecificKey<Bool>()
+        shared.setSpecific(key: key, value: true)
+        let notes = try CollectionPath("notes")
+        let seen = Mutex<[String: [Int64]]>([:])
+        let elsewhere = Atomic<Int>(0)
+        var listeners: [ServerConnection] = []
+        for name in ["one", "two"] {
+            let connection = try await ServerConnection.connect(to: server.url, clientId: name, queue: shared)
+            connection.listen(to: notes) { event in
+                if DispatchQueue.getSpecific(key: key) != true { elsewhere.add(1, ordering: .relaxed) }
+                guard case .snapshot(let snapshot) = event else { return }
+                let numbers = snapshot.changes.compactMap { $0.document.fields["n"]?.intValue }
+                seen.withLock { $0[name, default: []] += numbers }
+            }
+            listeners.append(connection)
+        }
+        defer { for connection in listeners { connection.close() } }
+        let writer = try await ServerConnection.connect(to: server.url, clientId: "writer")
+        defer { writer.close() }
+        for n in 0..<50 {
+            _ = try await writer.write([.create(in: notes, fields: ["n": .int(Int64(n))], idempotencyKey: .random())])
+        }
+        try await waitUntil("both listeners have every note") {
+            seen.withLock { $0.values.count == 2 && $0.values.allSatisfy { $0.count == 50 } }
+        }
+        #expect(seen.withLock { $0 } == ["one": Array(0..<50), "two": Array(0..<50)])
+        #expect(elsewhere.load(ordering: .relaxed) == 0, "a handler ran off the shared queue")
+    }
+
     @Test("a hello that is never answered times out, and the socket does not stay open behind the error")
     func unansweredHelloCloses() async throws {
         let silent = Silent()

@@ -69,7 +69,7 @@ public enum Bench {
 
         let propagation = try await onOwnThread {
             var propagation = Propagation()
-            let cpuAtStart = processCPU()
+            let cpuAtStart = try cpuSeconds(of: getpid())
             for index in 0..<count {
                 let title = "p\(index)"
                 try a.database.write { db in
@@ -86,7 +86,7 @@ public enum Bench {
                 propagation.record(marks.withLock { $0.removeValue(forKey: title)! })
                 if index % 50 == 0 { progress("propagation: \(index)/\(count) documents") }
             }
-            propagation.cpuPerDocument = (processCPU() - cpuAtStart) / Double(count)
+            propagation.cpuPerDocument = (try cpuSeconds(of: getpid()) - cpuAtStart) / Double(count)
             return propagation
         }
         await a.service.stop()
@@ -94,16 +94,9 @@ public enum Bench {
         return propagation
     }
 
-    /// The CPU time this process has used, in seconds.
-    static func processCPU() -> Double {
-        var time = timespec()
-        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &time)
-        return Double(time.tv_sec) + Double(time.tv_nsec) / 1e9
-    }
-
     /// Propagation latencies, whole and by stage.
     struct Propagation {
-        enum Stage: CaseIterable {
+        enum Stage {
             case committed, sent, received, applied
         }
 
