@@ -27,37 +27,97 @@ struct ServiceBehaviorTests {
         #expect(phone.service.status.pendingCount == 0)
     }
 
-    @Test(
-        "a device does not hear its own writes back on the connection that made them: its listener gets the new resume token alone, and another device's write in full"
-    )
-    func ownWritesNotEchoed() async throws {
-        let server = try await TestServer()
+    /// A phone whose snapshots are recorded as they arrive, listening.
+    private static func listeningPhone(_ server: TestServer) async throws -> (TestDevice, Seen<ServerMessage.Snapshot>) {
         let received = Seen<ServerMessage.Snapshot>()
         let phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
             configuration.hooks.snapshotReceived = { received.append($0) }
         }
-        let laptop = try TestDevice(name: "laptop", serverURL: server.url)
         phone.service.start()
-        laptop.service.start()
         try await waitUntil("the phone listens") { received.all.contains { $0.initial && !$0.hasMore } }
+        return (phone, received)
+    }
 
+    /// Pushes a new account from the phone and waits for the snapshot of that write, which
+    /// brings the new token alone. Returns the account's document id and that token.
+    private static func pushOwnWrite(_ phone: TestDevice, _ received: Seen<ServerMessage.Snapshot>) async throws
+        -> (own: DocumentID, token: String)
+    {
         let account = try await phone.addAccount("Household")
         _ = try await phone.service.syncNow()
         let own = try DocumentID(try #require(try await phone.serverId(ofAccount: account.id!) as String?))
         try await waitUntil("the token of the phone's own write arrives alone") {
             received.all.contains { !$0.initial && $0.changes.isEmpty }
         }
-        let token = try #require(received.all.last { !$0.initial && $0.changes.isEmpty }?.resumeToken)
-        try await waitUntil("the phone stored that token") {
-            try await phone.database.read { db in
-                try String.fetchOne(db, sql: "SELECT resumeToken FROM tandem_listener WHERE collection = 'accounts'")
-            } == token
+        return (own, try #require(received.all.last { !$0.initial && $0.changes.isEmpty }?.resumeToken))
+    }
+
+    /// The device's stored token of a collection, if any.
+    private static func storedToken(_ device: TestDevice, _ collection: String = "accounts") async throws -> String? {
+        try await device.database.read { db in
+            try String.fetchOne(
+                db, sql: "SELECT resumeToken FROM tandem_listener WHERE collection = ?", arguments: [collection])
         }
+    }
+
+    @Test(
+        "a device does not hear its own writes back on the connection that made them: its listener gets the new resume token alone, and another device's write in full"
+    )
+    func ownWritesNotEchoed() async throws {
+        let server = try await TestServer()
+        let laptop = try TestDevice(name: "laptop", serverURL: server.url)
+        laptop.service.start()
+        let (phone, received) = try await Self.listeningPhone(server)
+
+        let (own, token) = try await Self.pushOwnWrite(phone, received)
+        try await waitUntil("the phone stored that token") { try await Self.storedToken(phone) == token }
 
         try await laptop.addAccount("Trip")
         try await waitUntil("the phone has the laptop's account") { try phone.accountCount() == 2 }
         #expect(!received.all.contains { $0.contains(own) }, "the phone's own account came back")
         #expect(received.all.contains { $0.changes.contains { $0.document.fields["name"] == "Trip" } })
+    }
+
+    @Test("a token that moved alone, stored late, never takes the place of a later one")
+    func tokenMovedAloneNeverReplacesALaterOne() async throws {
+        let server = try await TestServer()
+        let laptop = try TestDevice(name: "laptop", serverURL: server.url)
+        laptop.service.start()
+        let (phone, received) = try await Self.listeningPhone(server)
+
+        // The phone's push: its listener gets the new token alone, which waits to be stored.
+        _ = try await Self.pushOwnWrite(phone, received)
+        // Within the wait, the laptop's write brings a later token, with a change.
+        try await laptop.addAccount("Trip")
+        _ = try await laptop.service.syncNow()
+        try await waitUntil("the phone has the laptop's account") { try phone.accountCount() == 2 }
+        let trip = try #require(received.all.last { $0.changes.contains { $0.document.fields["name"] == "Trip" } })
+        #expect(try await Self.storedToken(phone) == trip.resumeToken)
+
+        // Past the time the earlier token would have been stored.
+        try await Task.sleep(for: .seconds(2))
+        #expect(try await Self.storedToken(phone) == trip.resumeToken)
+    }
+
+    @Test(
+        "a token that moved alone is stored when the service stops: relaunched, the device does not download its own write"
+    )
+    func tokenMovedAloneStoredOnStop() async throws {
+        let server = try await TestServer()
+        let (phone, received) = try await Self.listeningPhone(server)
+        let (own, token) = try await Self.pushOwnWrite(phone, received)
+        // A push queued now runs after the listener's work for that snapshot.
+        _ = try await phone.service.syncNow()
+
+        // Relaunched at once, long before the token's own store would come.
+        let before = received.all.count
+        try await phone.restart(starting: false)
+        #expect(try await Self.storedToken(phone) == token)
+        phone.service.start()
+        try await waitUntil("the relaunched phone's listener is current") {
+            received.all.dropFirst(before).contains { $0.initial && !$0.hasMore }
+        }
+        #expect(!received.all.dropFirst(before).contains { $0.contains(own) }, "the phone downloaded its own account")
     }
 
     /// The server leaves a connection's own writes out of its listeners' live snapshots once it

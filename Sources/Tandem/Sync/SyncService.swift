@@ -69,12 +69,20 @@ public final class SyncService: Sendable {
     let state = Mutex(State())
     /// Listener arrivals waiting for the sync queue, with the connection generation of each.
     let inbox = Mutex<[(Arrival, Int)]>([])
+    /// Snapshots that moved their collection's token alone, waiting to be stored
+    /// (``storeDeferredTokens()``).
+    let deferredTokens = Mutex(DeferredTokens())
     let logger: Logger
     let parentTables: Set<String>
     /// Tables whose rows others nest under or reference.
     let dependedOnTables: Set<String>
     /// The device's hybrid logical clock: `updatedAt` and field times come from it.
     public let clock: HybridLogicalClock
+
+    struct DeferredTokens {
+        var snapshots: [CollectionPath: (ServerMessage.Snapshot, ListenerTarget)] = [:]
+        var storeScheduled = false
+    }
 
     struct State {
         var running = false
@@ -252,8 +260,12 @@ public final class SyncService: Sendable {
             queue.cancelAllOperations()
             applyQueue.cancelAllOperations()
         }
+        if discardingQueuedWork { deferredTokens.withLock { $0.snapshots = [:] } }
         await withCheckedContinuation { continuation in
-            queue.addBarrierBlock { continuation.resume() }
+            queue.addBarrierBlock { [self] in
+                storeDeferredTokens()
+                continuation.resume()
+            }
         }
         await withCheckedContinuation { continuation in
             applyQueue.addOperation { continuation.resume() }
