@@ -267,10 +267,12 @@ extension SyncService {
         !snapshot.initial && snapshot.changes.isEmpty
     }
 
-    /// Keeps snapshots that only move their collection's token, to be stored within
-    /// ``tokenStoreDelay``, before the collection is listened to again, or when the service
-    /// stops, in one transaction; a later snapshot of the collection stores its own token.
-    /// (Only with the barrier: these all run on the sync queue, in order.)
+    /// Keeps snapshots that only move their collection's token, to be stored together in one
+    /// transaction: once ``SyncConfiguration/tokenStoreDelay`` has passed and the sync queue
+    /// gets to it, at the start of every listener refresh (a new connection, a parent row
+    /// changed), or when the service stops. A later snapshot of the collection stores its own
+    /// token and drops the kept one; so does a reset. (Only with the barrier: these all run on
+    /// the sync queue, in order.)
     ///
     /// One comes after each batch a push sends, and storing each at once was a transaction that
     /// the next push waited behind (the barrier). Three alternated pairs of `bench throughput`:
@@ -284,17 +286,15 @@ extension SyncService {
             return !deferred.storeScheduled
         }
         guard schedule else { return }
-        DispatchQueue.global().asyncAfter(deadline: .now() + Self.tokenStoreDelay.dispatchInterval) { [weak self] in
+        DispatchQueue.global().asyncAfter(deadline: .now() + configuration.tokenStoreDelay.dispatchInterval) {
+            [weak self] in
             self?.queue.addOperation { [weak self] in self?.storeDeferredTokens() }
         }
     }
 
-    /// How long a token that moved alone may wait to be stored.
-    static let tokenStoreDelay = Duration.seconds(1)
-
     /// Stores the tokens that moved alone, whichever connection brought them: each is later
     /// than the one stored for its collection (a later snapshot's apply drops it). Runs on the
-    /// sync queue.
+    /// sync queue (with `.unserialized`, where nothing is kept, also on the apply queue).
     func storeDeferredTokens() {
         let waiting = deferredTokens.withLock { deferred in
             defer {

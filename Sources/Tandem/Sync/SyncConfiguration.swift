@@ -52,6 +52,11 @@ public struct SyncConfiguration: Sendable {
     /// Tests turn them on to race them; `.unserialized` always hears them (the race it shows
     /// is theirs).
     @_spi(Testing) public var receivesOwnWrites = false
+    /// How long the resume token of a snapshot that brings nothing else (the one after each
+    /// push) may be kept before it is stored; stored sooner when its collection is listened to
+    /// again or the service stops (see ``SyncService/stop(discardingQueuedWork:)``). Tests
+    /// lengthen it to see the tokens kept.
+    @_spi(Testing) public var tokenStoreDelay = Duration.seconds(1)
     /// The clock for `updatedAt`.
     public var clock: any SyncClock = SystemClock()
     /// Points where a test holds or watches the engine; empty in production, and behind the

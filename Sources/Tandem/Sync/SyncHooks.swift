@@ -33,8 +33,10 @@ import TandemWire
     /// Before a snapshot is applied, on the queue that applies it.
     ///
     /// A live snapshot that brings nothing but a new resume token (the one after each of this
-    /// device's pushes) is stored later, with others like it: its hooks run then, or never when
-    /// a later snapshot of its collection was applied first.
+    /// device's pushes) is stored later, with others like it: its hooks run then (possibly within
+    /// ``SyncService/stop(discardingQueuedWork:)``, and ``beforeApplyCommit`` with several
+    /// collections' snapshots at once), or never when a later snapshot of its collection was
+    /// applied first, a reset came, or the service stopped discarding its work.
     public var beforeApply: (@Sendable (ServerMessage.Snapshot) -> Void)?
     /// Inside the transaction that applies snapshots, after their changes and resume tokens
     /// were written and before the commit: a crash here loses the whole transaction.

@@ -72,6 +72,14 @@ public final class SyncService: Sendable {
     /// Snapshots that moved their collection's token alone, waiting to be stored
     /// (``storeDeferredTokens()``).
     let deferredTokens = Mutex(DeferredTokens())
+
+    /// The resume tokens kept and not stored yet, by collection (see
+    /// ``SyncConfiguration/tokenStoreDelay``).
+    @_spi(Testing) public var keptTokens: [String: String] {
+        deferredTokens.withLock { deferred in
+            Dictionary(uniqueKeysWithValues: deferred.snapshots.map { ($0.key.rawValue, $0.value.0.resumeToken) })
+        }
+    }
     let logger: Logger
     let parentTables: Set<String>
     /// Tables whose rows others nest under or reference.
@@ -235,9 +243,11 @@ public final class SyncService: Sendable {
         state.withLock { $0.periodicPush = task }
     }
 
-    /// Disconnects and stops pushing. Waits for the operation running now; queued listener
-    /// changes are applied first unless `discardingQueuedWork`, which drops them as a crash
-    /// would (their resume tokens were not stored, so they come again after restarting).
+    /// Disconnects and stops pushing. Waits for the operation running now; listener changes
+    /// still queued are not applied (their resume tokens were not stored, so they come again
+    /// after restarting). The tokens that came alone after pushes and were kept are stored
+    /// (``SyncConfiguration/tokenStoreDelay``), unless `discardingQueuedWork`, which drops
+    /// them and the queued operations as a crash would.
     public func stop(discardingQueuedWork: Bool = false) async {
         let (connection, tasks) = state.withLock { state -> (ServerConnection?, [Task<Void, Never>?]) in
             let result = (state.connection, [state.periodicPush, state.reconnect, state.relisten?.task])
@@ -260,10 +270,13 @@ public final class SyncService: Sendable {
             queue.cancelAllOperations()
             applyQueue.cancelAllOperations()
         }
-        if discardingQueuedWork { deferredTokens.withLock { $0.snapshots = [:] } }
         await withCheckedContinuation { continuation in
             queue.addBarrierBlock { [self] in
-                storeDeferredTokens()
+                if discardingQueuedWork {
+                    deferredTokens.withLock { $0.snapshots = [:] }
+                } else {
+                    storeDeferredTokens()
+                }
                 continuation.resume()
             }
         }
