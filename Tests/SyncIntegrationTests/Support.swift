@@ -49,6 +49,12 @@ extension TestDevice {
 
 extension ServerMessage.Snapshot {
     func contains(_ id: DocumentID) -> Bool { changes.contains { $0.document.id == id } }
+
+    /// The last page of a listener's catch-up: it is current from here.
+    func isCurrent(target: String) -> Bool { self.target == target && initial && !hasMore }
+
+    /// A live snapshot that brings nothing but a new token (after the device's own write).
+    func movesTokenAlone(target: String) -> Bool { self.target == target && !initial && changes.isEmpty }
 }
 
 /// The documents of a collection on the server.

@@ -275,10 +275,10 @@ extension SyncService {
     /// the sync queue, in order.)
     ///
     /// One comes after each batch a push sends, and storing each at once was a transaction that
-    /// the next push waited behind (the barrier). Three alternated pairs of `bench throughput`:
-    /// 2.97–3.34 s with them kept, 3.48–3.79 s without (50–59 against 59–64 µs of CPU a
-    /// document). A token stored late costs nothing but a download: a device that resumes
-    /// from the one before gets its own writes again, and knows them by id and version.
+    /// the next push waited behind (the barrier). Six alternated pairs of `bench throughput`:
+    /// 2.97–3.74 s with them kept, 3.48–4.11 s without, faster in 5 (docs/BENCHMARKS.md). A
+    /// token stored late costs nothing but a download: a device that resumes from the one
+    /// before gets its own writes again, and knows them by id and version.
     private func deferTokens(_ snapshots: [(ServerMessage.Snapshot, CollectionPath, ListenerTarget)]) {
         let schedule = deferredTokens.withLock { deferred -> Bool in
             for (snapshot, path, target) in snapshots { deferred.snapshots[path] = (snapshot, target) }

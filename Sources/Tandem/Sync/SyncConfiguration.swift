@@ -53,9 +53,9 @@ public struct SyncConfiguration: Sendable {
     /// is theirs).
     @_spi(Testing) public var receivesOwnWrites = false
     /// How long the resume token of a snapshot that brings nothing else (the one after each
-    /// push) may be kept before it is stored; stored sooner when its collection is listened to
-    /// again or the service stops (see ``SyncService/stop(discardingQueuedWork:)``). Tests
-    /// lengthen it to see the tokens kept.
+    /// push) may be kept before it is stored; stored sooner at every listener refresh (a new
+    /// connection, a parent row changed) and when the service stops (see
+    /// ``SyncService/stop(discardingQueuedWork:)``). Tests lengthen it to see the tokens kept.
     @_spi(Testing) public var tokenStoreDelay = Duration.seconds(1)
     /// The clock for `updatedAt`.
     public var clock: any SyncClock = SystemClock()

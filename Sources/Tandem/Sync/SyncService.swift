@@ -245,9 +245,9 @@ public final class SyncService: Sendable {
 
     /// Disconnects and stops pushing. Waits for the operation running now; listener changes
     /// still queued are not applied (their resume tokens were not stored, so they come again
-    /// after restarting). The tokens that came alone after pushes and were kept are stored
-    /// (``SyncConfiguration/tokenStoreDelay``), unless `discardingQueuedWork`, which drops
-    /// them and the queued operations as a crash would.
+    /// after restarting). The resume tokens that came alone after pushes, kept to be stored
+    /// within about a second, are stored now, unless `discardingQueuedWork`, which drops them
+    /// and the queued operations (pushes included) as a crash would.
     public func stop(discardingQueuedWork: Bool = false) async {
         let (connection, tasks) = state.withLock { state -> (ServerConnection?, [Task<Void, Never>?]) in
             let result = (state.connection, [state.periodicPush, state.reconnect, state.relisten?.task])
@@ -273,7 +273,8 @@ public final class SyncService: Sendable {
         await withCheckedContinuation { continuation in
             queue.addBarrierBlock { [self] in
                 if discardingQueuedWork {
-                    deferredTokens.withLock { $0.snapshots = [:] }
+                    // Its timer's store may have been cancelled with the queue: none is scheduled.
+                    deferredTokens.withLock { $0 = DeferredTokens() }
                 } else {
                     storeDeferredTokens()
                 }

@@ -77,7 +77,8 @@ public final class TestDevice: Sendable {
     public var service: SyncService { current.withLock { $0 } }
 
     /// Stops the service and starts a new one on the same database, as an app relaunch does.
-    /// With `discardingQueuedWork`, queued listener changes are dropped, as a crash would.
+    /// With `discardingQueuedWork`, queued pushes and the resume tokens kept to be stored
+    /// are dropped too, as a crash would (queued listener changes are dropped either way).
     /// Without `starting`, the new service is left for the caller to start: a test can then
     /// look at what the relaunch found before the service syncs anything.
     public func restart(discardingQueuedWork: Bool = false, starting: Bool = true) async throws {
