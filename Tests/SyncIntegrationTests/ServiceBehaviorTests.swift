@@ -503,10 +503,7 @@ struct ServiceBehaviorTests {
             try String.fetchAll(db, sql: "SELECT serverId || ' dirty ' || isDirty FROM item ORDER BY amount")
         }
         #expect(rows == ["item1 dirty 0", "item2 dirty 0"])
-        let token = try await phone.database.read { db in
-            try String.fetchOne(db, sql: "SELECT resumeToken FROM tandem_listener WHERE collection = 'items'")
-        }
-        #expect(token != nil)
+        #expect(try await Self.storedToken(phone, "items") != nil)
     }
 
     @Test("an app's ValueObservation sees the rows the listener inserts and updates")
