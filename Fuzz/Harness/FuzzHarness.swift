@@ -306,6 +306,7 @@ public final class FuzzHarness {
         }
         try roundTrip(ClientMessage.self)
         try roundTrip(ServerMessage.self)
+        try checkCanonicalFields(bytes)
         if let value = try? Wire.parse(bytes) {
             let encoded = Wire.encode(value)
             guard (try? Wire.parse(encoded)) == value else {
@@ -315,6 +316,34 @@ public final class FuzzHarness {
         }
         _ = try? Wire.decodeTimes(bytes)
         _ = try? Wire.decodeFields(bytes)
+    }
+
+    /// The client message decoding, which reads a write's fields straight into canonical text,
+    /// must give what the general one (through a tree of values) gives: the same message and,
+    /// for each op, the bytes the writer gives for its fields; or the same error.
+    static func checkCanonicalFields(_ bytes: [UInt8]) throws {
+        func general<Message: JSONReadable>(_ type: Message.Type) throws(WireError) -> Message {
+            try Wire.decode(type, from: bytes)
+        }
+        let fast = Result { () throws(WireError) in try Wire.decode(ClientMessage.self, from: bytes) }
+        let slow = Result { () throws(WireError) in try general(ClientMessage.self) }
+        let text = String(decoding: bytes.prefix(300), as: UTF8.self)
+        switch (fast, slow) {
+        case (.success(let fast), .success(let slow)):
+            guard fast == slow else { throw FuzzFinding(description: "the client message decodings differ: \(text)") }
+            guard case .write(let write) = fast, case .write(let general) = slow else { return }
+            for (op, generalOp) in zip(write.ops, general.ops)
+            where op.canonicalFieldsJSON != generalOp.fields.map({ Wire.encodeCanonical($0) }) {
+                throw FuzzFinding(description: "a write's fields were kept as text that is not canonical: \(text)")
+            }
+        case (.failure(let fast), .failure(let slow)):
+            guard fast.code == slow.code, fast.message == slow.message, fast.request == slow.request else {
+                throw FuzzFinding(
+                    description: "the client message decodings refuse differently (\(fast); \(slow)): \(text)")
+            }
+        default:
+            throw FuzzFinding(description: "one client message decoding refuses what the other accepts: \(text)")
+        }
     }
 
 }

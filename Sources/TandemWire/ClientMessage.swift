@@ -129,7 +129,45 @@ public struct WriteOp: Sendable, Hashable {
     /// Required for update and delete; for create, a proposed id (else the server picks one).
     public var id: DocumentID?
     /// Required for create and update; absent for delete.
-    public var fields: JSONObject?
+    public var fields: JSONObject? {
+        get {
+            switch content {
+            case .tree(let fields): return fields
+            case .canonical(let json):
+                // The text CanonicalJSON read from a message: valid JSON, an object, within the
+                // depth limit.
+                guard let fields = try? Wire.decodeFields(json) else {
+                    preconditionFailure(
+                        "canonical fields that do not parse: \(String(decoding: json.prefix(80), as: UTF8.self))")
+                }
+                return fields
+            case nil: return nil
+            }
+        }
+        set { content = newValue.map(Content.tree) }
+    }
+
+    /// The fields as canonical JSON (sorted keys, no whitespace): as the message held them when
+    /// it held them so, else encoded. nil for a delete.
+    ///
+    /// A decoded message keeps fields that arrived in that form (or nearly: whitespace and key
+    /// order aside) as text, and parses them only when ``fields`` is read; the server stores the
+    /// text and looks inside only for access rules and merges.
+    public var canonicalFieldsJSON: [UInt8]? {
+        switch content {
+        case .tree(let fields): Wire.encodeCanonical(fields)
+        case .canonical(let json): json
+        case nil: nil
+        }
+    }
+
+    /// The fields as given, or as canonical text read from a message.
+    enum Content: Sendable {
+        case tree(JSONObject)
+        case canonical([UInt8])
+    }
+
+    var content: Content?
     public var baseVersion: Int64?
     /// Unique per client and operation: a resend with the same key gets the first answer.
     public var idempotencyKey: ClientName
@@ -144,10 +182,27 @@ public struct WriteOp: Sendable, Hashable {
         self.kind = kind
         self.collection = collection
         self.id = id
-        self.fields = fields
+        self.content = fields.map(Content.tree)
         self.baseVersion = baseVersion
         self.idempotencyKey = idempotencyKey
         self.fieldTimes = fieldTimes
+    }
+
+    /// Equal when they say the same: fields kept as text equal the same fields given as a tree.
+    public static func == (left: WriteOp, right: WriteOp) -> Bool {
+        left.kind == right.kind && left.collection == right.collection && left.id == right.id
+            && left.baseVersion == right.baseVersion && left.idempotencyKey == right.idempotencyKey
+            && left.fieldTimes == right.fieldTimes && left.fields == right.fields
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(kind)
+        hasher.combine(collection)
+        hasher.combine(id)
+        hasher.combine(fields)
+        hasher.combine(baseVersion)
+        hasher.combine(idempotencyKey)
+        hasher.combine(fieldTimes)
     }
 
     public static func create(

@@ -31,9 +31,14 @@ struct JSONParser {
     ///
     /// - Returns: nil when `bytes` do not start with an object (``parse(_:maxDepth:)`` then says
     ///   what they are).
-    static func parseMessage(_ bytes: UnsafeBufferPointer<UInt8>, maxDepth: Int, listKey: String) throws(JSONError)
-        -> (members: JSONMembers, list: [JSONElement]?)?
-    {
+    ///
+    /// - Parameter canonicalKey: A member of the listed objects whose object value is read
+    ///   straight into canonical JSON (``CanonicalJSON``) when it can be, and then stands among
+    ///   the members as an empty object, its text beside them (a write's `fields`, which the
+    ///   server stores as that text).
+    static func parseMessage(
+        _ bytes: UnsafeBufferPointer<UInt8>, maxDepth: Int, listKey: String, canonicalKey: String? = nil
+    ) throws(JSONError) -> (members: JSONMembers, list: [JSONElement]?)? {
         var parser = JSONParser(bytes: bytes, maxDepth: maxDepth)
         parser.skipWhitespace()
         guard parser.index < bytes.count, bytes[parser.index] == UInt8(ascii: "{") else { return nil }
@@ -41,7 +46,7 @@ struct JSONParser {
         let members = try parser.memberList { parser, key throws(JSONError) in
             guard key == listKey, parser.index < parser.bytes.count, parser.bytes[parser.index] == UInt8(ascii: "[")
             else { return nil }
-            list = try parser.listedElements()
+            list = try parser.listedElements(canonicalKey: canonicalKey)
             return .array([])
         }
         parser.skipWhitespace()
@@ -71,12 +76,24 @@ struct JSONParser {
     }
 
     /// An array whose objects are read as member lists, its other values as values.
-    private mutating func listedElements() throws(JSONError) -> [JSONElement] {
+    private mutating func listedElements(canonicalKey: String?) throws(JSONError) -> [JSONElement] {
         try elements { parser throws(JSONError) in
-            if parser.index < parser.bytes.count && parser.bytes[parser.index] == UInt8(ascii: "{") {
-                return .members(try parser.memberList())
+            guard parser.index < parser.bytes.count && parser.bytes[parser.index] == UInt8(ascii: "{") else {
+                return .value(try parser.value())
             }
-            return .value(try parser.value())
+            guard let canonicalKey else { return .members(try parser.memberList(), canonical: nil) }
+            var canonical: [UInt8]?
+            let members = try parser.memberList { parser, key in
+                guard key == canonicalKey, parser.index < parser.bytes.count,
+                    parser.bytes[parser.index] == UInt8(ascii: "{"),
+                    let read = CanonicalJSON.read(
+                        parser.bytes, from: parser.index, depthLeft: parser.maxDepth - parser.depth)
+                else { return nil }
+                parser.index = read.end
+                canonical = read.json
+                return .object([:])
+            }
+            return .members(members, canonical: canonical)
         }
     }
 
@@ -233,11 +250,49 @@ struct JSONParser {
         }
     }
 
+    /// The index of the first byte at or after `start` that ends a string's plain run: a
+    /// quote, a backslash or a control character (`bytes.count` if none does), with the bits
+    /// of the bytes before it or'ed into `highBits` (its top bit tells whether any was past
+    /// ASCII).
+    ///
+    /// Eight bytes at a time: a document's long strings (notes, descriptions) made the
+    /// byte-at-a-time loop the largest single cost of decoding them.
+    static func plainRunEnd(_ bytes: UnsafeBufferPointer<UInt8>, from start: Int, highBits: inout UInt8) -> Int {
+        var index = start
+        if let base = UnsafeRawPointer(bytes.baseAddress) {
+            let ones: UInt64 = 0x0101_0101_0101_0101
+            let tops: UInt64 = 0x8080_8080_8080_8080
+            var high: UInt64 = 0
+            while index + 8 <= bytes.count {
+                let word = base.loadUnaligned(fromByteOffset: index, as: UInt64.self)
+                let quote = word ^ (ones &* 0x22)
+                let backslash = word ^ (ones &* 0x5C)
+                // A byte is zero in `quote` or `backslash`, or below 0x20 in `word`: its top
+                // bit is set in the subtraction and clear in the value (the classic test;
+                // bytes with the top bit set are left to the byte loop below by `~word`).
+                let found =
+                    ((quote &- ones) & ~quote) | ((backslash &- ones) & ~backslash) | ((word &- ones &* 0x20) & ~word)
+                if found & tops != 0 { break }
+                high |= word
+                index += 8
+            }
+            if high & tops != 0 { highBits |= 0x80 }
+        }
+        while index < bytes.count {
+            let byte = bytes[index]
+            if byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\") || byte < 0x20 { return index }
+            highBits |= byte
+            index += 1
+        }
+        return index
+    }
+
     private mutating func string() throws(JSONError) -> String {
         index += 1  // the opening quote
         let start = index
         // Fast path: no escapes.
         var highBits: UInt8 = 0
+        index = Self.plainRunEnd(bytes, from: index, highBits: &highBits)
         while index < bytes.count {
             let byte = bytes[index]
             if byte == UInt8(ascii: "\"") {
@@ -394,7 +449,9 @@ typealias JSONMembers = [(key: String, value: JSONValue)]
 
 /// An element of an array read by ``JSONParser/parseMessage(_:maxDepth:listKey:)``.
 enum JSONElement {
-    case members(JSONMembers)
+    /// An object, as its members; with the canonical text of the member named by
+    /// `parseMessage`'s `canonicalKey` when it was read that way.
+    case members(JSONMembers, canonical: [UInt8]?)
     case value(JSONValue)
 }
 

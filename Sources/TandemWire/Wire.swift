@@ -111,22 +111,47 @@ public enum Wire {
     public static func decode(_ type: ServerMessage.Type, from bytes: some Collection<UInt8>) throws(WireError)
         -> ServerMessage
     {
+        try decodeListed(bytes, listKey: "changes") { reader, list throws(WireError) in
+            try ServerMessage(reader, changes: list)
+        }
+    }
+
+    /// Decodes and validates a message from a client: as the generic `decode(_:from:)`, with
+    /// the same result and the same errors, but the message object and a write's ops are read
+    /// as lists of members, and each op's `fields` straight into canonical text when they can
+    /// be (``WriteOp/canonicalFieldsJSON``): the server stores that text, and builds the fields'
+    /// tree only when access rules or a merge read it.
+    public static func decode(_ type: ClientMessage.Type, from bytes: some Collection<UInt8>) throws(WireError)
+        -> ClientMessage
+    {
+        try decodeListed(bytes, listKey: "ops", canonicalKey: "fields") { reader, list throws(WireError) in
+            try ClientMessage(reader, ops: list)
+        }
+    }
+
+    /// A message read by ``JSONParser/parseMessage(_:maxDepth:listKey:canonicalKey:)`` and made
+    /// by `make` (with nil for a message that is not an object, which `make`'s type refuses).
+    private static func decodeListed<Message: JSONReadable>(
+        _ bytes: some Collection<UInt8>, listKey: String, canonicalKey: String? = nil,
+        _ make: (ObjectReader, [JSONElement]?) throws(WireError) -> Message
+    ) throws(WireError) -> Message {
         typealias Parsed = (members: JSONMembers, list: [JSONElement]?)?
         let read: (UnsafeBufferPointer<UInt8>) -> Result<Parsed, JSONError> = { buffer in
             Result { () throws(JSONError) in
-                try JSONParser.parseMessage(buffer, maxDepth: maxNestingDepth, listKey: "changes")
+                try JSONParser.parseMessage(
+                    buffer, maxDepth: maxNestingDepth, listKey: listKey, canonicalKey: canonicalKey)
             }
         }
         let parsed = bytes.withContiguousStorageIfAvailable(read) ?? Array(bytes).withUnsafeBufferPointer(read)
         let message: (members: JSONMembers, list: [JSONElement]?)
         switch parsed {
         case .failure(let error): throw invalid(error)
-        case .success(nil): return try ServerMessage(json: parse(bytes), path: "")  // not an object: refused
+        case .success(nil): return try Message(json: parse(bytes), path: "")  // not an object: refused
         case .success(let read?): message = read
         }
         let reader = ObjectReader(members: message.members, path: "")
         do {
-            return try ServerMessage(reader, changes: message.list)
+            return try make(reader, message.list)
         } catch {
             throw naming(error, after: reader)
         }

@@ -363,7 +363,9 @@ extension WriteOp: WireCodable {
         try self.init(ObjectReader(json, path: path))
     }
 
-    init(_ reader: ObjectReader) throws(WireError) {
+    /// - Parameter canonicalFields: The canonical text of the op's `fields`, when the parser
+    ///   read them that way (the reader then holds an empty object in their place).
+    init(_ reader: ObjectReader, canonicalFields: [UInt8]? = nil) throws(WireError) {
         let name = try reader.string("op")
         guard let kind = Kind(rawValue: name) else {
             throw WireError(
@@ -375,16 +377,19 @@ extension WriteOp: WireCodable {
             baseVersion: try reader.optionalInt("baseVersion"),
             idempotencyKey: try reader.read("idempotencyKey", as: ClientName.self),
             fieldTimes: try reader.optionalTimes("fieldTimes"))
+        if let canonicalFields { content = .canonical(canonicalFields) }
+        // Whether there are fields, without parsing fields kept as text.
+        let hasFields = content != nil
         switch kind {
         case .create:
-            if fields == nil { throw WireError(.badMessage, "\(reader.path): a create needs fields") }
+            if !hasFields { throw WireError(.badMessage, "\(reader.path): a create needs fields") }
             if baseVersion != nil { throw WireError(.badMessage, "\(reader.path): a create takes no baseVersion") }
         case .update:
             if id == nil { throw WireError(.badMessage, "\(reader.path): an update needs an id") }
-            if fields == nil { throw WireError(.badMessage, "\(reader.path): an update needs fields") }
+            if !hasFields { throw WireError(.badMessage, "\(reader.path): an update needs fields") }
         case .delete:
             if id == nil { throw WireError(.badMessage, "\(reader.path): a delete needs an id") }
-            if fields != nil { throw WireError(.badMessage, "\(reader.path): a delete takes no fields") }
+            if hasFields { throw WireError(.badMessage, "\(reader.path): a delete takes no fields") }
             if fieldTimes != nil { throw WireError(.badMessage, "\(reader.path): a delete takes no fieldTimes") }
         }
         if let fieldTimes, let fields, let unknown = fieldTimes.keys.first(where: { fields[$0] == nil }) {
@@ -405,9 +410,15 @@ extension WriteOp: WireCodable {
             writer.key("id")
             writer.string(id.rawValue)
         }
-        if let fields {
+        switch content {
+        case .tree(let fields):
             writer.key("fields")
             writer.object(fields)
+        case .canonical(let json):
+            writer.key("fields")
+            writer.raw(json)
+        case nil:
+            break
         }
         if let baseVersion {
             writer.key("baseVersion")
@@ -432,7 +443,12 @@ extension ClientMessage: WireCodable {
     public static let typeNames = ["hello", "listen", "unlisten", "write", "get"]
 
     public init(json: JSONValue, path: String) throws(WireError) {
-        let reader = try ObjectReader(json, path: path)
+        try self.init(try ObjectReader(json, path: path), ops: nil)
+    }
+
+    /// - Parameter ops: A write's ops as ``JSONParser/parseMessage(_:maxDepth:listKey:canonicalKey:)``
+    ///   read them; nil to read them from `reader`.
+    init(_ reader: ObjectReader, ops listed: [JSONElement]?) throws(WireError) {
         let type = try reader.string("type")
         switch type {
         case "hello":
@@ -458,13 +474,25 @@ extension ClientMessage: WireCodable {
             self = .unlisten(Unlisten(target: try reader.label("target")))
         case "write":
             let request = try reader.label("request")
-            let values = try reader.array("ops")
-            if values.isEmpty { throw WireError(.badMessage, "ops: a write needs at least one op", request: request) }
+            let elements: [JSONElement]
+            if let listed {
+                elements = listed
+            } else {
+                elements = try reader.array("ops").map { .value($0) }
+            }
+            if elements.isEmpty { throw WireError(.badMessage, "ops: a write needs at least one op", request: request) }
             var ops: [WriteOp] = []
-            ops.reserveCapacity(values.count)
+            ops.reserveCapacity(elements.count)
             let list = reader.name("ops")
-            for (index, value) in values.enumerated() {
-                ops.append(try WriteOp(ObjectReader(value, element: index, of: list)))
+            for (index, element) in elements.enumerated() {
+                switch element {
+                case .members(let members, let canonical):
+                    ops.append(
+                        try WriteOp(
+                            ObjectReader(members: members, element: index, of: list), canonicalFields: canonical))
+                case .value(let value):
+                    ops.append(try WriteOp(ObjectReader(value, element: index, of: list)))
+                }
             }
             self = .write(Write(request: request, ops: ops))
         case "get":
@@ -664,7 +692,7 @@ extension ServerMessage: WireCodable {
             changes.reserveCapacity(elements.count)
             for (index, element) in elements.enumerated() {
                 switch element {
-                case .members(let members):
+                case .members(let members, _):
                     changes.append(try Change(ObjectReader(members: members, element: index, of: "changes")))
                 case .value(let value): changes.append(try Change(ObjectReader(value, element: index, of: "changes")))
                 }

@@ -84,13 +84,6 @@ let badInputs: [BadInput] = [
 @Suite("Bad input: documented errors, nothing stored, other clients unaffected")
 struct BadInputTests {
     /// A raw connection that said hello and read its welcome.
-    static func welcomed(on server: TestServer, as clientId: String) async throws -> RawWebSocket {
-        let raw = try await RawWebSocket.open(
-            port: server.port, hello: #"{"type":"hello","protocol":1,"clientId":"\#(clientId)"}"#)
-        _ = try await raw.readText()
-        return raw
-    }
-
     @Test("each bad input gets its documented answer", arguments: badInputs)
     func badInput(_ input: BadInput) async throws {
         let server = try await TestServer { configuration in
@@ -174,7 +167,7 @@ struct BadInputTests {
     @Test("a flood of tiny frames is answered in order without unbounded queueing")
     func flood() async throws {
         let server = try await TestServer()
-        let raw = try await Self.welcomed(on: server, as: "flood")
+        let raw = try await welcomedRawSocket(on: server, as: "flood")
         // Made on a thread of its own, as the million fragments below: seconds of work in a debug
         // build that would otherwise hold a thread of the pool every test shares.
         let frames = try await onOwnThread {
@@ -198,7 +191,7 @@ struct BadInputTests {
     @Test("a get sent right behind a large write is answered after it, and finds its document")
     func largeThenSmall() async throws {
         let server = try await TestServer()
-        let raw = try await Self.welcomed(on: server, as: "mixed")
+        let raw = try await welcomedRawSocket(on: server, as: "mixed")
         let blob = String(repeating: "x", count: 200_000)
         let frames = (0..<10).flatMap { index in
             let write =
@@ -220,7 +213,7 @@ struct BadInputTests {
     @Test("a message sent as a million one-byte fragments is put together and answered")
     func millionFragments() async throws {
         let server = try await TestServer()
-        let raw = try await Self.welcomed(on: server, as: "fragments")
+        let raw = try await welcomedRawSocket(on: server, as: "fragments")
         let wire = try await onOwnThread {
             let message = Array(#"{"type":"get","request":"whole","collection":"c","id":"x"}"#.utf8)
             let padded = message + Array(repeating: UInt8(ascii: " "), count: 1_000_000 - message.count)

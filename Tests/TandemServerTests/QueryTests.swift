@@ -237,9 +237,7 @@ struct QueryBadInputTests {
         ])
     func badQueries(json: String, expected: String) async throws {
         let server = try await TestServer()
-        let raw = try await RawWebSocket.open(
-            port: server.port, hello: #"{"type":"hello","protocol":1,"clientId":"q"}"#)
-        _ = try await raw.readText()
+        let raw = try await welcomedRawSocket(on: server, as: "q")
         try raw.send(text: #"{"type":"listen","target":"t","collection":"c","query":\#(json)}"#)
         let answer = try await raw.readText()
         #expect(answer.contains(#""code":"bad-message""#) && answer.contains(expected), "\(answer)")
@@ -260,9 +258,7 @@ struct QueryBadInputTests {
         ])
     func badViews(members: String, expected: String) async throws {
         let server = try await TestServer()
-        let raw = try await RawWebSocket.open(
-            port: server.port, hello: #"{"type":"hello","protocol":1,"clientId":"q"}"#)
-        _ = try await raw.readText()
+        let raw = try await welcomedRawSocket(on: server, as: "q")
         try raw.send(text: #"{"type":"listen","target":"t","collection":"c",\#(members)}"#)
         let answer = try await raw.readText()
         #expect(answer.contains(#""code":"bad-message""#) && answer.contains(expected), "\(answer)")

@@ -77,6 +77,14 @@ struct TestFailure: Error, CustomStringConvertible {
     init(_ description: String) { self.description = description }
 }
 
+/// A raw WebSocket to a test server that said `hello` as `clientId` and read the `welcome`.
+func welcomedRawSocket(on server: TestServer, as clientId: String) async throws -> RawWebSocket {
+    let raw = try await RawWebSocket.open(
+        port: server.port, hello: #"{"type":"hello","protocol":1,"clientId":"\#(clientId)"}"#)
+    _ = try await raw.readText()
+    return raw
+}
+
 /// Connects a protocol client to a test server.
 func connect(_ server: TestServer, as clientId: String = "client-\(UUID().uuidString.prefix(6))") async throws
     -> ServerConnection

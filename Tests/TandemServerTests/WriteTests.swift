@@ -1,4 +1,5 @@
 import Foundation
+import GRDB
 import TandemClient
 import TandemServer
 import TandemTesting
@@ -27,6 +28,37 @@ struct WriteTests {
         let other = try await connect(server, as: "device-2")
         guard case .ack(let fourth) = try await other.write(ops) else { throw TestFailure("refused") }
         #expect(fourth[0].id != first[0].id)
+    }
+
+    @Test(
+        "fields in any key order and spacing are stored and sent as canonical JSON, read straight or parsed",
+        arguments: [
+            // Read into canonical text as they come.
+            (#"{ "b" : [ 2 , 1 ] , "a" : { "d" : 1 , "c" : "x" } }"#, #"{"a":{"c":"x","d":1},"b":[2,1]}"#),
+            (#"{"a":1,"b":-2.5,"c":null,"d":true}"#, #"{"a":1,"b":-2.5,"c":null,"d":true}"#),
+            // Left to the parser: an escape, a number printed otherwise, a key outside ASCII.
+            (#"{"b":"xA\/","a":1}"#, #"{"a":1,"b":"xA/"}"#),
+            (#"{"n":1E2,"m":-0}"#, #"{"m":0,"n":100.0}"#),
+            (#"{"é":1,"e":2}"#, #"{"e":2,"é":1}"#),
+        ])
+    func canonicalFields(sent: String, stored: String) async throws {
+        let server = try await TestServer()
+        let listener = try await welcomedRawSocket(on: server, as: "listener")
+        try listener.send(text: #"{"type":"listen","target":"t","collection":"notes"}"#)
+        _ = try await listener.readText()  // the initial snapshot, empty
+        let writer = try await welcomedRawSocket(on: server, as: "writer")
+        try writer.send(
+            text: #"{"type":"write","request":"r","ops":[{"op":"create","collection":"notes","id":"n1","fields":"#
+                + sent + #","idempotencyKey":"k"}]}"#)
+        #expect(try await writer.readText().contains(#""type":"ack""#))
+
+        let snapshot = try await listener.readText()
+        #expect(snapshot.contains(#""fields":"# + stored), "\(snapshot)")
+        let file = try DatabaseQueue(path: server.directory.url.appendingPathComponent("tandem.sqlite").path)
+        let text = try await file.read { db in
+            try String.fetchOne(db, sql: "SELECT fields FROM document WHERE id = 'n1'")
+        }
+        #expect(text == stored)
     }
 
     @Test("an update with a stale baseVersion gets conflict with the server's document and changes nothing")

@@ -79,6 +79,21 @@ struct ServerMessageDecodingTests {
         ]
     }
 
+    /// Twenty copies of `bytes`, each with a byte changed, removed, or one of `insertions`
+    /// inserted, at a random place.
+    static func mutations(of bytes: [UInt8], _ random: inout SplitMix, inserting insertions: [String]) -> [[UInt8]] {
+        (0..<20).map { _ in
+            var mutated = bytes
+            let at = Int.random(in: 0..<mutated.count, using: &random)
+            switch Int.random(in: 0..<(2 + insertions.count), using: &random) {
+            case 0: mutated[at] = UInt8.random(in: 0x20...0x7E, using: &random)
+            case 1: mutated.remove(at: at)
+            case let choice: mutated.insert(contentsOf: Array(insertions[choice - 2].utf8), at: at)
+            }
+            return mutated
+        }
+    }
+
     @Test("every server message decodes to the same value both ways", arguments: 0..<50)
     func sameValues(seed: Int) throws {
         for message in Self.messages(seed: UInt64(seed)) {
@@ -129,17 +144,7 @@ struct ServerMessageDecodingTests {
             for message in Self.messages(seed: UInt64(seed)) {
                 let bytes = Wire.encode(message)
                 inputs.append(bytes)
-                for _ in 0..<20 {
-                    var mutated = bytes
-                    let at = Int.random(in: 0..<mutated.count, using: &random)
-                    switch Int.random(in: 0..<4, using: &random) {
-                    case 0: mutated[at] = UInt8.random(in: 0x20...0x7E, using: &random)
-                    case 1: mutated.remove(at: at)
-                    case 2: mutated.insert(contentsOf: Array(#","version":1"#.utf8), at: at)
-                    default: mutated.insert(contentsOf: Array(#","target":"dup""#.utf8), at: at)
-                    }
-                    inputs.append(mutated)
-                }
+                inputs += Self.mutations(of: bytes, &random, inserting: [#","version":1"#, #","target":"dup""#])
             }
         }
         var refused = 0

@@ -162,8 +162,8 @@ extension ServerCore {
                             + "each op of a write needs its own key",
                         request: write.request, op: index))
             }
-            let json =
-                op.kind == .delete ? "{}" : String(decoding: Wire.encodeCanonical(op.fields ?? [:]), as: UTF8.self)
+            // As the message held them, when it held them canonical (Tandem's clients send them so).
+            let json = op.kind == .delete ? "{}" : String(decoding: op.canonicalFieldsJSON ?? [], as: UTF8.self)
             if json.utf8.count > limits.maxDocumentBytes {
                 return .failure(
                     WireError(
