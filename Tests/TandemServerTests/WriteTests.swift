@@ -1,5 +1,4 @@
 import Foundation
-import GRDB
 import TandemClient
 import TandemServer
 import TandemTesting
@@ -32,12 +31,13 @@ struct WriteTests {
 
     @Test(
         "fields in any key order and spacing are stored and sent as canonical JSON, read straight or parsed",
+        .disabled(if: TestServer.usesTLS, "raw frames over plain TCP"),
         arguments: [
             // Read into canonical text as they come.
             (#"{ "b" : [ 2 , 1 ] , "a" : { "d" : 1 , "c" : "x" } }"#, #"{"a":{"c":"x","d":1},"b":[2,1]}"#),
             (#"{"a":1,"b":-2.5,"c":null,"d":true}"#, #"{"a":1,"b":-2.5,"c":null,"d":true}"#),
-            // Left to the parser: an escape, a number printed otherwise, a key outside ASCII.
-            (#"{"b":"xA\/","a":1}"#, #"{"a":1,"b":"xA/"}"#),
+            // Left to the parser: escapes, numbers printed otherwise, a key outside ASCII.
+            (#"{"b":"x\u0041\/","a":1}"#, #"{"a":1,"b":"xA/"}"#),
             (#"{"n":1E2,"m":-0}"#, #"{"m":0,"n":100.0}"#),
             (#"{"é":1,"e":2}"#, #"{"e":2,"é":1}"#),
         ])
@@ -47,18 +47,19 @@ struct WriteTests {
         try listener.send(text: #"{"type":"listen","target":"t","collection":"notes"}"#)
         _ = try await listener.readText()  // the initial snapshot, empty
         let writer = try await welcomedRawSocket(on: server, as: "writer")
-        try writer.send(
-            text: #"{"type":"write","request":"r","ops":[{"op":"create","collection":"notes","id":"n1","fields":"#
-                + sent + #","idempotencyKey":"k"}]}"#)
-        #expect(try await writer.readText().contains(#""type":"ack""#))
-
-        let snapshot = try await listener.readText()
-        #expect(snapshot.contains(#""fields":"# + stored), "\(snapshot)")
-        let file = try DatabaseQueue(path: server.directory.url.appendingPathComponent("tandem.sqlite").path)
-        let text = try await file.read { db in
-            try String.fetchOne(db, sql: "SELECT fields FROM document WHERE id = 'n1'")
+        for (id, fields) in [("n1", sent), ("n2", "{}")] {
+            try writer.send(
+                text: #"{"type":"write","request":"r","ops":[{"op":"create","collection":"notes","id":"\#(id)","#
+                    + #""fields":\#(fields),"idempotencyKey":"\#(id)"}]}"#)
+            #expect(try await writer.readText().contains(#""type":"ack""#))
         }
-        #expect(text == stored)
+        // Live, as the write stored it; then to a new listener, read back from the store (the
+        // write after it keeps its own rows in memory for the feed, not these).
+        #expect(try await listener.readText().contains(#""fields":"# + stored))
+        let late = try await welcomedRawSocket(on: server, as: "late")
+        try late.send(text: #"{"type":"listen","target":"t","collection":"notes"}"#)
+        let snapshot = try await late.readText()
+        #expect(snapshot.contains(#""id":"n1""#) && snapshot.contains(#""fields":"# + stored), "\(snapshot)")
     }
 
     @Test("an update with a stale baseVersion gets conflict with the server's document and changes nothing")
