@@ -337,7 +337,9 @@ public final class FuzzHarness {
                 throw FuzzFinding(description: "a write's fields were kept as text that is not canonical: \(text)")
             }
         case (.failure(let fast), .failure(let slow)):
-            guard fast.code == slow.code, fast.message == slow.message, fast.request == slow.request else {
+            guard fast.code == slow.code, fast.message == slow.message, fast.request == slow.request,
+                fast.op == slow.op, fast.target == slow.target
+            else {
                 throw FuzzFinding(
                     description: "the client message decodings refuse differently (\(fast); \(slow)): \(text)")
             }

@@ -161,7 +161,8 @@ public struct WriteOp: Sendable, Hashable {
         }
     }
 
-    /// The fields as given, or as canonical text read from a message.
+    /// The fields as given, or as canonical text read from a message (only ``CanonicalJSON``'s
+    /// output belongs there: the `fields` getter must be able to parse it).
     enum Content: Sendable {
         case tree(JSONObject)
         case canonical([UInt8])

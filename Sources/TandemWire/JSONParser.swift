@@ -268,8 +268,8 @@ struct JSONParser {
                 let quote = word ^ (ones &* 0x22)
                 let backslash = word ^ (ones &* 0x5C)
                 // A byte is zero in `quote` or `backslash`, or below 0x20 in `word`: its top
-                // bit is set in the subtraction and clear in the value (the classic test;
-                // bytes with the top bit set are left to the byte loop below by `~word`).
+                // bit is set in the subtraction and clear in the value (the classic exact test of
+                // whether any byte matches; which one is left to the byte loop below).
                 let found =
                     ((quote &- ones) & ~quote) | ((backslash &- ones) & ~backslash) | ((word &- ones &* 0x20) & ~word)
                 if found & tops != 0 { break }

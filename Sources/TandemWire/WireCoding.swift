@@ -377,7 +377,11 @@ extension WriteOp: WireCodable {
             baseVersion: try reader.optionalInt("baseVersion"),
             idempotencyKey: try reader.read("idempotencyKey", as: ClientName.self),
             fieldTimes: try reader.optionalTimes("fieldTimes"))
-        if let canonicalFields { content = .canonical(canonicalFields) }
+        // A merge reads the fields (here, to check the times' names, and on the server), so its
+        // fields are parsed once and kept as a tree.
+        if let canonicalFields {
+            content = fieldTimes == nil ? .canonical(canonicalFields) : .tree(try Wire.decodeFields(canonicalFields))
+        }
         // Whether there are fields, without parsing fields kept as text.
         let hasFields = content != nil
         switch kind {

@@ -105,7 +105,7 @@ struct ClientMessageDecodingTests {
         }
     }
 
-    @Test("a write as Tandem's client sends it keeps each op's fields as text, parsed only when read")
+    @Test("a device's write keeps each op's fields as text, parsed only when read; a merge's as a tree")
     func keepsFieldsAsText() throws {
         let collection = try CollectionPath("items")
         var random = SplitMix(seed: 7)
@@ -132,6 +132,20 @@ struct ClientMessageDecodingTests {
             #expect(json == Wire.encodeCanonical(fields))
             #expect(op.fields == fields)
         }
+
+        // A merge's fields are read anyway (their times' names checked, then merged): parsed
+        // once, and kept as a tree.
+        var merge = WriteOp.update(
+            in: collection, id: try DocumentID("d"), fields: plain[0], baseVersion: nil,
+            idempotencyKey: try ClientName("m"))
+        merge.fieldTimes = ["title": 1]
+        let merged = try Wire.decode(
+            ClientMessage.self, from: Wire.encode(ClientMessage.write(.init(request: "r", ops: [merge]))))
+        guard case .write(let mergeWrite) = merged, case .tree(let tree) = mergeWrite.ops[0].content else {
+            Issue.record("a merge's fields were not kept as a tree: \(merged)")
+            return
+        }
+        #expect(tree == plain[0])
     }
 
     @Test("malformed and mutated client messages get the same outcome both ways, value or error")

@@ -163,7 +163,8 @@ extension ServerCore {
                         request: write.request, op: index))
             }
             // As the message held them, when it held them canonical (Tandem's clients send them so).
-            let json = op.kind == .delete ? "{}" : String(decoding: op.canonicalFieldsJSON ?? [], as: UTF8.self)
+            let json =
+                op.kind == .delete ? "{}" : String(decoding: op.canonicalFieldsJSON ?? Array("{}".utf8), as: UTF8.self)
             if json.utf8.count > limits.maxDocumentBytes {
                 return .failure(
                     WireError(
