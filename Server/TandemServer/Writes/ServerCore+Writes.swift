@@ -162,7 +162,8 @@ extension ServerCore {
                             + "each op of a write needs its own key",
                         request: write.request, op: index))
             }
-            // As the message held them, when it held them canonical (Tandem's clients send them so).
+            // The text the decoder read straight from the message, or the tree encoded (a merge's,
+            // or fields with what only the parser reads, such as escapes).
             let json =
                 op.kind == .delete ? "{}" : String(decoding: op.canonicalFieldsJSON ?? Array("{}".utf8), as: UTF8.self)
             if json.utf8.count > limits.maxDocumentBytes {
