@@ -47,12 +47,7 @@ enum CanonicalJSON {
         }
 
         mutating func skipWhitespace() {
-            while index < bytes.count {
-                switch bytes[index] {
-                case 0x20, 0x0A, 0x0D, 0x09: index += 1
-                default: return
-                }
-            }
+            index = JSONParser.whitespaceEnd(bytes, from: index)
         }
 
         mutating func value() -> Bool {

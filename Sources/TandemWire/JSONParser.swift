@@ -107,12 +107,19 @@ struct JSONParser {
     }
 
     private mutating func skipWhitespace() {
+        index = Self.whitespaceEnd(bytes, from: index)
+    }
+
+    /// The index of the first byte at or after `start` that is not JSON whitespace.
+    static func whitespaceEnd(_ bytes: UnsafeBufferPointer<UInt8>, from start: Int) -> Int {
+        var index = start
         while index < bytes.count {
             switch bytes[index] {
             case 0x20, 0x0A, 0x0D, 0x09: index += 1
-            default: return
+            default: return index
             }
         }
+        return index
     }
 
     private mutating func value() throws(JSONError) -> JSONValue {
@@ -444,10 +451,10 @@ struct JSONParser {
     }
 }
 
-/// An object's members in the order they came (see ``JSONParser/parseMessage(_:maxDepth:listKey:)``).
+/// An object's members in the order they came (see ``JSONParser/parseMessage(_:maxDepth:listKey:canonicalKey:)``).
 typealias JSONMembers = [(key: String, value: JSONValue)]
 
-/// An element of an array read by ``JSONParser/parseMessage(_:maxDepth:listKey:)``.
+/// An element of an array read by ``JSONParser/parseMessage(_:maxDepth:listKey:canonicalKey:)``.
 enum JSONElement {
     /// An object, as its members; with the canonical text of the member named by
     /// `parseMessage`'s `canonicalKey` when it was read that way.

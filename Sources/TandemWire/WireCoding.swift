@@ -69,7 +69,7 @@ struct ObjectReader {
         self.location = .element(of: list, index)
     }
 
-    /// An object read as its members (``JSONParser/parseMessage(_:maxDepth:listKey:)``).
+    /// An object read as its members (``JSONParser/parseMessage(_:maxDepth:listKey:canonicalKey:)``).
     init(members: JSONMembers, path: String) {
         self.members = .list(members)
         self.location = .path(path)
@@ -673,7 +673,7 @@ extension ServerMessage: WireCodable {
         try self.init(try ObjectReader(json, path: path), changes: nil)
     }
 
-    /// - Parameter changes: A snapshot's changes as ``JSONParser/parseMessage(_:maxDepth:listKey:)``
+    /// - Parameter changes: A snapshot's changes as ``JSONParser/parseMessage(_:maxDepth:listKey:canonicalKey:)``
     ///   read them; nil to read them from `reader`.
     init(_ reader: ObjectReader, changes listed: [JSONElement]?) throws(WireError) {
         let type = try reader.string("type")
