@@ -259,32 +259,34 @@ extension LocalStore {
         let waiting = try ledger.anythingWaits(db)
         var latest: Int64 = 0
         defer { clock.receive(HybridLogicalClock.timestamp(milliseconds: latest)) }
-        let answered: [(push: PreparedPush, result: WriteResult)] = zip(pushes, results).map { ($0, $1) }
+        // Read in place, by index: a push copied is its op's strings and fields retained.
+        let answeredCount = min(pushes.count, results.count)
         var start = 0
-        while start < answered.count {
-            let (push, result) = answered[start]
-            guard let model = byName[push.table] else {
+        while start < answeredCount {
+            guard let model = byName[pushes[start].table] else {
                 start += 1
                 continue
             }
-            if push.op.kind == .delete {
+            if pushes[start].op.kind == .delete {
+                let result = results[start]
                 latest = max(latest, result.updateTime)
                 if let stored = result.document { receiveTimes(of: stored) }
-                try ledger.forget(push.table, push.rowId, db)
-                try ledger.rememberGone(push.op.collection, result.id, version: result.version, db)
+                try ledger.forget(pushes[start].table, pushes[start].rowId, db)
+                try ledger.rememberGone(pushes[start].op.collection, result.id, version: result.version, db)
                 start += 1
                 continue
             }
             // The creates and updates of one table that follow each other are acknowledged
             // together.
             var end = start + 1
-            while end < answered.count, answered[end].push.table == push.table, answered[end].push.op.kind != .delete {
+            while end < answeredCount, pushes[end].table == pushes[start].table, pushes[end].op.kind != .delete {
                 end += 1
             }
-            let run = answered[start..<end]
+            let run = start..<end
             start = end
-            let outcomes = try ledger.acknowledge(model, run, db)
-            for ((push, result), outcome) in zip(run, outcomes) {
+            let outcomes = try ledger.acknowledge(model, pushes[run], results[run], db)
+            for (index, outcome) in zip(run, outcomes) {
+                let result = results[index]
                 latest = max(latest, result.updateTime)
                 if let stored = result.document { receiveTimes(of: stored) }
                 let clean: Bool
@@ -298,15 +300,16 @@ extension LocalStore {
                     let message =
                         "duplicate: the server's document \(result.id) was already inserted as row "
                         + "\(other.map(String.init) ?? "?") by the listener before this push's write-back"
-                    try ledger.fail(model.name, push.rowId, TandemError(.database, message), db)
-                    duplicates.append("\(model.name) row \(push.rowId): \(message)")
+                    try ledger.fail(model.name, pushes[index].rowId, TandemError(.database, message), db)
+                    duplicates.append("\(model.name) row \(pushes[index].rowId): \(message)")
                     continue
                 }
-                if push.op.kind == .create, waiting {
-                    try resolveWaiting(model, serverId: result.id.rawValue, localId: push.rowId, db)
+                if pushes[index].op.kind == .create, waiting {
+                    try resolveWaiting(model, serverId: result.id.rawValue, localId: pushes[index].rowId, db)
                 }
                 // A field-level merge kept fields of other writers that were newer than ours.
-                if let stored = result.document, stored.fields != push.op.fields {
+                if let stored = result.document, stored.fields != pushes[index].op.fields {
+                    let push = pushes[index]
                     if clean {
                         try overwrite(model, rowId: push.rowId, with: stored, collection: push.op.collection, db)
                     } else if try settle(model, rowId: push.rowId, remote: stored, collection: push.op.collection, db)

@@ -119,9 +119,10 @@ extension SyncService {
                 for duplicate in duplicates { noteError(TandemError(.database, duplicate)) }
                 report.conflicts += merged
                 report.pushed += results.count
-                createsAcknowledged += batch.count { $0.op.kind == .create }
-                newParents =
-                    newParents || batch.contains { $0.op.kind == .create && parentTables.contains($0.table) }
+                for index in batch.indices where batch[index].op.kind == .create {
+                    createsAcknowledged += 1
+                    newParents = newParents || parentTables.contains(batch[index].table)
+                }
 
             case .success(.conflict(let index, let server)):
                 if try ownWrite({ db in
@@ -188,7 +189,10 @@ extension SyncService {
 
     /// Whether a batch creates rows of a table that others nest under or reference: the next
     /// batch waits for its answer, which brings their server ids.
+    ///
+    /// By index, each op read in place: a closure over the elements (`contains(where:)`) got a
+    /// copy of each push, its op's strings and fields retained and released.
     private func creates(dependedOn batch: [PreparedPush]) -> Bool {
-        batch.contains { $0.op.kind == .create && dependedOnTables.contains($0.table) }
+        batch.indices.contains { batch[$0].op.kind == .create && dependedOnTables.contains(batch[$0].table) }
     }
 }
