@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import GRDB
 import Testing
 
@@ -277,6 +278,44 @@ struct LocalStoreTests {
         #expect(filed.first?["collection"] == "items", "a filed delete needs its collection")
         #expect(filed.first?["pendingOp"] == "delete")
         #expect(try fixture.count("SELECT COUNT(*) FROM tandem_sending") == 0)
+    }
+
+    @Test("a snapshot's new rows go in 64 per statement, in order; a later change of one of them finds its row")
+    func newRowsManyPerStatement() throws {
+        let fixture = try StoreFixture()
+        let added = (1...70).map { index in
+            Change(
+                .added,
+                Document(
+                    id: try! DocumentID("doc\(index)"), version: 1, fields: ["title": .string("t\(index)")],
+                    createTime: 0, updateTime: 0))
+        }
+        let modified = Change(
+            .modified,
+            Document(id: try DocumentID("doc67"), version: 2, fields: ["title": "changed"], createTime: 0, updateTime: 0))
+        let snapshot = ServerMessage.Snapshot(
+            target: "items", changes: added + [modified], resumeToken: "e.2", initial: false)
+        let inserts = Mutex(0)
+        let outcome = try fixture.database.write { db in
+            db.trace { event in
+                if case .statement(let statement) = event, statement.sql.hasPrefix("INSERT INTO \"item\"") {
+                    inserts.withLock { $0 += 1 }
+                }
+            }
+            defer { db.trace(nil) }
+            return try fixture.store.apply(
+                snapshot, collection: fixture.items, target: ListenerTarget(table: "item", parentRowId: nil),
+                isolatingChanges: false, db)
+        }
+        #expect(outcome.inserted == 70 && outcome.updated == 1)
+        // 64 in one statement; the 6 left go in (4, 1 and 1) before doc67's change looks for its row.
+        #expect(inserts.withLock { $0 } == 4)
+        let rows = try fixture.database.read { db in
+            try Row.fetchAll(db, sql: "SELECT serverId, title, serverVersion, isDirty FROM item ORDER BY id")
+        }
+        #expect(rows.map { $0["serverId"] as String } == (1...70).map { "doc\($0)" })
+        #expect(rows[66]["title"] == "changed" && rows[66]["serverVersion"] == 2)
+        #expect(rows.allSatisfy { $0["isDirty"] == false })
     }
 }
 

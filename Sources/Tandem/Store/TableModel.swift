@@ -18,6 +18,8 @@ struct TableModel: Sendable {
     let quotedName: String
     /// The insert of a document that carries every field: the common case, prepared once.
     let insertEveryFieldSQL: String
+    /// The same for 1, 4, 16 or 64 documents in one statement (see ``NewRows``).
+    let insertRowsSQL: [Int: String]
     /// Finds a row by server id: its id and whether it has unpushed changes, packed in one
     /// integer (`id << 1 | (isDirty != 0)`, read by ``SyncLedger/lookup(_:serverId:_:)``).
     let lookupSQL: String
@@ -40,16 +42,20 @@ struct TableModel: Sendable {
         lookupSQL = "SELECT id << 1 | (isDirty != 0) FROM \(quotedName) WHERE serverId = ?"
         lookupHoldingSQL =
             "SELECT id << 2 | ((isDirty != 0) << 1) | (serverVersion >= ?2) FROM \(quotedName) WHERE serverId = ?1"
-        insertEveryFieldSQL = Self.insertSQL(
-            quotedName, columns: fieldColumns + (definition.foreignKey.map { [$0] } ?? []))
+        let everyField = fieldColumns + (definition.foreignKey.map { [$0] } ?? [])
+        let quotedName = quotedName
+        insertRowsSQL = Dictionary(
+            uniqueKeysWithValues: [1, 4, 16, 64].map { ($0, Self.insertSQL(quotedName, columns: everyField, rows: $0)) })
+        insertEveryFieldSQL = insertRowsSQL[1]!
     }
 
     /// `INSERT INTO table (columns…, serverId, isDirty, updatedAt, isShared, localRevision, serverVersion)
-    /// VALUES (?, …)`.
-    static func insertSQL(_ quotedName: String, columns: [String]) -> String {
+    /// VALUES (?, …)`, with as many rows of values as `rows`.
+    static func insertSQL(_ quotedName: String, columns: [String], rows: Int = 1) -> String {
         let all = columns + ["serverId", "isDirty", "updatedAt", "isShared", "localRevision", "serverVersion"]
-        let placeholders = Array(repeating: "?", count: all.count).joined(separator: ", ")
-        return "INSERT INTO \(quotedName) (\(all.map(SQL.quote).joined(separator: ", "))) VALUES (\(placeholders))"
+        let row = "(" + Array(repeating: "?", count: all.count).joined(separator: ", ") + ")"
+        return "INSERT INTO \(quotedName) (\(all.map(SQL.quote).joined(separator: ", "))) VALUES "
+            + Array(repeating: row, count: rows).joined(separator: ", ")
     }
 
     /// Field-level tables keep a time per field (`tandem_field`) and merge on the server.
