@@ -1,5 +1,6 @@
 import GRDB
 import Logging
+import Synchronization
 import TandemTesting
 import TandemWire
 import Testing
@@ -91,5 +92,44 @@ struct FeedTailTests {
         let (afterRollback, fileAfterRollback) = try pages(store, after: 2)
         #expect(afterRollback == fileAfterRollback)
         #expect(afterRollback.count == 2, "\(afterRollback)")
+    }
+
+    @Test("new documents go in many per statement, an update among them in its place: every row as saved")
+    func newDocumentsManyPerStatement() throws {
+        let folder = try TemporaryDirectory()
+        let store = try SQLiteStore(directory: folder.url, logger: Logger(label: "test"))
+        try write(store, [("a", 1), ("b", 2)])
+        func stored(_ id: String, _ sequence: Int64, isNew: Bool) -> StoredDocument {
+            StoredDocument(
+                collection: collection, id: try! DocumentID(id), fieldsJSON: #"{"at":\#(sequence)}"#,
+                version: isNew ? 1 : 2, createTime: 1, updateTime: 2, deleted: false, sequence: sequence,
+                createSequence: isNew ? sequence : 2, createKey: "k-\(id)", createClient: "c", fieldTimesJSON: nil,
+                isNew: isNew)
+        }
+        // Five new, then b updated, then 66 new: statements of 4 and 1, the update, 64, 1 and 1.
+        let documents =
+            (3...7).map { stored("n\($0)", Int64($0), isNew: true) } + [stored("b", 8, isNew: false)]
+            + (9...74).map { stored("n\($0)", Int64($0), isNew: true) }
+        let inserts = Mutex(0)
+        store.database.writeWithoutTransaction { db in
+            db.trace { event in
+                if case .statement(let statement) = event, statement.sql.hasPrefix("INSERT INTO document") {
+                    inserts.withLock { $0 += 1 }
+                }
+            }
+        }
+        try store.write(locking: [collection]) { transaction in
+            _ = try transaction.lastSequence(of: collection)
+            try transaction.save(documents, records: [], sequences: [collection: 74])
+        }
+        store.database.writeWithoutTransaction { db in db.trace(nil) }
+        #expect(inserts.withLock { $0 } == 5)
+        let rows = try store.database.read { db in
+            try Row.fetchAll(db, sql: "SELECT id, sequence, fields FROM document ORDER BY sequence")
+        }
+        #expect(rows.map { $0["id"] as String } == ["a"] + (3...7).map { "n\($0)" } + ["b"] + (9...74).map { "n\($0)" })
+        for row in rows.dropFirst() {
+            #expect(row["fields"] as String == #"{"at":\#(row["sequence"] as Int64)}"#)
+        }
     }
 }

@@ -353,13 +353,13 @@ struct SyncLedger: Sendable {
 
     /// dirty → sent, for the rows of one table that a batch takes: each op's key and the
     /// revision it carries, recorded before it goes out, in statements of up to 64 rows (see
-    /// ``groups(of:)``).
+    /// `StatementRows.groups(of:)`).
     func recordSending(_ model: TableModel, _ sendings: [Sending], _ db: Database) throws {
-        for group in Self.groups(of: sendings.indices) {
+        for group in StatementRows.groups(of: sendings.indices) {
             try db.cachedStatement(
                 sql: """
                     INSERT INTO tandem_row (tableName, rowId, serverId, collection, pendingOp, idempotencyKey, pushedRevision)
-                    VALUES \(Self.placeholders(rows: group.count, columns: 7))
+                    VALUES \(StatementRows.placeholders(rows: group.count, columns: 7))
                     ON CONFLICT (tableName, rowId) DO UPDATE SET collection = excluded.collection,
                         pendingOp = excluded.pendingOp, idempotencyKey = excluded.idempotencyKey,
                         pushedRevision = excluded.pushedRevision
@@ -454,7 +454,7 @@ struct SyncLedger: Sendable {
     /// the delete trigger. An entry a row has by now is kept.
     func keepSendingPerRow(_ models: [TableModel], keys: [ClientName]?, _ db: Database) throws {
         // All entries, or those of `keys`.
-        let list = keys.map { Self.placeholders(rows: 1, columns: $0.count) }
+        let list = keys.map { StatementRows.placeholders(rows: 1, columns: $0.count) }
         let keyArguments = (keys ?? []).map(\.rawValue)
         for model in models {
             try db.execute(
@@ -561,7 +561,7 @@ struct SyncLedger: Sendable {
         }
         var outcomes: [Acknowledged] = []
         outcomes.reserveCapacity(pushes.count)
-        for group in Self.groups(of: pushes.indices) {
+        for group in StatementRows.groups(of: pushes.indices) {
             outcomes += try acknowledgeGroup(model, pushes[group], results[group], db)
         }
         return outcomes
@@ -579,7 +579,7 @@ struct SyncLedger: Sendable {
             sql: """
                 UPDATE \(model.quotedName) SET serverId = answer.column2, serverVersion = answer.column3,
                     isDirty = (localRevision != answer.column4 OR answer.column5), localRevision = localRevision + 1
-                FROM (VALUES \(Self.placeholders(rows: pushes.count, columns: 5))) AS answer
+                FROM (VALUES \(StatementRows.placeholders(rows: pushes.count, columns: 5))) AS answer
                 WHERE \(model.quotedName).id = answer.column1
                 RETURNING id, isDirty = 0
                 """)
@@ -614,28 +614,8 @@ struct SyncLedger: Sendable {
                 outcomes.append(.deletedMeanwhile)
             }
         }
-        for group in Self.groups(of: synced.indices) { try forgetSynced(model, synced[group], db) }
+        for group in StatementRows.groups(of: synced.indices) { try forgetSynced(model, synced[group], db) }
         return outcomes
-    }
-
-    /// How rows are cut into groups for statements that take many rows at once: of 64, 16, 4 or
-    /// 1 rows, so that a table needs at most four such statements compiled, whatever the count.
-    static func groups(of indices: Range<Int>) -> [Range<Int>] {
-        var groups: [Range<Int>] = []
-        var start = indices.lowerBound
-        while start < indices.upperBound {
-            let left = indices.upperBound - start
-            let size = left >= 64 ? 64 : left >= 16 ? 16 : left >= 4 ? 4 : 1
-            groups.append(start..<start + size)
-            start += size
-        }
-        return groups
-    }
-
-    /// `(?, ?), (?, ?)` for two rows of two columns.
-    static func placeholders(rows: Int, columns: Int) -> String {
-        let row = "(" + Array(repeating: "?", count: columns).joined(separator: ", ") + ")"
-        return Array(repeating: row, count: rows).joined(separator: ", ")
     }
 
     /// A row the app deleted while its op was on its way: the document exists now, so its
@@ -733,9 +713,9 @@ struct SyncLedger: Sendable {
 
     /// Rows of a table that keeps no bookkeeping for synced rows are synced (or dirty with
     /// nothing sent): their entries go, unless a row is out of scope, which only its entry says;
-    /// then the entry stays, with nothing sent. One row, or a group (see ``groups(of:)``).
+    /// then the entry stays, with nothing sent. One row, or a group (see `StatementRows.groups(of:)`).
     private func forgetSynced(_ model: TableModel, _ rowIds: some Collection<Int64>, _ db: Database) throws {
-        let list = Self.placeholders(rows: 1, columns: rowIds.count)
+        let list = StatementRows.placeholders(rows: 1, columns: rowIds.count)
         try db.cachedStatement(
             sql: "DELETE FROM tandem_row WHERE tableName = ? AND outOfScope = 0 AND rowId IN \(list)"
         )

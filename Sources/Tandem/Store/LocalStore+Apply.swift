@@ -531,7 +531,7 @@ struct NewRows {
     /// Inserts the rows kept, in groups of 64, 16, 4 or 1 (four statements to compile at most).
     mutating func insert(_ db: Database) throws {
         guard !rows.isEmpty else { return }
-        for group in SyncLedger.groups(of: rows.indices) {
+        for group in StatementRows.groups(of: rows.indices) {
             // serverId, isDirty, updatedAt, isShared, localRevision, serverVersion: see `insertSQL`.
             try db.cachedStatement(sql: model.insertRowsSQL[group.count]!).execute { values in
                 for index in group {

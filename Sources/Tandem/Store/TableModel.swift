@@ -1,4 +1,5 @@
 import GRDB
+import TandemSQLite
 import TandemWire
 
 /// A registered ``SyncTable`` checked against the database schema: which columns become
@@ -45,7 +46,9 @@ struct TableModel: Sendable {
         let everyField = fieldColumns + (definition.foreignKey.map { [$0] } ?? [])
         let quotedName = quotedName
         insertRowsSQL = Dictionary(
-            uniqueKeysWithValues: [1, 4, 16, 64].map { ($0, Self.insertSQL(quotedName, columns: everyField, rows: $0)) })
+            uniqueKeysWithValues: StatementRows.groupSizes.map {
+                ($0, Self.insertSQL(quotedName, columns: everyField, rows: $0))
+            })
         insertEveryFieldSQL = insertRowsSQL[1]!
     }
 
@@ -53,9 +56,8 @@ struct TableModel: Sendable {
     /// VALUES (?, …)`, with as many rows of values as `rows`.
     static func insertSQL(_ quotedName: String, columns: [String], rows: Int = 1) -> String {
         let all = columns + ["serverId", "isDirty", "updatedAt", "isShared", "localRevision", "serverVersion"]
-        let row = "(" + Array(repeating: "?", count: all.count).joined(separator: ", ") + ")"
         return "INSERT INTO \(quotedName) (\(all.map(SQL.quote).joined(separator: ", "))) VALUES "
-            + Array(repeating: row, count: rows).joined(separator: ", ")
+            + StatementRows.placeholders(rows: rows, columns: all.count)
     }
 
     /// Field-level tables keep a time per field (`tandem_field`) and merge on the server.
