@@ -317,6 +317,42 @@ struct LocalStoreTests {
         #expect(rows[66]["title"] == "changed" && rows[66]["serverVersion"] == 2)
         #expect(rows.allSatisfy { $0["isDirty"] == false })
     }
+
+    @Test("the server-id index leaves out rows without one, the lookups by server id use it, and an index of every row from before is made again")
+    func serverIdIndexIsPartial() throws {
+        let fixture = try StoreFixture()
+        let model = try #require(fixture.store.byName["item"])
+        func isPartial(_ db: Database) throws -> Bool? {
+            try Bool.fetchOne(
+                db, sql: "SELECT partial FROM pragma_index_list('item') WHERE name = 'tandem_item_serverId'")
+        }
+        try fixture.database.write { db in
+            #expect(try isPartial(db) == true)
+            let lookups: [(String, StatementArguments)] = [
+                (model.lookupSQL, StatementArguments(["x"])), (model.lookupHoldingSQL, StatementArguments(["x", 1])),
+            ]
+            for (sql, arguments) in lookups {
+                let plan = try Row.fetchAll(db, sql: "EXPLAIN QUERY PLAN \(sql)", arguments: arguments)
+                    .map { $0["detail"] as String }
+                #expect(plan.contains { $0.contains("USING INDEX tandem_item_serverId") }, "\(sql): \(plan)")
+            }
+            // As an older Tandem made it: every row in it, the NULLs of the unsynced ones too.
+            try db.execute(
+                sql: """
+                    DROP INDEX tandem_item_serverId;
+                    CREATE UNIQUE INDEX tandem_item_serverId ON item(serverId);
+                    INSERT INTO item (title) VALUES ('unsynced');
+                    INSERT INTO item (title, serverId) VALUES ('synced', 'X');
+                    """)
+            #expect(try isPartial(db) == false)
+            _ = try SyncSchema.install(db, tables: [.root("item", collection: "items")], defaultPolicy: .lastWriteWins)
+            #expect(try isPartial(db) == true)
+            // Still unique.
+            #expect(throws: DatabaseError.self) {
+                try db.execute(sql: "INSERT INTO item (title, serverId) VALUES ('again', 'X')")
+            }
+        }
+    }
 }
 
 @Suite("The clock across restarts")
