@@ -318,6 +318,44 @@ struct LocalStoreTests {
         #expect(rows.allSatisfy { $0["isDirty"] == false })
     }
 
+    @Test("a snapshot of distinct documents reads their rows 64 server ids per statement: an echo, an update and new rows each as before")
+    func rowsLookedUpManyPerStatement() throws {
+        let fixture = try StoreFixture()
+        let echoed = try fixture.syncedRow(serverId: "old1", version: 3)
+        let updated = try fixture.syncedRow(serverId: "old2", version: 1)
+        func change(_ id: String, version: Int64, title: String) -> Change {
+            Change(
+                .added,
+                Document(
+                    id: try! DocumentID(id), version: version, fields: ["title": .string(title)], createTime: 0,
+                    updateTime: 0))
+        }
+        let changes =
+            [change("old1", version: 3, title: "echo"), change("old2", version: 2, title: "newer")]
+            + (1...68).map { change("new\($0)", version: 1, title: "t\($0)") }
+        let snapshot = ServerMessage.Snapshot(target: "items", changes: changes, resumeToken: "e.3", initial: false)
+        let statements = Mutex<[String]>([])
+        let outcome = try fixture.database.write { db in
+            db.trace { event in
+                if case .statement(let statement) = event { statements.withLock { $0.append(statement.sql) } }
+            }
+            defer { db.trace(nil) }
+            return try fixture.store.apply(
+                snapshot, collection: fixture.items, target: ListenerTarget(table: "item", parentRowId: nil),
+                isolatingChanges: false, db)
+        }
+        #expect(outcome.unchanged == 1 && outcome.updated == 1 && outcome.inserted == 68)
+        let sql = statements.withLock { $0 }
+        // 70 server ids: statements of 64, 4, 1 and 1; none looked up alone.
+        #expect(sql.filter { $0.hasPrefix("SELECT serverId, id") }.count == 4)
+        #expect(!sql.contains { $0.contains("WHERE serverId = ?") })
+        let titles = try fixture.database.read { db in
+            try String.fetchAll(db, sql: "SELECT title FROM item WHERE id IN (?, ?) ORDER BY id", arguments: [echoed, updated])
+        }
+        #expect(titles == ["Rent", "newer"])
+        #expect(try fixture.count("SELECT COUNT(*) FROM item") == 70)
+    }
+
     @Test("the server-id index leaves out rows without one, the lookups by server id use it, and an index of every row from before is made again")
     func serverIdIndexIsPartial() throws {
         let fixture = try StoreFixture()

@@ -66,14 +66,15 @@ extension LocalStore {
             context.unansweredCreates = true
         }
         var outcome = ApplyOutcome()
-        // New rows go in many per statement on the first attempt; each change on its own when
-        // isolating them, since a row that fails must be told from the rest.
-        var newRows = NewRows(model, enabled: !isolatingChanges && !context.waiting, db)
+        // Rows are looked up and new ones inserted many per statement on the first attempt;
+        // each change on its own when isolating them, since a row that fails must be told from
+        // the rest.
+        var rows = try SnapshotRows(snapshot, of: model, enabled: !isolatingChanges && !context.waiting, db)
         for change in snapshot.changes {
             if isolatingChanges {
                 do {
                     try db.inSavepoint {
-                        try applyChange(change, model, collection, target.parentRowId, &context, &outcome, &newRows, db)
+                        try applyChange(change, model, collection, target.parentRowId, &context, &outcome, &rows, db)
                         return .commit
                     }
                 } catch {
@@ -81,13 +82,13 @@ extension LocalStore {
                 }
             } else {
                 do {
-                    try applyChange(change, model, collection, target.parentRowId, &context, &outcome, &newRows, db)
+                    try applyChange(change, model, collection, target.parentRowId, &context, &outcome, &rows, db)
                 } catch {
                     throw ChangeFailed(underlying: error)
                 }
             }
         }
-        do { try newRows.insert(db) } catch { throw ChangeFailed(underlying: error) }
+        do { try rows.insert(db) } catch { throw ChangeFailed(underlying: error) }
         if resetting { try ledger.noteSeenInReset(collection, snapshot.changes.lazy.map(\.document.id), db) }
         try ledger.storeResumeToken(snapshot.resumeToken, for: collection, db)
         if resetting && snapshot.initial && !snapshot.hasMore {
@@ -101,14 +102,12 @@ extension LocalStore {
 
     private func applyChange(
         _ change: Change, _ model: TableModel, _ collection: CollectionPath, _ parentRowId: Int64?,
-        _ context: inout ApplyContext, _ outcome: inout ApplyOutcome, _ newRows: inout NewRows, _ db: Database
+        _ context: inout ApplyContext, _ outcome: inout ApplyOutcome, _ rows: inout SnapshotRows, _ db: Database
     ) throws {
         let document = change.document
         let serverId = document.id.rawValue
         receiveTimes(of: document)
-        // A second change of a document whose row waits to be inserted finds that row.
-        if newRows.holds(serverId) { try newRows.insert(db) }
-        let local = try ledger.lookup(model, serverId: serverId, holding: document.version, db)
+        let local = try rows.lookup(serverId, holding: document.version, ledger, db)
 
         if context.gone {
             // What the device knew of this document's delete: the tombstone brings it now, or
@@ -177,7 +176,7 @@ extension LocalStore {
             outcome.leftWorkToPush = true
             return
         }
-        if try insert(document, into: model, parentRowId: parentRowId, collection: collection, &context, &newRows, db) {
+        if try insert(document, into: model, parentRowId: parentRowId, collection: collection, &context, &rows, db) {
             outcome.inserted += 1
         }
     }
@@ -368,14 +367,14 @@ extension LocalStore {
     /// - Returns: false when the document was deferred.
     private func insert(
         _ document: Document, into model: TableModel, parentRowId: Int64?, collection: CollectionPath,
-        _ context: inout ApplyContext, _ newRows: inout NewRows, _ db: Database
+        _ context: inout ApplyContext, _ rows: inout SnapshotRows, _ db: Database
     ) throws -> Bool {
         let incoming = try incomingValues(model, document, db)
-        if newRows.isEnabled && incoming.columns.count == model.fieldColumns.count {
-            try newRows.add(incoming.values, of: document, db)
+        if rows.insertsLater && incoming.columns.count == model.fieldColumns.count {
+            try rows.add(incoming.values, of: document, db)
             return true
         }
-        try newRows.insert(db)
+        try rows.insert(db)
         if let waiting = incoming.missing.first(where: { !model.optionalReferences.contains($0.column) }) {
             try ledger.deferDocument(
                 document, of: model, in: collection, parentRowId: parentRowId, waitingFor: waiting.table,
@@ -472,10 +471,10 @@ extension LocalStore {
             guard let child = byName[deferred.table] else { continue }
             var outcome = ApplyOutcome()
             var context = ApplyContext.everything
-            var newRows = NewRows(child, enabled: false, db)
+            var rows = try SnapshotRows(nil, of: child, enabled: false, db)
             try applyChange(
                 Change(.added, deferred.document), child, deferred.collection, deferred.parentRowId, &context,
-                &outcome, &newRows, db)
+                &outcome, &rows, db)
         }
     }
 
@@ -484,17 +483,23 @@ extension LocalStore {
     }
 }
 
-/// The new rows of a snapshot's documents, inserted many per statement: one `INSERT … VALUES
-/// (…), (…)` of up to 64 rows instead of one statement each.
+/// The rows of a snapshot's documents, read and written many per statement.
 ///
-/// SQLite keeps a statement journal for each insert into a synced table: Tandem's triggers are
-/// on it (which makes any insert a write of possibly many rows) and call a SQL function (which
-/// SQLite takes as able to fail), so each statement first copies every page it will change, to
-/// undo itself alone. One statement of 64 rows copies each page once (the table's last page, an
-/// index page, `sqlite_sequence` for an `AUTOINCREMENT` table) where 64 statements copied them
-/// 64 times. Counted by callgrind in a C program with the schema of the benchmarks' device
-/// table (the app's table, Tandem's columns, indexes and triggers): 36,500 instructions a row
-/// one per statement, 23,300 in statements of 16, 19,400 of 64.
+/// **Lookups.** Each change looks its row up by server id. When the snapshot's documents are
+/// distinct (as the server sends them), their rows are read before the changes apply, 64 server
+/// ids per `SELECT … WHERE serverId IN (…)`, instead of one statement a change. In a table
+/// that qualifies for the inserts below, applying a change writes the server id, version or
+/// dirty flag of its own row only (and rows of other tables), so what was read stays true for
+/// the changes after it.
+///
+/// **Inserts.** SQLite keeps a statement journal for each insert into a synced table: Tandem's
+/// triggers are on it (which makes any insert a write of possibly many rows) and call a SQL
+/// function (which SQLite takes as able to fail), so each statement first copies every page it
+/// will change, to undo itself alone. One statement of 64 rows copies each page once (the
+/// table's last page, an index page, `sqlite_sequence` for an `AUTOINCREMENT` table) where 64
+/// statements copied them 64 times. Counted by callgrind in a C program with the schema of the
+/// benchmarks' device table (the app's table, Tandem's columns, indexes and triggers): 36,500
+/// instructions a row one per statement, 23,300 in statements of 16, 19,400 of 64.
 ///
 /// Only rows that need nothing after their insert are kept for later: documents that carry
 /// every field, of a root table that does not merge and has no references (no bookkeeping row,
@@ -502,29 +507,59 @@ extension LocalStore {
 /// rows go in when 64 are kept, before a change of a document kept here is looked up, before
 /// any other insert, and at the end of the snapshot; a failure makes the caller apply the
 /// snapshot again, each change on its own (``LocalStore/ChangeFailed``).
-struct NewRows {
+struct SnapshotRows {
     private let model: TableModel
-    let isEnabled: Bool
+    /// Whether new rows are kept to be inserted many per statement.
+    let insertsLater: Bool
     private var rows: [(values: [DatabaseValue], serverId: String, updatedAt: Int64, version: Int64)] = []
     private var serverIds: Set<String> = []
+    /// The rows of the snapshot's documents, read before its changes apply, by server id (nil:
+    /// not read; each change looks its row up).
+    private var found: [String: (id: Int64, isDirty: Bool, version: Int64)]?
 
     static let maxPerStatement = 64
 
-    init(_ model: TableModel, enabled: Bool, _ db: Database) {
+    init(_ snapshot: ServerMessage.Snapshot?, of model: TableModel, enabled: Bool, _ db: Database) throws {
         self.model = model
         // A statement of 64 rows binds every field and the six sync columns of each: within
         // what this SQLite takes (32,766 values by default, 999 before 3.32).
-        isEnabled =
+        insertsLater =
             enabled && !model.recordsSyncedRows && !model.mergesFields && model.references.isEmpty
             && model.foreignKey == nil
             && (model.fieldColumns.count + 6) * Self.maxPerStatement <= db.maximumStatementArgumentCount
+        // Under the same conditions: with references, a change can insert rows of other
+        // documents (those that waited for its row), which a read before would not know.
+        guard insertsLater, let changes = snapshot?.changes, changes.count > 1 else { return }
+        let ids = changes.map(\.document.id.rawValue)
+        guard Set(ids).count == ids.count else { return }
+        var found: [String: (id: Int64, isDirty: Bool, version: Int64)] = [:]
+        found.reserveCapacity(ids.count)
+        for group in StatementRows.groups(of: ids.indices) {
+            let statement = try db.cachedStatement(sql: model.lookupRowsSQL[group.count]!)
+            try statement.bindForGRDB { values in for index in group { values.bind(ids[index]) } }
+            let cursor = try Row.fetchCursor(statement)
+            while let row = try cursor.next() { found[row[0]] = (row[1], row[2], row[3]) }
+        }
+        self.found = found
     }
 
-    func holds(_ serverId: String) -> Bool { !rows.isEmpty && serverIds.contains(serverId) }
+    /// The row holding the document `serverId`, as ``SyncLedger/lookup(_:serverId:holding:_:)``
+    /// finds it.
+    mutating func lookup(_ serverId: String, holding version: Int64, _ ledger: SyncLedger, _ db: Database) throws
+        -> (id: Int64, isDirty: Bool, holdsVersion: Bool)?
+    {
+        if let found {
+            return found[serverId].map { ($0.id, $0.isDirty, $0.version >= version) }
+        }
+        // A second change of a document whose row waits to be inserted finds that row.
+        if !rows.isEmpty && serverIds.contains(serverId) { try insert(db) }
+        return try ledger.lookup(model, serverId: serverId, holding: version, db)
+    }
 
     mutating func add(_ values: [DatabaseValue], of document: Document, _ db: Database) throws {
         rows.append((values, document.id.rawValue, LocalStore.updatedAt(of: document), document.version))
-        serverIds.insert(document.id.rawValue)
+        // Only looked for when the rows were not read first (then documents may repeat).
+        if found == nil { serverIds.insert(document.id.rawValue) }
         if rows.count == Self.maxPerStatement { try insert(db) }
     }
 

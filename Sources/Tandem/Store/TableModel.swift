@@ -19,8 +19,11 @@ struct TableModel: Sendable {
     let quotedName: String
     /// The insert of a document that carries every field: the common case, prepared once.
     let insertEveryFieldSQL: String
-    /// The same for 1, 4, 16 or 64 documents in one statement (see ``NewRows``).
+    /// The same for 1, 4, 16 or 64 documents in one statement (see ``SnapshotRows``).
     let insertRowsSQL: [Int: String]
+    /// The rows of 1, 4, 16 or 64 server ids: server id, id, whether dirty, server version
+    /// (see ``SnapshotRows``).
+    let lookupRowsSQL: [Int: String]
     /// Finds a row by server id: its id and whether it has unpushed changes, packed in one
     /// integer (`id << 1 | (isDirty != 0)`, read by ``SyncLedger/lookup(_:serverId:_:)``).
     let lookupSQL: String
@@ -50,6 +53,14 @@ struct TableModel: Sendable {
                 ($0, Self.insertSQL(quotedName, columns: everyField, rows: $0))
             })
         insertEveryFieldSQL = insertRowsSQL[1]!
+        lookupRowsSQL = Dictionary(
+            uniqueKeysWithValues: StatementRows.groupSizes.map {
+                (
+                    $0,
+                    "SELECT serverId, id, isDirty != 0, serverVersion FROM \(quotedName) WHERE serverId IN "
+                        + StatementRows.placeholders(rows: 1, columns: $0)
+                )
+            })
     }
 
     /// `INSERT INTO table (columns…, serverId, isDirty, updatedAt, isShared, localRevision, serverVersion)
