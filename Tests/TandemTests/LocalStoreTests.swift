@@ -350,7 +350,8 @@ struct LocalStoreTests {
         #expect(sql.filter { $0.hasPrefix("SELECT serverId, id") }.count == 4)
         #expect(!sql.contains { $0.contains("WHERE serverId = ?") })
         let titles = try fixture.database.read { db in
-            try String.fetchAll(db, sql: "SELECT title FROM item WHERE id IN (?, ?) ORDER BY id", arguments: [echoed, updated])
+            try String.fetchAll(
+                db, sql: "SELECT title FROM item WHERE id IN (?, ?) ORDER BY id", arguments: [echoed, updated])
         }
         #expect(titles == ["Rent", "newer"])
         #expect(try fixture.count("SELECT COUNT(*) FROM item") == 70)
