@@ -1,4 +1,5 @@
-/// Rows written many per statement (`INSERT … VALUES (…), (…)`, `UPDATE … FROM (VALUES …)`).
+/// Rows written or read many per statement (`INSERT … VALUES (…), (…)`, `UPDATE … FROM
+/// (VALUES …)`, `WHERE key IN (…)`).
 ///
 /// One statement of many rows costs SQLite far less a row than one statement each: the
 /// statement's own start and end (its cursors, its transaction step, `sqlite_sequence` for an
