@@ -17,10 +17,11 @@ struct TableModel: Sendable {
     /// How conflicts on this table are settled.
     let policy: ConflictPolicy
     let quotedName: String
-    /// The insert of a document that carries every field: the common case, prepared once.
-    let insertEveryFieldSQL: String
-    /// The same for 1, 4, 16 or 64 documents in one statement (see ``SnapshotRows``).
+    /// The insert of 1, 4, 16 or 64 documents that carry every field, in one statement (see
+    /// ``SnapshotRows``): the common case, prepared once.
     let insertRowsSQL: [Int: String]
+    /// The insert of one document that carries every field.
+    var insertEveryFieldSQL: String { insertRowsSQL[1]! }
     /// The rows of 1, 4, 16 or 64 server ids: server id, id, whether dirty, server version
     /// (see ``SnapshotRows``).
     let lookupRowsSQL: [Int: String]
@@ -52,7 +53,6 @@ struct TableModel: Sendable {
             uniqueKeysWithValues: StatementRows.groupSizes.map {
                 ($0, Self.insertSQL(quotedName, columns: everyField, rows: $0))
             })
-        insertEveryFieldSQL = insertRowsSQL[1]!
         lookupRowsSQL = Dictionary(
             uniqueKeysWithValues: StatementRows.groupSizes.map {
                 (
