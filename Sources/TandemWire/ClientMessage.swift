@@ -189,6 +189,21 @@ public struct WriteOp: Sendable, Hashable {
         self.fieldTimes = fieldTimes
     }
 
+    /// A create or update whose fields are already canonical text: what
+    /// `JSONWriter(sortsKeys: true)` wrote for an object (the ``fields`` getter parses it back
+    /// when asked). Tandem's push writes a row's fields so, straight from the row, instead of
+    /// building a dictionary that the encoder then walks in sorted order.
+    package init(
+        kind: Kind, collection: CollectionPath, id: DocumentID?, canonicalFields: [UInt8], baseVersion: Int64?,
+        idempotencyKey: ClientName
+    ) {
+        precondition(kind != .delete, "a delete has no fields")
+        self.init(
+            kind: kind, collection: collection, id: id, fields: nil, baseVersion: baseVersion,
+            idempotencyKey: idempotencyKey)
+        content = .canonical(canonicalFields)
+    }
+
     /// Equal when they say the same: fields kept as text equal the same fields given as a tree.
     public static func == (left: WriteOp, right: WriteOp) -> Bool {
         left.kind == right.kind && left.collection == right.collection && left.id == right.id

@@ -13,20 +13,25 @@ struct StoreFixture {
     let store: LocalStore
     let items = try! CollectionPath("items")
 
-    init() throws {
+    /// The models of the tables, as installed.
+    let models: [TableModel]
+
+    init(
+        schema: String = """
+            CREATE TABLE item (id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL,
+                isShared INTEGER NOT NULL DEFAULT 1)
+            """,
+        tables: [SyncTable] = [.root("item", collection: "items")]
+    ) throws {
         database = try DatabaseQueue()
         let clock = HybridLogicalClock(wall: SystemClock())
         try SyncLedger.migrator.migrate(database)
         let models = try database.write { db in
             db.add(function: DatabaseFunction("tandem_now", argumentCount: 0, pure: false) { _ in clock.now() })
-            try db.execute(
-                sql: """
-                    CREATE TABLE item (id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL,
-                        isShared INTEGER NOT NULL DEFAULT 1)
-                    """)
-            return try SyncSchema.install(
-                db, tables: [.root("item", collection: "items")], defaultPolicy: .lastWriteWins)
+            try db.execute(sql: schema)
+            return try SyncSchema.install(db, tables: tables, defaultPolicy: .lastWriteWins)
         }
+        self.models = models
         store = LocalStore(tables: models, clock: clock)
     }
 
@@ -390,6 +395,72 @@ struct LocalStoreTests {
             #expect(throws: DatabaseError.self) {
                 try db.execute(sql: "INSERT INTO item (title, serverId) VALUES ('again', 'X')")
             }
+        }
+    }
+}
+
+@Suite("What a push sends")
+struct PushedFieldsTests {
+    @Test("a row's fields go out as the canonical text of the dictionary they stand for: every kind of value, escapes, JSON columns and references")
+    func canonicalFieldsFromTheRow() throws {
+        let fixture = try StoreFixture(
+            schema: """
+                CREATE TABLE owner (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL,
+                    isShared INTEGER NOT NULL DEFAULT 1);
+                CREATE TABLE thing (id INTEGER PRIMARY KEY AUTOINCREMENT, zeta TEXT, amount INTEGER, ratio REAL,
+                    data BLOB, meta TEXT, ownerId INTEGER, "naïve" TEXT, isShared INTEGER NOT NULL DEFAULT 1);
+                """,
+            tables: [
+                .root("owner", collection: "owners"),
+                .root("thing", collection: "things").storingJSON("meta").referencing("ownerId", "owner"),
+            ])
+        let (database, store) = (fixture.database, fixture.store)
+        let model = try #require(fixture.models.first { $0.name == "thing" })
+        let long = String(repeating: "lorem \"ipsum\" \\ dolor\n\t\u{1} é 😀 ", count: 9)
+        let rows: [[DatabaseValueConvertible?]] = [
+            ["plain", 42, 0.1 + 0.2, Data([0, 1, 2, 255]), #"{"b":[1,{"d":2,"c":3}],"a":null}"#, nil, "x"],
+            [long, Int64.min, -0.0, nil, "not json {", nil, ""],
+            [nil, nil, Double.infinity, Data(), "[1,2]", nil, "ü"],
+            ["with owner", 7, 1e300, nil, nil, "owned", nil],
+        ]
+        try database.write { db in
+            try db.execute(sql: "INSERT INTO owner (name) VALUES ('o')")
+            try db.execute(
+                sql: "UPDATE owner SET serverId = 'owner1', localRevision = localRevision + 1 WHERE id = 1")
+            for values in rows {
+                try db.execute(
+                    sql: """
+                        INSERT INTO thing (zeta, amount, ratio, data, meta, ownerId, "naïve")
+                        VALUES (?, ?, ?, ?, ?, \(values[5] == nil ? "NULL" : "1"), ?)
+                        """,
+                    arguments: StatementArguments([values[0], values[1], values[2], values[3], values[4], values[6]]))
+            }
+            let read = try Row.fetchAll(
+                db,
+                sql: "SELECT id, updatedAt, \(model.fieldColumns.map(SQL.quote).joined(separator: ", ")) FROM thing")
+            #expect(read.count == rows.count)
+            for row in read {
+                var fields: JSONObject = ["updatedAt": .int(row[1])]
+                try store.addOutgoingFields(model, of: row, from: 2, rowId: row[0], to: &fields, db)
+                let text = try store.outgoingFieldsJSON(
+                    model, of: row, from: 2, rowId: row[0], updatedAt: row[1], db
+                ) { _, _ in }
+                let expected = String(decoding: Wire.encodeCanonical(fields), as: UTF8.self)
+                #expect(String(decoding: text, as: UTF8.self) == expected)
+                #expect(try Wire.decodeFields(text) == fields)
+            }
+        }
+        // What the push sends is that text, and the server reads it as it stands.
+        let pushes = try database.write { db in
+            var cursor = PushCursor()
+            return try store.preparePush(maxOps: 100, maxBytes: 1 << 20, after: &cursor, db)
+        }
+        let things = pushes.filter { $0.table == "thing" }
+        #expect(things.count == rows.count)
+        for push in things {
+            let text = try #require(push.op.canonicalFieldsJSON)
+            let read = text.withUnsafeBufferPointer { CanonicalJSON.read($0, from: 0, depthLeft: 64) }
+            if let read { #expect(read.json == text) }
         }
     }
 }

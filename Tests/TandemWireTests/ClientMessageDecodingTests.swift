@@ -256,6 +256,40 @@ struct ClientMessageDecodingTests {
         }
     }
 
+    @Test("the writer escapes a string's quotes, backslashes and control bytes wherever they fall, and copies the rest")
+    func writerEscapes() throws {
+        var random = SplitMix(seed: 13)
+        let specials: [Unicode.Scalar] = ["\"", "\\", "\u{0}", "\u{1F}", "\n", "\r", "\t", "\u{7F}", "é", "😀", "/"]
+        for _ in 0..<2000 {
+            let count = Int.random(in: 0...60, using: &random)
+            var text = ""
+            for _ in 0..<count {
+                text.unicodeScalars.append(
+                    Int.random(in: 0..<6, using: &random) == 0
+                        ? specials.randomElement(using: &random)!
+                        : Unicode.Scalar(UInt8.random(in: 0x20...0x7E, using: &random)))
+            }
+            // One byte at a time, as the writer did before it copied plain runs whole.
+            var expected: [UInt8] = [0x22]
+            for byte in text.utf8 {
+                switch byte {
+                case 0x22: expected += Array(#"\""#.utf8)
+                case 0x5C: expected += Array(#"\\"#.utf8)
+                case 0x0A: expected += Array(#"\n"#.utf8)
+                case 0x0D: expected += Array(#"\r"#.utf8)
+                case 0x09: expected += Array(#"\t"#.utf8)
+                case ..<0x20: expected += Array(String(format: "\\u%04x", byte).utf8)
+                default: expected.append(byte)
+                }
+            }
+            expected.append(0x22)
+            var writer = JSONWriter()
+            writer.string(text)
+            #expect(writer.bytes == expected, "\(Array(text.utf8))")
+            #expect(try Wire.parse(expected) == .string(text))
+        }
+    }
+
     @Test("the canonical reading stops where the parser's depth limit would")
     func depthLimit() {
         let nested = Array((String(repeating: "[", count: 3) + String(repeating: "]", count: 3)).utf8)

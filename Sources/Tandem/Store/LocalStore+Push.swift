@@ -104,21 +104,18 @@ extension LocalStore {
                     cursor.passedOver = true
                     continue
                 }
-                // Made at its final size: grown from the literal's one member, the table was
-                // rehashed twice for each row pushed.
-                var document = JSONObject(minimumCapacity: model.fieldColumns.count + 1)
-                document["updatedAt"] = .int(updatedAt)
                 var incomplete = false
                 var waitsForTarget = false
-                try addOutgoingFields(model, of: row, from: fieldOffset, rowId: rowId, to: &document, db) {
-                    column, targetId in
+                let fields = try outgoingFieldsJSON(
+                    model, of: row, from: fieldOffset, rowId: rowId, updatedAt: updatedAt, db
+                ) { column, targetId in
                     // The target has no server id yet. An optional reference goes out as null
                     // and again once it has one; a required one makes the row wait.
                     let pending = try targetWillSync(model.references[column]!, targetId, db)
                     if pending && !model.optionalReferences.contains(column) { waitsForTarget = true }
                     incomplete = incomplete || pending
                 }
-                for column in model.fieldColumns { bytes += Self.estimatedSize(document[column]!) }
+                bytes += fields.count
                 if waitsForTarget {
                     cursor.passedOver = true
                     continue
@@ -146,29 +143,33 @@ extension LocalStore {
                 var op: WriteOp
                 var sendingEntry: ClientName?
                 if let serverId, let id = try? DocumentID(serverId) {
-                    op = .update(
-                        in: collection, id: id, fields: document, baseVersion: serverVersion,
-                        idempotencyKey: recorded ?? newKey())
-                } else if let recorded {
-                    op = .create(in: collection, fields: document, idempotencyKey: recorded)
-                } else if serverId == nil, !hasEntry {
-                    // A new row with no bookkeeping: its create goes in the table's batch entry.
-                    let batchKey = entry ?? newKey()
-                    entry = batchKey
-                    sendingEntry = batchKey
-                    entryCreates.append((rowId, keyRevision))
-                    op = .create(
-                        in: collection, fields: document,
-                        idempotencyKey: try SyncLedger.sendingKey(batchKey, rowId: rowId))
+                    op = WriteOp(
+                        kind: .update, collection: collection, id: id, canonicalFields: fields,
+                        baseVersion: serverVersion, idempotencyKey: recorded ?? newKey())
                 } else {
-                    op = .create(in: collection, fields: document, idempotencyKey: newKey())
+                    let key: ClientName
+                    if let recorded {
+                        key = recorded
+                    } else if serverId == nil, !hasEntry {
+                        // A new row with no bookkeeping: its create goes in the table's batch entry.
+                        let batchKey = entry ?? newKey()
+                        entry = batchKey
+                        sendingEntry = batchKey
+                        entryCreates.append((rowId, keyRevision))
+                        key = try SyncLedger.sendingKey(batchKey, rowId: rowId)
+                    } else {
+                        key = newKey()
+                    }
+                    op = WriteOp(
+                        kind: .create, collection: collection, id: nil, canonicalFields: fields, baseVersion: nil,
+                        idempotencyKey: key)
                 }
                 let key = op.idempotencyKey
                 if model.mergesFields {
                     // Field-level tables merge on the server, field by field, with no precondition.
                     op.baseVersion = nil
                     op.fieldTimes = try ledger.localFieldTimes(model, rowId: rowId, updatedAt: updatedAt, db)
-                        .filter { document[$0.key] != nil }
+                        .filter { time in model.pushedKeys.contains { $0.key == time.key } }
                 }
                 if sendingEntry == nil {
                     sendings.append(
@@ -222,14 +223,6 @@ extension LocalStore {
         let key = newKey()
         try ledger.recordDeleteKey(key, table, rowId, db)
         return key
-    }
-
-    private static func estimatedSize(_ value: JSONValue) -> Int {
-        switch value {
-        case .string(let string): string.utf8.count + 8
-        case .array, .object: Wire.encode(value).count + 8
-        default: 16
-        }
     }
 
     // MARK: - Answers

@@ -238,6 +238,41 @@ extension LocalStore {
         }
     }
 
+    /// The row's document as it goes to the server, as canonical JSON (the bytes
+    /// `Wire.encodeCanonical` writes for the dictionary ``addOutgoingFields(_:of:from:rowId:to:_:unsyncedTarget:)``
+    /// fills, with `updatedAt`): written straight from the row in key order
+    /// (``TableModel/pushedKeys``), with no dictionary between. The server then finds the
+    /// members sorted and copies them as they are.
+    func outgoingFieldsJSON(
+        _ model: TableModel, of row: Row, from offset: Int, rowId: Int64, updatedAt: Int64, _ db: Database,
+        unsyncedTarget: (_ column: String, _ targetLocalId: Int64) throws -> Void
+    ) throws -> [UInt8] {
+        var writer = JSONWriter(sortsKeys: true, capacity: 64 + 32 * model.pushedKeys.count)
+        writer.beginObject()
+        for (key, column, isJSON, target) in model.pushedKeys {
+            writer.key(key)
+            guard let column else {
+                writer.int(updatedAt)
+                continue
+            }
+            let value = row[offset + column] as DatabaseValue
+            guard let target else {
+                switch value.storage {
+                case .int64(let int): writer.int(int)
+                case .string(let string) where !isJSON: writer.string(string)
+                default: writer.value(FieldCoding.json(value, isJSON: isJSON))
+                }
+                continue
+            }
+            let (reference, targetLocalId) = try outgoingReferenceValue(
+                model, rowId: rowId, column: key, target: target, value: value, db)
+            writer.value(reference)
+            if reference == .null, let targetLocalId { try unsyncedTarget(key, targetLocalId) }
+        }
+        writer.endObject()
+        return writer.bytes
+    }
+
     /// What a reference column says on the wire: the target's server id; or, when the column
     /// is null because the target has not arrived here, the server id it waits for (the
     /// reference is kept, not lost); or null. `targetLocalId` is set when the column holds a

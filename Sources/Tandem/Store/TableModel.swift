@@ -8,6 +8,10 @@ struct TableModel: Sendable {
     let definition: SyncTable
     /// Columns copied into documents (references included, the parent foreign key not).
     let fieldColumns: [String]
+    /// The keys of a pushed document in canonical order (the order `JSONWriter(sortsKeys:
+    /// true)` writes them in): each field column, with its index in `fieldColumns`, whether it
+    /// holds JSON text and the table it references, if any; and `updatedAt`, with no column.
+    let pushedKeys: [(key: String, column: Int?, isJSON: Bool, target: String?)]
     /// Reference column → target table.
     let references: [String: String]
     /// Reference columns that accept NULL: a missing target is filled in when it arrives.
@@ -39,6 +43,10 @@ struct TableModel: Sendable {
     ) {
         self.definition = definition
         self.fieldColumns = fieldColumns
+        pushedKeys =
+            (fieldColumns.enumerated().map { index, column in
+                (column, index, definition.jsonColumns.contains(column), references[column])
+            } + [("updatedAt", nil, false, nil)]).sorted { $0.key < $1.key }
         self.references = references
         self.optionalReferences = optionalReferences
         self.rootCollection = rootCollection
