@@ -180,10 +180,19 @@ public struct WriteOp: Sendable, Hashable {
         kind: Kind, collection: CollectionPath, id: DocumentID?, fields: JSONObject?, baseVersion: Int64?,
         idempotencyKey: ClientName, fieldTimes: [String: Int64]? = nil
     ) {
+        self.init(
+            kind: kind, collection: collection, id: id, content: fields.map(Content.tree), baseVersion: baseVersion,
+            idempotencyKey: idempotencyKey, fieldTimes: fieldTimes)
+    }
+
+    init(
+        kind: Kind, collection: CollectionPath, id: DocumentID?, content: Content?, baseVersion: Int64?,
+        idempotencyKey: ClientName, fieldTimes: [String: Int64]?
+    ) {
         self.kind = kind
         self.collection = collection
         self.id = id
-        self.content = fields.map(Content.tree)
+        self.content = content
         self.baseVersion = baseVersion
         self.idempotencyKey = idempotencyKey
         self.fieldTimes = fieldTimes
@@ -199,9 +208,8 @@ public struct WriteOp: Sendable, Hashable {
     ) {
         precondition(kind != .delete, "a delete has no fields")
         self.init(
-            kind: kind, collection: collection, id: id, fields: nil, baseVersion: baseVersion,
-            idempotencyKey: idempotencyKey)
-        content = .canonical(canonicalFields)
+            kind: kind, collection: collection, id: id, content: .canonical(canonicalFields), baseVersion: baseVersion,
+            idempotencyKey: idempotencyKey, fieldTimes: nil)
     }
 
     /// Equal when they say the same: fields kept as text equal the same fields given as a tree.

@@ -231,6 +231,15 @@ public struct ClientName: Hashable, Sendable, CustomStringConvertible {
 
     init(unchecked rawValue: String) { self.rawValue = rawValue }
 
+    /// This name, a dash and `number` (a batch's key and a row id): a name when it fits the
+    /// length limit, since a dash and digits are allowed characters. Not checked again byte by
+    /// byte: a push names each create of its batch so.
+    package func suffixed(_ number: Int64) throws(WireError) -> ClientName {
+        let name = rawValue + "-" + String(number)
+        guard name.utf8.count <= Name.maxBytes else { return try ClientName(name) }
+        return ClientName(unchecked: name)
+    }
+
     public init(_ rawValue: String, field: String = "name") throws(WireError) {
         if !Name.isValid(rawValue), let problem = Name.problem(with: Substring(rawValue)) {
             throw WireError(.badMessage, "\(field) '\(rawValue.prefix(300))' \(problem)")

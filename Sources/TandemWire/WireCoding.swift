@@ -374,17 +374,24 @@ extension WriteOp: WireCodable {
             throw WireError(
                 .badMessage, "\(reader.name("op")): unknown op '\(name.prefix(40))'; expected create, update or delete")
         }
-        self.init(
-            kind: kind, collection: try reader.read("collection", as: CollectionPath.self),
-            id: try reader.optionalRead("id", as: DocumentID.self), fields: try reader.optionalObject("fields"),
-            baseVersion: try reader.optionalInt("baseVersion"),
-            idempotencyKey: try reader.read("idempotencyKey", as: ClientName.self),
-            fieldTimes: try reader.optionalTimes("fieldTimes"))
+        let collection = try reader.read("collection", as: CollectionPath.self)
+        let id = try reader.optionalRead("id", as: DocumentID.self)
+        // A placeholder (an empty object) where the parser read the fields as text.
+        let readFields = try reader.optionalObject("fields")
+        let baseVersion = try reader.optionalInt("baseVersion")
+        let idempotencyKey = try reader.read("idempotencyKey", as: ClientName.self)
+        let fieldTimes = try reader.optionalTimes("fieldTimes")
         // A merge reads the fields (here, to check the times' names, and on the server), so its
         // fields are parsed once and kept as a tree.
-        if let canonicalFields {
-            content = fieldTimes == nil ? .canonical(canonicalFields) : .tree(try Wire.decodeFields(canonicalFields))
-        }
+        let content: Content? =
+            if let canonicalFields {
+                fieldTimes == nil ? .canonical(canonicalFields) : .tree(try Wire.decodeFields(canonicalFields))
+            } else {
+                readFields.map(Content.tree)
+            }
+        self.init(
+            kind: kind, collection: collection, id: id, content: content, baseVersion: baseVersion,
+            idempotencyKey: idempotencyKey, fieldTimes: fieldTimes)
         // Whether there are fields, without parsing fields kept as text.
         let hasFields = content != nil
         switch kind {

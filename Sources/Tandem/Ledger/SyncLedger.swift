@@ -419,7 +419,7 @@ struct SyncLedger: Sendable {
 
     /// The idempotency key of row `rowId`'s create in the batch entry `key`.
     static func sendingKey(_ key: ClientName, rowId: Int64) throws -> ClientName {
-        try ClientName("\(key.rawValue)-\(rowId)")
+        try key.suffixed(rowId)
     }
 
     /// Whether any batch entry is recorded.

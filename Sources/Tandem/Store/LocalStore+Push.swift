@@ -83,6 +83,9 @@ extension LocalStore {
             }
             // The row and its bookkeeping in one step.
             let fieldOffset = SyncLedger.dirtyRowColumns
+            // What the closure below reads, taken out of the model: capturing the model copied
+            // it for each row.
+            let (references, optionalReferences) = (model.references, model.optionalReferences)
             let limit = maxOps - prepared.count
             let rows = try ledger.dirtyRows(
                 model, syncs: syncsCondition(model, alias: "t"), after: cursor.lastRow[model.name] ?? .min,
@@ -111,8 +114,8 @@ extension LocalStore {
                 ) { column, targetId in
                     // The target has no server id yet. An optional reference goes out as null
                     // and again once it has one; a required one makes the row wait.
-                    let pending = try targetWillSync(model.references[column]!, targetId, db)
-                    if pending && !model.optionalReferences.contains(column) { waitsForTarget = true }
+                    let pending = try targetWillSync(references[column]!, targetId, db)
+                    if pending && !optionalReferences.contains(column) { waitsForTarget = true }
                     incomplete = incomplete || pending
                 }
                 bytes += fields.count
