@@ -43,13 +43,41 @@ final class Session: @unchecked Sendable {
     /// Notes the sequences of a write's ops in `collection` (nil for one not noted).
     func noteAnswered(_ sequences: ArraySlice<Int64?>, in collection: CollectionPath) {
         var runs = answered.removeValue(forKey: collection) ?? RangeSet()
-        for case let sequence? in sequences {
-            if runs.ranges.last?.upperBound != sequence && answeredRuns >= Self.maxAnsweredRuns { continue }
-            let before = runs.ranges.count
-            runs.insert(contentsOf: sequence..<sequence + 1)
-            answeredRuns += runs.ranges.count - before
-        }
+        Self.note(sequences, in: &runs, counting: &answeredRuns, cap: Self.maxAnsweredRuns)
         if !runs.isEmpty { answered[collection] = runs }
+    }
+
+    /// Adds `sequences` (the nil ones aside) to `runs`, with `count` keeping the number of runs
+    /// of every collection; past `cap` runs, sequences go in only where they extend the last
+    /// run. A write's ops mostly hold consecutive sequences: each run of them goes in at once
+    /// (one at a time, the inserts were 1 % of bench throughput's samples). What is noted is
+    /// only ever a write's own sequences: noting fewer of them (past the cap) sends the
+    /// connection some of its own writes, never leaves out another's.
+    static func note(
+        _ sequences: ArraySlice<Int64?>, in runs: inout RangeSet<Int64>, counting count: inout Int, cap: Int
+    ) {
+        var index = sequences.startIndex
+        while index < sequences.endIndex {
+            guard let start = sequences[index] else {
+                index += 1
+                continue
+            }
+            var end = start + 1
+            index += 1
+            while index < sequences.endIndex, sequences[index] == end {
+                end += 1
+                index += 1
+            }
+            var run = start..<end
+            if count >= cap {
+                // Past the cap, only what extends the last run goes in.
+                guard let last = runs.ranges.last?.upperBound, run.contains(last) else { continue }
+                run = last..<end
+            }
+            let before = runs.ranges.count
+            runs.insert(contentsOf: run)
+            count += runs.ranges.count - before
+        }
     }
 
     func forgetAnswered(in collection: CollectionPath) {
