@@ -366,16 +366,83 @@ final class SQLiteStore: DocumentStore {
         }
 
         func recordedResults(user: String, client: String, keys: [String]) throws -> [String: WriteResult] {
-            // One query for all the keys of a group (a JSON array of them), instead of one per key.
+            // Runs of keys that share a long prefix (a batch of creates from Tandem's push,
+            // `batchKey-rowId`, each batch's keys one after the other) are read as one range of
+            // the primary key each, instead of a probe per key: a group's 2,000 probes were
+            // 1.6 % of bench throughput's samples. The other keys are probed, in one query.
+            var found: [String: WriteResult] = [:]
+            var probed: [String] = []
+            var start = keys.startIndex
+            while start < keys.endIndex {
+                var prefix = Array(keys[start].utf8)
+                var end = start + 1
+                while end < keys.endIndex {
+                    let common = zip(prefix, keys[end].utf8).prefix { $0 == $1 }.count
+                    guard common >= Self.sharedPrefixBytes else { break }
+                    prefix.removeSubrange(common...)
+                    end += 1
+                }
+                if end - start >= 16,
+                    let inRange = try recordedResults(user: user, client: client, keys[start..<end], prefix)
+                {
+                    found.merge(inRange) { first, _ in first }
+                } else {
+                    probed += keys[start..<end]
+                }
+                start = end
+            }
+            guard !probed.isEmpty else { return found }
+            // One query for the rest (a JSON array of them), instead of one per key.
             let statement = try db.cachedStatement(
                 sql: """
                     SELECT key, id, version, updateTime, document FROM idempotency
                     WHERE user = ? AND clientId = ? AND key IN (SELECT value FROM json_each(?))
                     """)
-            let list = String(decoding: Wire.encode(JSONValue.array(keys.map(JSONValue.string))), as: UTF8.self)
-            let rows = try Row.fetchCursor(statement, arguments: [user, client, list])
+            let list = String(decoding: Wire.encode(JSONValue.array(probed.map(JSONValue.string))), as: UTF8.self)
+            let probedResults = try Self.results(Row.fetchAll(statement, arguments: [user, client, list]))
+            found.merge(probedResults) { first, _ in first }
+            return found
+        }
+
+        /// How long a prefix keys must share to be read as a range: past a time-ordered key's
+        /// eight characters of time, four random ones (two batches made in the same millisecond
+        /// share them once in 14 million).
+        private static let sharedPrefixBytes = 12
+
+        /// The records of `keys`, which all start with `prefix`, read as one range of the
+        /// primary key; nil when the range holds more than twice as many records as the keys
+        /// (other keys under the same prefix), which the probes then look up.
+        private func recordedResults(user: String, client: String, _ keys: ArraySlice<String>, _ prefix: [UInt8])
+            throws -> [String: WriteResult]?
+        {
+            // Keys are names: ASCII letters, digits and - _ . ~ : @ +, so the prefix's last byte
+            // has a successor below 0x80, and every key that starts with the prefix sorts below
+            // the prefix with that byte raised (the column's collation is binary).
+            guard let last = prefix.last, last < 0x7F else { return nil }
+            var upper = prefix
+            upper[upper.count - 1] = last + 1
+            let limit = keys.count * 2
+            let statement = try db.cachedStatement(
+                sql: """
+                    SELECT key, id, version, updateTime, document FROM idempotency
+                    WHERE user = ? AND clientId = ? AND key >= ? AND key < ? LIMIT ?
+                    """)
+            let rows = try Row.fetchAll(
+                statement,
+                arguments: [
+                    user, client, String(decoding: prefix, as: UTF8.self), String(decoding: upper, as: UTF8.self),
+                    limit + 1,
+                ])
+            guard rows.count <= limit else { return nil }
+            if rows.isEmpty { return [:] }
+            let wanted = Set(keys)
+            return try Self.results(rows.lazy.filter { wanted.contains($0[0]) })
+        }
+
+        /// Each row's key and its result (key, id, version, updateTime, document).
+        private static func results(_ rows: some Sequence<Row>) throws -> [String: WriteResult] {
             var found: [String: WriteResult] = [:]
-            while let row = try rows.next() {
+            for row in rows {
                 found[row[0]] = try SQLiteStore.writeResult(
                     id: row[1], version: row[2], updateTime: row[3], document: row[4])
             }
