@@ -235,7 +235,11 @@ public struct ClientName: Hashable, Sendable, CustomStringConvertible {
     /// length limit, since a dash and digits are allowed characters. Not checked again byte by
     /// byte: a push names each create of its batch so.
     package func suffixed(_ number: Int64) throws(WireError) -> ClientName {
-        let name = rawValue + "-" + String(number)
+        // Made at its final size (concatenated, the name was built three times).
+        var name = rawValue
+        name.reserveCapacity(rawValue.utf8.count + 21)
+        name += "-"
+        name += String(number)
         guard name.utf8.count <= Name.maxBytes else { return try ClientName(name) }
         return ClientName(unchecked: name)
     }

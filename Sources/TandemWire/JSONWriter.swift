@@ -47,6 +47,22 @@ public struct JSONWriter {
         if !needsComma.isEmpty { needsComma[needsComma.count - 1] = false }
     }
 
+    /// Writes a key already written as JSON, its colon included (`"title":`): for keys
+    /// written again and again, escaped once.
+    package mutating func key(encoded: [UInt8]) {
+        separate()
+        bytes.append(contentsOf: encoded)
+        if !needsComma.isEmpty { needsComma[needsComma.count - 1] = false }
+    }
+
+    /// `"key":` as ``key(_:)`` writes it.
+    package static func encodedKey(_ key: String) -> [UInt8] {
+        var writer = JSONWriter(capacity: key.utf8.count + 8)
+        writer.writeString(key)
+        writer.bytes.append(UInt8(ascii: ":"))
+        return writer.bytes
+    }
+
     private mutating func separate() {
         guard let last = needsComma.last else { return }
         if last { bytes.append(UInt8(ascii: ",")) }
@@ -93,28 +109,21 @@ public struct JSONWriter {
 
     public mutating func int(_ value: Int64) {
         separate()
-        if value == 0 {
-            bytes.append(UInt8(ascii: "0"))
-            return
-        }
+        // The digits from the end of a buffer of 20 bytes (a sign and 19 digits at most), then
+        // appended at once.
         var magnitude = value.magnitude
-        if value < 0 { bytes.append(UInt8(ascii: "-")) }
-        var digits:
-            (
-                UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
-                UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8
-            ) =
-                (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-        var count = 0
-        withUnsafeMutableBytes(of: &digits) { buffer in
-            while magnitude > 0 {
-                buffer[count] = UInt8(ascii: "0") + UInt8(magnitude % 10)
+        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 20) { buffer in
+            var start = 20
+            repeat {
+                start -= 1
+                buffer[start] = UInt8(ascii: "0") + UInt8(magnitude % 10)
                 magnitude /= 10
-                count += 1
+            } while magnitude > 0
+            if value < 0 {
+                start -= 1
+                buffer[start] = UInt8(ascii: "-")
             }
-        }
-        withUnsafeBytes(of: &digits) { buffer in
-            for index in stride(from: count - 1, through: 0, by: -1) { bytes.append(buffer[index]) }
+            bytes.append(contentsOf: UnsafeBufferPointer(rebasing: buffer[start..<20]))
         }
     }
 

@@ -290,6 +290,51 @@ struct ClientMessageDecodingTests {
         }
     }
 
+    @Test(
+        "the writer writes integers as Swift prints them, the ends of Int64 included, and keys written once as key() writes them"
+    )
+    func writerIntegersAndKeys() {
+        var random = SplitMix(seed: 17)
+        let values: [Int64] =
+            [0, 1, -1, 9, 10, -10, 99, 100, Int64.max, Int64.min, Int64.min + 1]
+            + (0..<500).map { _ in
+                Int64.random(in: Int64.min...Int64.max, using: &random) >> Int64.random(in: 0...63, using: &random)
+            }
+        for value in values {
+            var writer = JSONWriter()
+            writer.int(value)
+            #expect(String(decoding: writer.bytes, as: UTF8.self) == String(value))
+        }
+        for key in ["title", "naïve", "a\"b", "tab\there", ""] {
+            var plain = JSONWriter()
+            plain.beginObject()
+            plain.key(key)
+            plain.int(1)
+            plain.key(key + "2")
+            plain.null()
+            plain.endObject()
+            var encoded = JSONWriter()
+            encoded.beginObject()
+            encoded.key(encoded: JSONWriter.encodedKey(key))
+            encoded.int(1)
+            encoded.key(encoded: JSONWriter.encodedKey(key + "2"))
+            encoded.null()
+            encoded.endObject()
+            #expect(encoded.bytes == plain.bytes)
+        }
+    }
+
+    @Test("a batch's create key is its key, a dash and the row, and still refused past the length limit")
+    func suffixedNames() throws {
+        let key = try ClientName("0MxAbCdEaaaaaaaaaaaa")
+        #expect(try key.suffixed(42).rawValue == "0MxAbCdEaaaaaaaaaaaa-42")
+        #expect(try key.suffixed(-7).rawValue == "0MxAbCdEaaaaaaaaaaaa--7")
+        #expect(try key.suffixed(Int64.min).rawValue == "0MxAbCdEaaaaaaaaaaaa-\(Int64.min)")
+        let long = try ClientName(String(repeating: "k", count: 250))
+        #expect(try long.suffixed(12345).rawValue.utf8.count == 256)
+        #expect(throws: WireError.self) { try long.suffixed(123456) }
+    }
+
     @Test("the canonical reading stops where the parser's depth limit would")
     func depthLimit() {
         let nested = Array((String(repeating: "[", count: 3) + String(repeating: "]", count: 3)).utf8)

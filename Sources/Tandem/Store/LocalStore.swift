@@ -249,8 +249,8 @@ extension LocalStore {
     ) throws -> [UInt8] {
         var writer = JSONWriter(sortsKeys: true, capacity: 64 + 32 * model.pushedKeys.count)
         writer.beginObject()
-        for (key, column, isJSON, target) in model.pushedKeys {
-            writer.key(key)
+        for (key, encoded, column, isJSON, target) in model.pushedKeys {
+            writer.key(encoded: encoded)
             guard let column else {
                 writer.int(updatedAt)
                 continue

@@ -9,9 +9,10 @@ struct TableModel: Sendable {
     /// Columns copied into documents (references included, the parent foreign key not).
     let fieldColumns: [String]
     /// The keys of a pushed document in canonical order (the order `JSONWriter(sortsKeys:
-    /// true)` writes them in): each field column, with its index in `fieldColumns`, whether it
-    /// holds JSON text and the table it references, if any; and `updatedAt`, with no column.
-    let pushedKeys: [(key: String, column: Int?, isJSON: Bool, target: String?)]
+    /// true)` writes them in), each also as written (`"title":`): each field column, with its
+    /// index in `fieldColumns`, whether it holds JSON text and the table it references, if any;
+    /// and `updatedAt`, with no column.
+    let pushedKeys: [(key: String, encoded: [UInt8], column: Int?, isJSON: Bool, target: String?)]
     /// Reference column → target table.
     let references: [String: String]
     /// Reference columns that accept NULL: a missing target is filled in when it arrives.
@@ -45,8 +46,11 @@ struct TableModel: Sendable {
         self.fieldColumns = fieldColumns
         pushedKeys =
             (fieldColumns.enumerated().map { index, column in
-                (column, index, definition.jsonColumns.contains(column), references[column])
-            } + [("updatedAt", nil, false, nil)]).sorted { $0.key < $1.key }
+                (
+                    column, JSONWriter.encodedKey(column), index, definition.jsonColumns.contains(column),
+                    references[column]
+                )
+            } + [("updatedAt", JSONWriter.encodedKey("updatedAt"), nil, false, nil)]).sorted { $0.key < $1.key }
         self.references = references
         self.optionalReferences = optionalReferences
         self.rootCollection = rootCollection
