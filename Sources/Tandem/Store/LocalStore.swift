@@ -249,25 +249,25 @@ extension LocalStore {
     ) throws -> [UInt8] {
         var writer = JSONWriter(sortsKeys: true, capacity: 64 + 32 * model.pushedKeys.count)
         writer.beginObject()
-        for (key, encoded, column, isJSON, target) in model.pushedKeys {
-            writer.key(encoded: encoded)
-            guard let column else {
+        for pushed in model.pushedKeys {
+            writer.key(encoded: pushed.encoded)
+            guard let column = pushed.column else {
                 writer.int(updatedAt)
                 continue
             }
             let value = row[offset + column] as DatabaseValue
-            guard let target else {
+            guard let target = pushed.target else {
                 switch value.storage {
                 case .int64(let int): writer.int(int)
-                case .string(let string) where !isJSON: writer.string(string)
-                default: writer.value(FieldCoding.json(value, isJSON: isJSON))
+                case .string(let string) where !pushed.isJSON: writer.string(string)
+                default: writer.value(FieldCoding.json(value, isJSON: pushed.isJSON))
                 }
                 continue
             }
             let (reference, targetLocalId) = try outgoingReferenceValue(
-                model, rowId: rowId, column: key, target: target, value: value, db)
+                model, rowId: rowId, column: pushed.key, target: target, value: value, db)
             writer.value(reference)
-            if reference == .null, let targetLocalId { try unsyncedTarget(key, targetLocalId) }
+            if reference == .null, let targetLocalId { try unsyncedTarget(pushed.key, targetLocalId) }
         }
         writer.endObject()
         return writer.bytes

@@ -9,10 +9,29 @@ struct TableModel: Sendable {
     /// Columns copied into documents (references included, the parent foreign key not).
     let fieldColumns: [String]
     /// The keys of a pushed document in canonical order (the order `JSONWriter(sortsKeys:
-    /// true)` writes them in), each also as written (`"title":`): each field column, with its
-    /// index in `fieldColumns`, whether it holds JSON text and the table it references, if any;
-    /// and `updatedAt`, with no column.
-    let pushedKeys: [(key: String, encoded: [UInt8], column: Int?, isJSON: Bool, target: String?)]
+    /// true)` writes them in): each field column's, and `updatedAt`.
+    let pushedKeys: [PushedKey]
+
+    /// A key of a pushed document, and where its value comes from.
+    struct PushedKey {
+        let key: String
+        /// As written, once: `"title":`.
+        let encoded: [UInt8]
+        /// The column's index in `fieldColumns`; nil for `updatedAt`.
+        let column: Int?
+        /// The column holds JSON text (``SyncTable/storingJSON(_:)``).
+        let isJSON: Bool
+        /// The table the column references, if it is a reference.
+        let target: String?
+
+        init(_ key: String, column: Int?, isJSON: Bool = false, target: String? = nil) {
+            self.key = key
+            encoded = JSONWriter.encodedKey(key)
+            self.column = column
+            self.isJSON = isJSON
+            self.target = target
+        }
+    }
     /// Reference column → target table.
     let references: [String: String]
     /// Reference columns that accept NULL: a missing target is filled in when it arrives.
@@ -46,11 +65,9 @@ struct TableModel: Sendable {
         self.fieldColumns = fieldColumns
         pushedKeys =
             (fieldColumns.enumerated().map { index, column in
-                (
-                    column, JSONWriter.encodedKey(column), index, definition.jsonColumns.contains(column),
-                    references[column]
-                )
-            } + [("updatedAt", JSONWriter.encodedKey("updatedAt"), nil, false, nil)]).sorted { $0.key < $1.key }
+                PushedKey(
+                    column, column: index, isJSON: definition.jsonColumns.contains(column), target: references[column])
+            } + [PushedKey("updatedAt", column: nil)]).sorted { $0.key < $1.key }
         self.references = references
         self.optionalReferences = optionalReferences
         self.rootCollection = rootCollection
