@@ -68,8 +68,7 @@ struct JSONParser {
             let key = members[position].key
             let repeated =
                 position - first <= 16
-                ? members[first..<position].contains { $0.key.utf8.count == key.utf8.count && $0.key == key }
-                : !keys.insert(key).inserted
+                ? members[first..<position].contains { $0.key == key } : !keys.insert(key).inserted
             if repeated { throw duplicate(key, at: members[position].offset) }
             if position - first == 16 { keys = Set(members[first...position].map(\.key)) }
         }

@@ -93,9 +93,7 @@ struct ObjectReader {
         let value: JSONValue? =
             switch members {
             case .dictionary(let object): object[key]
-            // Lengths first: most keys looked past differ in length, which a small string
-            // holds in its bits, and comparing the text is a call into the runtime.
-            case .list(let list): list.first { $0.key.utf8.count == key.utf8.count && $0.key == key }?.value
+            case .list(let list): list.first { $0.key == key }?.value
             }
         guard let value else { return nil }
         if case .null = value { return nil }

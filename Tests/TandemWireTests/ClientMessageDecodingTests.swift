@@ -335,6 +335,27 @@ struct ClientMessageDecodingTests {
         #expect(throws: WireError.self) { try long.suffixed(123456) }
     }
 
+    @Test("keys that are the same text in another encoding (é, e + U+0301; K, the Kelvin sign) are one key both ways")
+    func canonicallyEquivalentKeys() {
+        let op = #"{"op":"create","collection":"c","fields":{"a":1},"idempotency\#u{212A}ey":"k"}"#
+        let inputs = [
+            // A repeated key of the message, and of an op: refused both ways.
+            #"{"type":"write","request":"r","ops":[],"\#u{e9}":1,"e\#u{301}":2}"#,
+            #"{"type":"write","request":"r","ops":[{"op":"create","collection":"c","fields":{},"idempotencyKey":"k","\#u{e9}":1,"e\#u{301}":2}]}"#,
+            // A key written with the Kelvin sign is found as "idempotencyKey" both ways.
+            #"{"type":"write","request":"r","ops":[\#(op)]}"#,
+        ]
+        for input in inputs {
+            let (fast, general) = Self.outcomes(Array(input.utf8))
+            #expect(fast == general, "\(input)")
+        }
+        if case .refused = Self.outcomes(Array(inputs[0].utf8)).general {
+        } else {
+            Issue.record("a repeated key is refused")
+        }
+        if case .refused = Self.outcomes(Array(inputs[2].utf8)).fast { Issue.record("the Kelvin sign's key is found") }
+    }
+
     @Test("the canonical reading stops where the parser's depth limit would")
     func depthLimit() {
         let nested = Array((String(repeating: "[", count: 3) + String(repeating: "]", count: 3)).utf8)

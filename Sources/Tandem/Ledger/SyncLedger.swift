@@ -494,7 +494,10 @@ struct SyncLedger: Sendable {
     func acknowledge(_ model: TableModel, _ push: PreparedPush, _ result: WriteResult, _ db: Database) throws
         -> Acknowledged
     {
-        let fieldsText = model.keepsServerFields ? Self.fieldsText(push.op.fields ?? [:]) : nil
+        // The op's canonical text as it went out (parsed and encoded again, the same bytes).
+        let fieldsText =
+            model.keepsServerFields
+            ? push.op.canonicalFieldsJSON.map { String(decoding: $0, as: UTF8.self) } ?? "{}" : nil
         // One step on the app's row: the server id, clean unless the row changed since its op
         // was sent.
         let clean: Bool?
