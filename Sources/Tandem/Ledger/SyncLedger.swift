@@ -494,7 +494,7 @@ struct SyncLedger: Sendable {
     func acknowledge(_ model: TableModel, _ push: PreparedPush, _ result: WriteResult, _ db: Database) throws
         -> Acknowledged
     {
-        // The op's canonical text as it went out (parsed and encoded again, the same bytes).
+        // The op's fields as the canonical text it carried, which is what encoding them would give.
         let fieldsText =
             model.keepsServerFields
             ? push.op.canonicalFieldsJSON.map { String(decoding: $0, as: UTF8.self) } ?? "{}" : nil

@@ -257,11 +257,7 @@ extension LocalStore {
             }
             let value = row[offset + column] as DatabaseValue
             guard let target = pushed.target else {
-                switch value.storage {
-                case .int64(let int): writer.int(int)
-                case .string(let string) where !pushed.isJSON: writer.string(string)
-                default: writer.value(FieldCoding.json(value, isJSON: pushed.isJSON))
-                }
+                writer.value(FieldCoding.json(value, isJSON: pushed.isJSON))
                 continue
             }
             let (reference, targetLocalId) = try outgoingReferenceValue(
