@@ -1,4 +1,5 @@
 import Foundation
+import TandemWire
 
 /// RFC 6455 on the client side, written here instead of libwebsockets' for plain `ws://`
 /// connections (unless ``WebSocketConfiguration/ownClientFraming`` is false): the upgrade request and the check of its answer, the frames a client sends
@@ -104,8 +105,9 @@ enum ClientFraming {
                 headerCount = 10
             }
         }
-        // The key of RFC 6455 §5.3: fresh and unpredictable for every frame.
-        var generator = SystemRandomNumberGenerator()
+        // The key of RFC 6455 §5.3: fresh and unpredictable for every frame. It comes from the
+        // system's cryptographic generator through the pool, not one system call per frame.
+        var generator = RandomPool()
         let key = UInt32.random(in: 0...UInt32.max, using: &generator)
         let start = headroom - headerCount - 4
         precondition(start >= 0, "the buffer's headroom is too small for a frame header")

@@ -46,6 +46,21 @@ struct ClientFramingTests {
         #expect(frame.count == offset + 4 + length)
     }
 
+    @Test("every frame has a key of its own, across more frames than the random pool holds")
+    func freshKeys() {
+        // The pool holds 512 words, so 2,000 frames draw past a refill. A fair generator
+        // repeats a key among 2,000 in about one run of two thousand, so the check allows a
+        // few repeats; a key that stayed the same, or a pool that handed out a word twice,
+        // would fail it.
+        var keys: Set<[UInt8]> = []
+        for _ in 0..<2000 {
+            var storage = [UInt8](repeating: 0, count: OutboundMessage.headroom) + [1, 2, 3]
+            let start = ClientFraming.frame(&storage, headroom: OutboundMessage.headroom, opcode: ClientFraming.binary)
+            keys.insert(Array(storage[(start + 2)..<(start + 6)]))
+        }
+        #expect(keys.count >= 1995)
+    }
+
     @Test("the server's frames make the same events however the network cuts them")
     func readerAcrossCuts() {
         let stream =
