@@ -50,8 +50,8 @@ struct ClientFramingTests {
     func freshKeys() {
         // The pool holds 512 words, so 2,000 frames draw past a refill. A fair generator
         // repeats a key among 2,000 in about one run of two thousand, so the check allows a
-        // few repeats; a key that stayed the same, or a pool that handed out a word twice,
-        // would fail it.
+        // few repeats; a key that stayed the same, or a refill that handed out the same words
+        // again, would fail it.
         var keys: Set<[UInt8]> = []
         for _ in 0..<2000 {
             var storage = [UInt8](repeating: 0, count: OutboundMessage.headroom) + [1, 2, 3]
