@@ -37,14 +37,18 @@ public struct ConvergenceReport: Sendable {
     public var devices: [DeviceComparison]
     /// Live documents on the server, in the collections compared.
     public var serverDocuments: Int
-    public var isConverged: Bool { devices.allSatisfy(\.matchesServer) }
+    /// The server's documents changed while the devices were read: they may match neither.
+    public var serverChanged: Bool
+    public var isConverged: Bool { !serverChanged && devices.allSatisfy(\.matchesServer) }
 
     /// Changes whenever any count changes: a report equal to the last one means no progress.
-    var fingerprint: String { "\(serverDocuments) " + devices.map(\.description).joined(separator: "; ") }
+    var fingerprint: String {
+        "\(serverDocuments)\(serverChanged ? " changing" : "") " + devices.map(\.description).joined(separator: "; ")
+    }
 
     /// The first differences, for a failure message.
     public var firstDifferences: [String] {
-        var lines: [String] = []
+        var lines = serverChanged ? ["the server's documents changed while the devices were read"] : []
         for device in devices {
             lines += device.missing.prefix(3).map { "\(device.name) misses \($0)" }
             lines += device.extra.prefix(3).map { "\(device.name) has extra \($0)" }
@@ -135,30 +139,30 @@ public enum Convergence {
 
     /// Compares what each device holds with the server's live documents (those it should
     /// hold, with `visible`).
+    ///
+    /// The server is read before the devices and again after them, each device in one
+    /// transaction (``SyncService/localState()``): a device is only converged with what the
+    /// server held all along. (Read once, before, the server could take a device's push while
+    /// the others were read, and they would match it without the push's documents.)
     public static func compare(
         server: some ServerContents, devices: [(name: String, service: SyncService)], visible: Visibility? = nil
     ) async throws -> ConvergenceReport {
-        var everything: [CollectionPath: [DocumentID: JSONObject]] = [:]
-        for collection in try await server.collections() {
-            for document in try await server.documents(in: collection) {
-                everything[collection, default: [:]][document.id] = document.fields
-            }
-        }
+        let before = try await liveDocuments(server)
+        var states: [(name: String, state: LocalState)] = []
+        for (name, service) in devices { states.append((name, try await service.localState())) }
+        let everything = try await liveDocuments(server)
         var comparisons: [DeviceComparison] = []
-        for (name, service) in devices {
+        for (name, state) in states {
             var serverDocuments = everything
             if let visible {
                 for (collection, documents) in everything {
                     serverDocuments[collection] = documents.filter { visible(name, collection, $0.key, everything) }
                 }
             }
-            let local = try await service.localDocuments()
-            let status = service.status
+            let local = state.documents
             var comparison = DeviceComparison(
-                name: name, documents: local.values.map(\.count).reduce(0, +), pending: status.pendingCount,
-                failed: try await service.failedRecords().count, duplicates: try await service.unsyncedRowCount(),
-                missing: [],
-                extra: [], different: [])
+                name: name, documents: local.values.map(\.count).reduce(0, +), pending: state.pending,
+                failed: state.failed, duplicates: state.unsynced, missing: [], extra: [], different: [])
             for (collection, documents) in serverDocuments {
                 let mine = local[collection] ?? [:]
                 for (id, fields) in documents {
@@ -182,7 +186,22 @@ public enum Convergence {
             }
             comparisons.append(comparison)
         }
-        return ConvergenceReport(devices: comparisons, serverDocuments: everything.values.map(\.count).reduce(0, +))
+        return ConvergenceReport(
+            devices: comparisons, serverDocuments: everything.values.map(\.count).reduce(0, +),
+            serverChanged: before != everything)
+    }
+
+    /// The server's live documents, by collection and id.
+    private static func liveDocuments(_ server: some ServerContents) async throws
+        -> [CollectionPath: [DocumentID: JSONObject]]
+    {
+        var documents: [CollectionPath: [DocumentID: JSONObject]] = [:]
+        for collection in try await server.collections() {
+            for document in try await server.documents(in: collection) {
+                documents[collection, default: [:]][document.id] = document.fields
+            }
+        }
+        return documents
     }
 
     /// Pushes on every device and waits until they all match the server, up to `timeout`, or

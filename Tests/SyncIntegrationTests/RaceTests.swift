@@ -409,7 +409,6 @@ struct RaceTests {
         let report = try await Convergence.waitUntilQuiet(server: server, devices: [laptop, phone])
         #expect(report.isConverged, "\(report.firstDifferences)")
         #expect(try phone.accountCount() == 2)
-        // It failed once on a loaded machine, over TLS, after converging: the rows say which way.
         let (entries, accounts) = (try await phone.entries(), try await phone.accounts())
         #expect(entries.count == 1, "the phone holds \(entries), its accounts \(accounts)")
         #expect(try await phone.service.unsyncedRowCount() == 0)

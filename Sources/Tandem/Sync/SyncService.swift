@@ -638,6 +638,19 @@ extension SyncService {
         try await readState { [store] db in try store.localDocuments(db) }
     }
 
+    /// What this device holds and has still to push, read in one transaction: for comparing the
+    /// device with the server. (Read one at a time, a push could fall between the reads: its row
+    /// left out of the documents, not synced yet, and out of the unsynced count, written back
+    /// since; the status's counts are only refreshed when the push ends.)
+    public func localState() async throws -> LocalState {
+        try await readState { [store] db in
+            let counts = try store.counts(db)
+            return LocalState(
+                documents: try store.localDocuments(db), pending: counts.pending, failed: counts.failed,
+                unsynced: try store.unsyncedRowCount(db))
+        }
+    }
+
     /// Synced rows that have no server id yet.
     public func unsyncedRowCount() throws -> Int {
         try readState { db in try store.unsyncedRowCount(db) }
@@ -646,4 +659,16 @@ extension SyncService {
     public func unsyncedRowCount() async throws -> Int {
         try await readState { [store] db in try store.unsyncedRowCount(db) }
     }
+}
+
+/// What a device holds and has still to push, at one moment (``SyncService/localState()``).
+public struct LocalState: Sendable {
+    /// Every synced row with a server id, as the document a push would send.
+    public var documents: [CollectionPath: [DocumentID: JSONObject]]
+    /// Rows not pushed yet (dirty rows and deletes), failed ones excluded.
+    public var pending: Int
+    /// Rows whose push failed for good.
+    public var failed: Int
+    /// Synced rows without a server id.
+    public var unsynced: Int
 }
