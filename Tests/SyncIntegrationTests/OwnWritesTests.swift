@@ -76,7 +76,12 @@ struct OwnWritesTests {
         try await waitUntil("the full snapshot has come to its end") {
             try await !isResetting(phone) && phone.service.status.pendingCount == 0
         }
-        #expect(try await phone.serverId(ofAccount: mine.id!) != nil, "the phone's own account is gone")
+        // It failed once in about 120 loaded runs over TLS, with the row there and no server id
+        // after the wait: the message says what became of its push.
+        let (failed, conflicts) = (try await phone.service.failedRecords(), try await phone.service.conflicts())
+        #expect(
+            try await phone.serverId(ofAccount: mine.id!) != nil,
+            "the phone's own account has no server id: \(phone.service.status); failed \(failed); conflicts \(conflicts)")
         #expect(try phone.accountCount() == 4)
         await laptop.service.stop()
     }
