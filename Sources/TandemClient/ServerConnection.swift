@@ -27,6 +27,12 @@ public final class ServerConnection: Sendable {
     private let inbox: DispatchQueue
     private let state = Mutex(State())
     private let logger: Logger
+    private let messagesReceived = Atomic(0)
+
+    /// How many messages have come from the server so far. Read in a listener's handler (on
+    /// the connection's queue), it numbers the message being handled; a write's answer is
+    /// numbered the same way (``PendingWrite/arrival``), so the two can be put in order.
+    package var arrivals: Int { messagesReceived.load(ordering: .relaxed) }
 
     private struct State {
         var welcome: ServerMessage.Welcome?
@@ -186,28 +192,32 @@ public final class ServerConnection: Sendable {
     /// hold for ``PendingWrite/wait()``.
     package func startWrite(_ ops: [WriteOp], timeout: Duration = .seconds(30)) -> PendingWrite {
         let pending = PendingWrite()
-        write(ops, timeout: timeout) { result in pending.fulfil(result) }
+        write(ops, timeout: timeout) { [weak self] result in pending.fulfil(result, arrival: self?.arrivals ?? 0) }
         return pending
     }
 
     /// The answer to a write sent with ``startWrite(_:timeout:)``.
     package final class PendingWrite: Sendable {
         private let answered = DispatchSemaphore(value: 0)
-        private let result = Mutex<Result<WriteReply, any Error>?>(nil)
+        private let result = Mutex<(Result<WriteReply, any Error>, arrival: Int)?>(nil)
 
         fileprivate init() {}
 
-        fileprivate func fulfil(_ result: Result<WriteReply, any Error>) {
-            self.result.withLock { $0 = result }
+        fileprivate func fulfil(_ result: Result<WriteReply, any Error>, arrival: Int) {
+            self.result.withLock { $0 = (result, arrival) }
             answered.signal()
         }
 
+        /// The number of the message that answered (see ``ServerConnection/arrivals``), once
+        /// ``wait()`` has returned: a listener's snapshot numbered lower came before it.
+        package var arrival: Int { result.withLock { $0?.arrival ?? 0 } }
+
         /// Blocks until the answer (or the write's timeout, or the connection's end).
         package func wait() -> Result<WriteReply, any Error> {
-            if let result = result.withLock({ $0 }) { return result }
+            if let (result, _) = result.withLock({ $0 }) { return result }
             BlockingCheck.willBlock("waiting for a write's answer (PendingWrite.wait())")
             answered.wait()
-            return result.withLock { $0! }
+            return result.withLock { $0!.0 }
         }
     }
 
@@ -333,6 +343,7 @@ public final class ServerConnection: Sendable {
     }
 
     fileprivate func received(_ bytes: [UInt8]) {
+        messagesReceived.add(1, ordering: .relaxed)
         let message: ServerMessage
         do {
             message = try Wire.decode(ServerMessage.self, from: bytes)

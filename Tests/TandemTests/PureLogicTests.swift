@@ -40,6 +40,35 @@ struct PureLogicTests {
         #expect(Set(names).count == names.count, "\(names)")
     }
 
+    @Test(
+        "reset window: the rows acknowledged after a page's message stay at its end; nothing is kept while no full snapshot is coming"
+    )
+    func resetWindow() throws {
+        let (accounts, others) = (try CollectionPath("accounts"), try CollectionPath("others"))
+        var window = ResetWindow()
+        window.acknowledged([1, 2], of: "account", arrival: 5)
+        #expect(window.rows(of: "account", acknowledgedAfter: 0).isEmpty, "kept with no reset under way")
+
+        window.expect(accounts)
+        window.expect(others)
+        window.acknowledged([3], of: "account", arrival: 7)
+        window.acknowledged([4, 5], of: "account", arrival: 9)
+        window.acknowledged([6], of: "other", arrival: 9)
+        window.acknowledged([], of: "account", arrival: 10)
+        #expect(window.rows(of: "account", acknowledgedAfter: 6) == [3, 4, 5])
+        #expect(window.rows(of: "account", acknowledgedAfter: 7) == [4, 5], "an answer before the page is in it")
+        #expect(window.rows(of: "account", acknowledgedAfter: 9).isEmpty)
+        #expect(window.rows(of: "other", acknowledgedAfter: 0) == [6])
+
+        // Applied through message 8: the answer numbered 7 can matter to no later page.
+        window.applied(through: 8, finished: [accounts])
+        #expect(window.collections == [others])
+        #expect(window.rows(of: "account", acknowledgedAfter: 0) == [4, 5])
+        window.applied(through: 8, finished: [others])
+        #expect(window.collections.isEmpty)
+        #expect(window.rows(of: "other", acknowledgedAfter: 0).isEmpty, "forgotten once no full snapshot is coming")
+    }
+
     @Test("three-way merge: a field changed on one side takes that side, whatever the clocks say")
     func threeWayOneSided() {
         let base: JSONObject = ["title": "Rent", "amount": -100, "updatedAt": 1]

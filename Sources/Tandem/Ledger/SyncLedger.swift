@@ -185,12 +185,13 @@ struct SyncLedger: Sendable {
     /// The full snapshot of a reset has arrived: the clean rows of `model` in the collection
     /// (under `parentRowId` for a nested table) that it did not bring go, through `remove`
     /// (which takes the rows under them too, without filing deletes), and the listener
-    /// resumes as usual.
+    /// resumes as usual. Rows in `keeping` stay: a push wrote them after the server read the
+    /// snapshot's last page (see `ResetWindow`).
     ///
     /// - Returns: How many rows were removed.
     func finishReset(
-        _ model: TableModel, _ collection: CollectionPath, parentRowId: Int64?, _ db: Database,
-        remove: (Int64) throws -> Int
+        _ model: TableModel, _ collection: CollectionPath, parentRowId: Int64?, keeping: Set<Int64> = [],
+        _ db: Database, remove: (Int64) throws -> Int
     ) throws -> Int {
         var condition = "serverId IS NOT NULL AND isDirty = 0"
         var arguments: StatementArguments = []
@@ -206,7 +207,7 @@ struct SyncLedger: Sendable {
                 AND serverId NOT IN (SELECT serverId FROM tandem_reset_seen WHERE collection = ?)
                 """, arguments: arguments)
         var removed = 0
-        for id in gone { removed += try remove(id) }
+        for id in gone where !keeping.contains(id) { removed += try remove(id) }
         try db.execute(sql: "DELETE FROM tandem_reset_seen WHERE collection = ?", arguments: [collection.rawValue])
         // The full snapshot was the whole truth: nothing older can still be on its way.
         try db.execute(sql: "DELETE FROM tandem_gone WHERE collection = ?", arguments: [collection.rawValue])

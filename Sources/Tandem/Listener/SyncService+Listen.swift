@@ -14,16 +14,7 @@ extension SyncService {
         }
         Task { [weak self] in
             guard let self else { return }
-            if let hook = configuration.hooks.beforeConnect {
-                // A hook may hold the attempt (a test's checkpoint): on a thread of its own,
-                // never on one of the few the cooperative pool has.
-                await withCheckedContinuation { continuation in
-                    Thread.detachNewThread {
-                        hook()
-                        continuation.resume()
-                    }
-                }
-            }
+            if let hook = configuration.hooks.beforeConnect { await onThreadOfItsOwn(hook) }
             do {
                 let connection = try await ServerConnection.connect(
                     to: url, clientId: clientId, token: configuration.token, transport: configuration.transport,
@@ -51,10 +42,21 @@ extension SyncService {
                 }
                 logger.debug("connected", metadata: ["tandem.client": "\(clientId)", "tandem.server": "\(url)"])
                 publishStatus()
+                if let hook = configuration.hooks.afterConnect { await onThreadOfItsOwn(hook) }
                 // Push before pull: changes made offline (and creates whose answer was lost)
-                // go out before the listeners bring the server's state.
-                queue.addBarrierBlock { [weak self] in _ = try? self?.push() }
-                queue.addOperation { [weak self] in self?.refreshListeners() }
+                // go out before the listeners bring the server's state. Until this push has
+                // run, no listener opens on the connection (`refreshListeners()` waits for
+                // it): a refresh queued earlier, by a local commit to a parent table, would
+                // otherwise start a reset's full snapshot before the push, and its end would
+                // remove the rows the push had just given server ids.
+                queue.addBarrierBlock { [weak self] in
+                    guard let self else { return }
+                    _ = try? push()
+                    state.withLock { state in
+                        if state.generation == generation { state.pushedOnConnect = generation }
+                    }
+                    refreshListeners()
+                }
             } catch {
                 let retry = state.withLock { state -> Bool in
                     guard state.generation == generation else { return false }
@@ -66,6 +68,17 @@ extension SyncService {
                     noteError(TandemError("cannot connect", error, otherwise: .unreachable))
                     scheduleReconnect()
                 }
+            }
+        }
+    }
+
+    /// Runs a hook that may hold the attempt (a test's checkpoint) on a thread of its own,
+    /// never on one of the few the cooperative pool has.
+    private func onThreadOfItsOwn(_ hook: @escaping @Sendable () -> Void) async {
+        await withCheckedContinuation { continuation in
+            Thread.detachNewThread {
+                hook()
+                continuation.resume()
             }
         }
     }
@@ -132,11 +145,15 @@ extension SyncService {
     /// go on from where the device left them, never sending them again. It opens again, for
     /// the new row, from the whole collection.
     ///
+    /// Does nothing on a connection whose first push has not run: that push's barrier
+    /// refreshes the listeners when it ends (see ``connect()``).
+    ///
     /// Runs on the sync queue.
     func refreshListeners() {
         guard
             let (connection, generation) = state.withLock({ state in
-                state.running ? state.connection.map { ($0, state.generation) } : nil
+                state.running && state.pushedOnConnect == state.generation
+                    ? state.connection.map { ($0, state.generation) } : nil
             }), connection.isOpen
         else { return }
         let (user, maxMessageBytes) = (connection.welcome.user, connection.welcome.limits.maxMessageBytes)
@@ -178,6 +195,7 @@ extension SyncService {
                 for path in close.keys { state.listening.open[path] = nil }
                 let open = desired.filter { state.listening.open[$0.key] == nil }.sorted { $0.key < $1.key }
                     .map { path, target in (path, target, state.listening.opening(path, target)) }
+                for (path, _, _) in open where resetting.contains(path) { state.listening.resets.expect(path) }
                 return (open, close.values.map(\.name))
             }
             for name in close { connection.unlisten(name) }
@@ -192,8 +210,10 @@ extension SyncService {
                 connection.listen(
                     to: path, target: name.text, resumeToken: tokens[path], query: target.query, view: views[path],
                     excludingOwnWrites: excludingOwnWrites && !resetting.contains(path) && name.isFirst
-                ) { [weak self] event in
-                    self?.listenerEvent(event, path: path, target: target, name: name.text, generation: generation)
+                ) { [weak self, weak connection] event in
+                    self?.listenerEvent(
+                        event, arrival: connection?.arrivals ?? 0, path: path, target: target, name: name.text,
+                        generation: generation)
                 }
             }
         } catch {
@@ -202,18 +222,21 @@ extension SyncService {
     }
 
     /// A listener's event, on the connection's queue: into the inbox, and an operation queued
-    /// to take it out.
+    /// to take it out. `arrival` numbers the message that brought it.
     private func listenerEvent(
-        _ event: ServerConnection.ListenEvent, path: CollectionPath, target: ListenerTarget, name: String,
-        generation: Int
+        _ event: ServerConnection.ListenEvent, arrival: Int, path: CollectionPath, target: ListenerTarget,
+        name: String, generation: Int
     ) {
         switch event {
         case .snapshot(let snapshot):
             if snapshot.initial { state.withLock { _ = $0.listenFailures.removeValue(forKey: path) } }
             configuration.hooks.snapshotReceived?(snapshot)
-            deliver(.snapshot(snapshot, path: path, target: target), generation: generation)
+            deliver(.snapshot(snapshot, path: path, target: target, arrival: arrival), generation: generation)
         case .reset(let reason):
             logger.info("listener reset", metadata: ["tandem.collection": "\(path)", "tandem.reason": "\(reason)"])
+            state.withLock { state in
+                if state.generation == generation { state.listening.resets.expect(path) }
+            }
             deliver(.reset(path), generation: generation)
         case .error(let error):
             state.withLock { state in
@@ -319,13 +342,14 @@ extension SyncService {
         }
     }
 
-    /// Listener work waiting for the sync queue, in arrival order.
+    /// Listener work waiting for the sync queue, in arrival order. A snapshot keeps the number
+    /// of its message (``ServerConnection/arrivals``).
     enum Arrival: Sendable {
-        case snapshot(ServerMessage.Snapshot, path: CollectionPath, target: ListenerTarget)
+        case snapshot(ServerMessage.Snapshot, path: CollectionPath, target: ListenerTarget, arrival: Int)
         case reset(CollectionPath)
 
         var changeCount: Int {
-            if case .snapshot(let snapshot, _, _) = self { snapshot.changes.count } else { 0 }
+            if case .snapshot(let snapshot, _, _, _) = self { snapshot.changes.count } else { 0 }
         }
     }
 
@@ -360,7 +384,7 @@ extension SyncService {
             var count = 0
             var collection: CollectionPath?
             for (arrival, _) in inbox {
-                guard case .snapshot(_, let path, _) = arrival else {
+                guard case .snapshot(_, let path, _, _) = arrival else {
                     if taken == 0 { taken = 1 }
                     break
                 }
@@ -385,27 +409,47 @@ extension SyncService {
             }
             return
         }
-        let snapshots = current.compactMap { arrival, _ -> (ServerMessage.Snapshot, CollectionPath, ListenerTarget)? in
-            if case .snapshot(let snapshot, let path, let target) = arrival { (snapshot, path, target) } else { nil }
+        let arrivals = current.compactMap { arrival, _ -> SnapshotArrival? in
+            if case .snapshot(let snapshot, let path, let target, let number) = arrival {
+                (snapshot, path, target, number)
+            } else {
+                nil
+            }
         }
-        if configuration.serialization == .barrier, snapshots.allSatisfy({ Self.onlyMovesToken($0.0) }) {
-            deferTokens(snapshots)
+        if configuration.serialization == .barrier, arrivals.allSatisfy({ Self.onlyMovesToken($0.snapshot) }) {
+            deferTokens(arrivals.map { ($0.snapshot, $0.path, $0.target) })
             return
         }
-        apply(snapshots, generation: generation)
+        apply(arrivals, generation: generation)
     }
 
+    typealias SnapshotArrival = (snapshot: ServerMessage.Snapshot, path: CollectionPath, target: ListenerTarget, arrival: Int)
+
     /// Applies snapshots and stores their resume tokens in one transaction.
-    private func apply(_ snapshots: [(ServerMessage.Snapshot, CollectionPath, ListenerTarget)], generation: Int) {
+    private func apply(_ arrivals: [SnapshotArrival], generation: Int) {
+        let snapshots = arrivals.map { ($0.snapshot, $0.path, $0.target) }
         for (snapshot, _, _) in snapshots { configuration.hooks.beforeApply?(snapshot) }
         // Stopped while the hook held us: as after a crash, nothing of these snapshots is stored.
-        guard state.withLock({ $0.running && $0.generation == generation }) else { return }
+        // The last page of a reset's full snapshot keeps the rows acknowledged after it came.
+        guard
+            let keeping = state.withLock({ state -> [Set<Int64>]? in
+                guard state.running && state.generation == generation else { return nil }
+                return arrivals.map { arrival in
+                    arrival.snapshot.initial && !arrival.snapshot.hasMore
+                        ? state.listening.resets.rows(of: arrival.target.table, acknowledgedAfter: arrival.arrival)
+                        : []
+                }
+            })
+        else { return }
         // One transaction; when a change fails, it is rolled back and the snapshots applied
         // again with each change on its own, so that only the changes that fail are left out.
         func applyAll(isolatingChanges: Bool) throws -> [ApplyOutcome] {
             try ownWrite { db in
-                let outcomes = try snapshots.map { snapshot, path, target in
-                    try store.apply(snapshot, collection: path, target: target, isolatingChanges: isolatingChanges, db)
+                let outcomes = try zip(snapshots, keeping).map { applied, keeping in
+                    let (snapshot, path, target) = applied
+                    return try store.apply(
+                        snapshot, collection: path, target: target, keeping: keeping,
+                        isolatingChanges: isolatingChanges, db)
                 }
                 configuration.hooks.beforeApplyCommit?(snapshots.map(\.0))
                 return outcomes
@@ -423,6 +467,11 @@ extension SyncService {
                 for (_, path, _) in snapshots { deferred.snapshots[path] = nil }
             }
             for (snapshot, _, _) in snapshots { configuration.hooks.afterApply?(snapshot) }
+            state.withLock { state in
+                guard state.generation == generation, let last = arrivals.last?.arrival else { return }
+                let finished = zip(outcomes, arrivals).filter { $0.0.finishedReset }.map(\.1.path)
+                state.listening.resets.applied(through: last, finished: finished)
+            }
             var parentsChanged = false
             for (outcome, (_, _, target)) in zip(outcomes, snapshots) {
                 for failure in outcome.failures { noteError(TandemError(.database, "cannot apply \(failure)")) }

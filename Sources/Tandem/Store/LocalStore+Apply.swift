@@ -22,6 +22,8 @@ struct ApplyOutcome: Sendable {
     var unchanged = 0
     /// The snapshot changed nothing but its resume token: the counts of the status stand.
     var changedNothing = false
+    /// The snapshot was the last page of a reset's full snapshot: the reset is over.
+    var finishedReset = false
 }
 
 extension LocalStore {
@@ -45,7 +47,7 @@ extension LocalStore {
     /// third of the apply's time.)
     func apply(
         _ snapshot: ServerMessage.Snapshot, collection: CollectionPath, target: ListenerTarget,
-        isolatingChanges: Bool, _ db: Database
+        keeping: Set<Int64> = [], isolatingChanges: Bool, _ db: Database
     ) throws -> ApplyOutcome {
         guard let model = byName[target.table] else { return ApplyOutcome() }
         // A nested listener's snapshot that arrives after its parent row went (it left the
@@ -92,9 +94,10 @@ extension LocalStore {
         if resetting { try ledger.noteSeenInReset(collection, snapshot.changes.lazy.map(\.document.id), db) }
         try ledger.storeResumeToken(snapshot.resumeToken, for: collection, db)
         if resetting && snapshot.initial && !snapshot.hasMore {
-            outcome.deleted += try ledger.finishReset(model, collection, parentRowId: target.parentRowId, db) {
-                try removeQuietly(model, rowId: $0, db)
-            }
+            outcome.deleted += try ledger.finishReset(
+                model, collection, parentRowId: target.parentRowId, keeping: keeping, db
+            ) { try removeQuietly(model, rowId: $0, db) }
+            outcome.finishedReset = true
         }
         outcome.changedNothing = !resetting && outcome.unchanged == snapshot.changes.count
         return outcome

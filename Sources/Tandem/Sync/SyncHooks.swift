@@ -17,6 +17,9 @@ import TandemWire
     /// When a connection attempt begins, before the socket is opened (on a thread of its own;
     /// the attempt waits for it).
     public var beforeConnect: (@Sendable () -> Void)?
+    /// A connection is in place, before its first push is queued (on a thread of its own;
+    /// the service waits for it).
+    public var afterConnect: (@Sendable () -> Void)?
     /// Before a `write` is sent, with its ops.
     public var beforeSend: (@Sendable ([WriteOp]) -> Void)?
     /// After the server acknowledged a write, before the answer is written back to SQLite.

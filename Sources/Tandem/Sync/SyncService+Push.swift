@@ -24,7 +24,11 @@ extension SyncService {
         // once, for its report and the status.
         var countsShown = false
         defer { if !countsShown { refreshStatus() } }
-        guard let connection = state.withLock({ $0.running ? $0.connection : nil }), connection.isOpen else {
+        guard
+            let (connection, generation) = state.withLock({ state in
+                state.running ? state.connection.map { ($0, state.generation) } : nil
+            }), connection.isOpen
+        else {
             throw TandemError(.disconnected, "not connected to \(serverURL)")
         }
         let limits = connection.welcome.limits
@@ -115,6 +119,7 @@ extension SyncService {
                 configuration.hooks.afterAck?(results)
                 let (duplicates, merged) = try ownWrite { db in try store.recordAcknowledgement(batch, results, db)
                 }
+                noteAcknowledged(batch, arrival: answer.arrival, generation: generation)
                 configuration.hooks.afterWriteBack?(batch.map(\.op), results)
                 for duplicate in duplicates { noteError(TandemError(.database, duplicate)) }
                 report.conflicts += merged
@@ -185,6 +190,17 @@ extension SyncService {
         report.pending = counts.pending
         report.failed = counts.failed
         return report
+    }
+
+    /// Notes the rows an acknowledgement wrote back, while a reset's full snapshot may still
+    /// end on this connection (see ``ResetWindow``).
+    private func noteAcknowledged(_ batch: [PreparedPush], arrival: Int, generation: Int) {
+        state.withLock { state in
+            guard state.generation == generation, !state.listening.resets.collections.isEmpty else { return }
+            for (table, pushes) in Dictionary(grouping: batch.lazy.filter { $0.op.kind != .delete }, by: \.table) {
+                state.listening.resets.acknowledged(pushes.map(\.rowId), of: table, arrival: arrival)
+            }
+        }
     }
 
     /// Whether a batch creates rows of a table that others nest under or reference: the next

@@ -80,6 +80,17 @@ public final class SyncService: Sendable {
             Dictionary(uniqueKeysWithValues: deferred.snapshots.map { ($0.key.rawValue, $0.value.0.resumeToken) })
         }
     }
+    /// The collections with a listener open on the current connection.
+    @_spi(Testing) public var listenedCollections: [String] {
+        state.withLock { $0.listening.open.keys.map(\.rawValue).sorted() }
+    }
+
+    /// Waits until the work queued on the sync queue so far has run: a hook can let an
+    /// operation a commit queued run before the engine goes on. Not from the sync queue.
+    @_spi(Testing) public func waitForQueuedWork() {
+        queue.addOperations([BlockOperation {}], waitUntilFinished: true)
+    }
+
     let logger: Logger
     let parentTables: Set<String>
     /// Tables whose rows others nest under or reference.
@@ -102,6 +113,8 @@ public final class SyncService: Sendable {
         var urlIndex = 0
         /// True from the start of a connection attempt until it succeeds or fails.
         var connecting = false
+        /// The generation whose connection has had its first push: its listeners may open.
+        var pushedOnConnect = 0
         var listening = Listeners()
         /// Counts reads of the counts for the status, and the last one shown: reads that run
         /// at once may finish out of order, and an older one must not overwrite a newer.
