@@ -41,32 +41,43 @@ struct PureLogicTests {
     }
 
     @Test(
-        "reset window: the rows acknowledged after a page's message stay at its end; nothing is kept while no full snapshot is coming"
+        "reset window: a full snapshot's end keeps the rows acknowledged after it was read (its last page, a view's first frame); nothing is kept while none is coming"
     )
     func resetWindow() throws {
-        let (accounts, others) = (try CollectionPath("accounts"), try CollectionPath("others"))
+        let (accounts, shared) = (try CollectionPath("accounts"), try CollectionPath("shared"))
         var window = ResetWindow()
         window.acknowledged([1, 2], of: "account", arrival: 5)
-        #expect(window.rows(of: "account", acknowledgedAfter: 0).isEmpty, "kept with no reset under way")
+        func kept(_ table: String, _ path: CollectionPath, lastPage: Int, view: Bool = false) -> Set<Int64> {
+            window.rows(of: table, in: path, lastPage: lastPage, readAtFirstFrame: view)
+        }
+        #expect(kept("account", accounts, lastPage: 0).isEmpty, "kept with no reset under way")
 
         window.expect(accounts)
-        window.expect(others)
+        window.expect(shared)
+        window.received(initialFrameOf: shared, arrival: 6)
+        window.received(initialFrameOf: shared, arrival: 8)  // not the first
         window.acknowledged([3], of: "account", arrival: 7)
         window.acknowledged([4, 5], of: "account", arrival: 9)
-        window.acknowledged([6], of: "other", arrival: 9)
+        window.acknowledged([6], of: "note", arrival: 9)
         window.acknowledged([], of: "account", arrival: 10)
-        #expect(window.rows(of: "account", acknowledgedAfter: 6) == [3, 4, 5])
-        #expect(window.rows(of: "account", acknowledgedAfter: 7) == [4, 5], "an answer before the page is in it")
-        #expect(window.rows(of: "account", acknowledgedAfter: 9).isEmpty)
-        #expect(window.rows(of: "other", acknowledgedAfter: 0) == [6])
+        #expect(kept("account", accounts, lastPage: 6) == [3, 4, 5])
+        #expect(kept("account", accounts, lastPage: 7) == [4, 5], "an answer before the page is in it")
+        #expect(kept("account", accounts, lastPage: 9).isEmpty)
+        #expect(kept("note", shared, lastPage: 11, view: true) == [6], "a view is read before its first frame")
+        #expect(kept("note", shared, lastPage: 11).isEmpty)
 
-        // Applied through message 8: the answer numbered 7 can matter to no later page.
-        window.applied(through: 8, finished: [accounts])
-        #expect(window.collections == [others])
-        #expect(window.rows(of: "account", acknowledgedAfter: 0) == [4, 5])
-        window.applied(through: 8, finished: [others])
-        #expect(window.collections.isEmpty)
-        #expect(window.rows(of: "other", acknowledgedAfter: 0).isEmpty, "forgotten once no full snapshot is coming")
+        // Taken through message 8: the answer numbered 7 came after the view's first frame
+        // (6), whose last page is still to come.
+        window.taken(through: 8, finished: [accounts])
+        #expect(kept("account", shared, lastPage: 8, view: true) == [3, 4, 5])
+        window.received(initialFrameOf: shared, arrival: 12)
+        window.taken(through: 12, finished: [])
+        #expect(kept("note", shared, lastPage: 12, view: true) == [6], "the first frame stands")
+        // The view's listener closed: nothing is coming any more.
+        window.forget(shared)
+        #expect(window.isEmpty)
+        window.expect(shared)
+        #expect(kept("note", shared, lastPage: 0).isEmpty, "forgotten once no full snapshot is coming")
     }
 
     @Test("three-way merge: a field changed on one side takes that side, whatever the clocks say")

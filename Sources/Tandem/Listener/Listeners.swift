@@ -24,9 +24,6 @@ struct Listeners {
     }
 
     var open: [CollectionPath: Open] = [:]
-    /// Full snapshots of resets that may still end on this connection, and what pushes
-    /// acknowledged meanwhile.
-    var resets = ResetWindow()
     /// How many listeners each collection had on this connection.
     private var opened: [CollectionPath: Int] = [:]
     /// How many listeners opened on this connection.

@@ -1,54 +1,80 @@
 import TandemWire
 
-/// The rows that pushes wrote back while a reset's full snapshot could still end on this
-/// connection, each with the number of the message that acknowledged it
+/// The rows that pushes wrote back while a reset's full snapshot could still end on the
+/// current connection, each with the number of the message that acknowledged it
 /// (``ServerConnection/arrivals``).
 ///
 /// A reset's full snapshot is the whole truth: at its end, the clean rows it did not bring
-/// go (``SyncLedger/finishReset(_:_:parentRowId:keeping:_:remove:)``). The server reads its
-/// last page at one moment; a write it applies after that is not in the page, and the write's
-/// acknowledgement comes after the page on the connection. A push that runs between the
-/// page's arrival and its apply (the page waits behind the push's barrier) writes such a row
-/// back, and the end of the page would remove it although the server holds it: for good,
-/// when the listener leaves out its own writes, or to come back under a new local id. So the
-/// rows acknowledged by a message after the page's stay.
+/// go (``SyncLedger/finishReset(_:_:parentRowId:keeping:_:remove:)``). But the server reads
+/// it at one moment: a collection's last page when it reads that page, a query's whole view
+/// before its first frame. A write it applies after that is not in the snapshot, and the
+/// write's acknowledgement comes after that message on the connection. A push that runs
+/// before the last page is applied (the page waits behind the push's barrier, or beside it
+/// with `Serialization.unserialized`) writes such a row back, and the end of the snapshot
+/// would remove it although the server holds it: for good when the listener leaves out its
+/// own writes, or to come back under a new local id. So the rows acknowledged by a message
+/// after the one the snapshot was read for stay.
+///
+/// It lives as long as one connection (a new one brings its full snapshots again).
 struct ResetWindow {
-    /// Collections whose full snapshot may still end on this connection.
-    private(set) var collections: Set<CollectionPath> = []
+    /// Collections whose full snapshot may still end on this connection, each with the
+    /// number of its first frame once it came.
+    private var coming: [CollectionPath: Int?] = [:]
     private var acknowledged: [(arrival: Int, table: String, rowIds: [Int64])] = []
 
+    var isEmpty: Bool { coming.isEmpty }
+
     /// A reset's full snapshot is coming for `path`: listened to while a reset was under way,
-    /// or reset by the server.
+    /// or reset by the server (again, when it starts over).
     mutating func expect(_ path: CollectionPath) {
-        collections.insert(path)
+        coming[path] = .some(nil)
+    }
+
+    /// An `initial` frame of `path` came as message `arrival`.
+    mutating func received(initialFrameOf path: CollectionPath, arrival: Int) {
+        if let first = coming[path], first == nil { coming[path] = arrival }
+    }
+
+    /// No full snapshot of `path` is coming on this connection any more: its listener closed,
+    /// or the server refused it.
+    mutating func forget(_ path: CollectionPath) {
+        coming[path] = nil
+        if coming.isEmpty { acknowledged = [] }
     }
 
     /// A push wrote back `rowIds` of `table`, acknowledged by message `arrival`. Nothing is
     /// kept while no full snapshot is coming.
     mutating func acknowledged(_ rowIds: [Int64], of table: String, arrival: Int) {
-        guard !collections.isEmpty, !rowIds.isEmpty else { return }
+        guard !coming.isEmpty, !rowIds.isEmpty else { return }
         acknowledged.append((arrival, table, rowIds))
     }
 
-    /// The rows of `table` acknowledged by a message after `arrival`: a page numbered
-    /// `arrival` does not hold what they wrote.
-    func rows(of table: String, acknowledgedAfter arrival: Int) -> Set<Int64> {
+    /// The rows of `table` that the full snapshot of `path`, ending with the page numbered
+    /// `lastPage`, does not hold: those acknowledged after the page, or after the first
+    /// frame for a query's view (`readAtFirstFrame`).
+    func rows(
+        of table: String, in path: CollectionPath, lastPage: Int, readAtFirstFrame: Bool
+    ) -> Set<Int64> {
+        let readFor = readAtFirstFrame ? (coming[path].flatMap { $0 } ?? lastPage) : lastPage
         var rows: Set<Int64> = []
-        for entry in acknowledged where entry.arrival > arrival && entry.table == table {
+        for entry in acknowledged where entry.arrival > readFor && entry.table == table {
             rows.formUnion(entry.rowIds)
         }
         return rows
     }
 
-    /// Snapshots up to message `arrival` were applied, and the full snapshots of `finished`
-    /// ended: the acknowledgements up to it can matter to no page still to come (those are
-    /// numbered later).
-    mutating func applied(through arrival: Int, finished: some Sequence<CollectionPath>) {
-        collections.subtract(finished)
-        if collections.isEmpty {
+    /// Snapshots up to message `arrival` were taken from the inbox (applied, or their tokens
+    /// kept), and the full snapshots of `finished` ended. The acknowledgements up to `arrival`
+    /// can matter to no snapshot still to come (its pages are numbered later), except to a
+    /// query's view whose first frame came before them.
+    mutating func taken(through arrival: Int, finished: some Sequence<CollectionPath>) {
+        for path in finished { coming[path] = nil }
+        if coming.isEmpty {
             acknowledged = []
         } else {
-            acknowledged.removeAll { $0.arrival <= arrival }
+            let firstFrames = coming.values.compactMap { $0 }
+            let keepFrom = min(arrival, firstFrames.min() ?? arrival)
+            acknowledged.removeAll { $0.arrival <= keepFrom }
         }
     }
 }

@@ -27,6 +27,7 @@ extension SyncService {
                     state.connecting = false
                     state.connection = connection
                     state.listening = Listeners()
+                    state.resets = ResetWindow()
                     state.listenFailures = [:]
                     state.reconnectAttempt = 0
                     state.status.isConnected = true
@@ -192,10 +193,13 @@ extension SyncService {
                 // The connection went while the state was read: the next one has its own refresh.
                 guard state.connection === connection, state.generation == generation else { return ([], []) }
                 let close = state.listening.open.filter { desired[$0.key] != $0.value.target }
-                for path in close.keys { state.listening.open[path] = nil }
+                for path in close.keys {
+                    state.listening.open[path] = nil
+                    state.resets.forget(path)
+                }
                 let open = desired.filter { state.listening.open[$0.key] == nil }.sorted { $0.key < $1.key }
                     .map { path, target in (path, target, state.listening.opening(path, target)) }
-                for (path, _, _) in open where resetting.contains(path) { state.listening.resets.expect(path) }
+                for (path, _, _) in open where resetting.contains(path) { state.resets.expect(path) }
                 return (open, close.values.map(\.name))
             }
             for name in close { connection.unlisten(name) }
@@ -229,19 +233,25 @@ extension SyncService {
     ) {
         switch event {
         case .snapshot(let snapshot):
-            if snapshot.initial { state.withLock { _ = $0.listenFailures.removeValue(forKey: path) } }
+            if snapshot.initial {
+                state.withLock { state in
+                    state.listenFailures[path] = nil
+                    if state.generation == generation { state.resets.received(initialFrameOf: path, arrival: arrival) }
+                }
+            }
             configuration.hooks.snapshotReceived?(snapshot)
             deliver(.snapshot(snapshot, path: path, target: target, arrival: arrival), generation: generation)
         case .reset(let reason):
             logger.info("listener reset", metadata: ["tandem.collection": "\(path)", "tandem.reason": "\(reason)"])
             state.withLock { state in
-                if state.generation == generation { state.listening.resets.expect(path) }
+                if state.generation == generation { state.resets.expect(path) }
             }
             deliver(.reset(path), generation: generation)
         case .error(let error):
             state.withLock { state in
                 if state.generation == generation, state.listening.open[path]?.name == name {
                     state.listening.open[path] = nil
+                    state.resets.forget(path)
                 }
             }
             noteError(TandemError(.server, "listening to \(path) was refused: \(error.message)", serverError: error))
@@ -418,9 +428,18 @@ extension SyncService {
         }
         if configuration.serialization == .barrier, arrivals.allSatisfy({ Self.onlyMovesToken($0.snapshot) }) {
             deferTokens(arrivals.map { ($0.snapshot, $0.path, $0.target) })
+            taken(arrivals, finished: [], generation: generation)
             return
         }
         apply(arrivals, generation: generation)
+    }
+
+    /// Snapshots left the inbox: see ``ResetWindow/taken(through:finished:)``.
+    private func taken(_ arrivals: [SnapshotArrival], finished: [CollectionPath], generation: Int) {
+        guard let last = arrivals.last?.arrival else { return }
+        state.withLock { state in
+            if state.generation == generation { state.resets.taken(through: last, finished: finished) }
+        }
     }
 
     typealias SnapshotArrival = (snapshot: ServerMessage.Snapshot, path: CollectionPath, target: ListenerTarget, arrival: Int)
@@ -430,21 +449,23 @@ extension SyncService {
         let snapshots = arrivals.map { ($0.snapshot, $0.path, $0.target) }
         for (snapshot, _, _) in snapshots { configuration.hooks.beforeApply?(snapshot) }
         // Stopped while the hook held us: as after a crash, nothing of these snapshots is stored.
-        // The last page of a reset's full snapshot keeps the rows acknowledged after it came.
-        guard
-            let keeping = state.withLock({ state -> [Set<Int64>]? in
-                guard state.running && state.generation == generation else { return nil }
-                return arrivals.map { arrival in
-                    arrival.snapshot.initial && !arrival.snapshot.hasMore
-                        ? state.listening.resets.rows(of: arrival.target.table, acknowledgedAfter: arrival.arrival)
-                        : []
-                }
-            })
-        else { return }
+        guard state.withLock({ $0.running && $0.generation == generation }) else { return }
         // One transaction; when a change fails, it is rolled back and the snapshots applied
         // again with each change on its own, so that only the changes that fail are left out.
         func applyAll(isolatingChanges: Bool) throws -> [ApplyOutcome] {
             try ownWrite { db in
+                // The last page of a reset's full snapshot keeps the rows acknowledged after
+                // the snapshot was read: looked up within the transaction, after any
+                // write-back that committed before it.
+                let keeping = state.withLock { state in
+                    arrivals.map { arrival in
+                        arrival.snapshot.initial && !arrival.snapshot.hasMore
+                            ? state.resets.rows(
+                                of: arrival.target.table, in: arrival.path, lastPage: arrival.arrival,
+                                readAtFirstFrame: arrival.target.query != nil)
+                            : []
+                    }
+                }
                 let outcomes = try zip(snapshots, keeping).map { applied, keeping in
                     let (snapshot, path, target) = applied
                     return try store.apply(
@@ -467,11 +488,8 @@ extension SyncService {
                 for (_, path, _) in snapshots { deferred.snapshots[path] = nil }
             }
             for (snapshot, _, _) in snapshots { configuration.hooks.afterApply?(snapshot) }
-            state.withLock { state in
-                guard state.generation == generation, let last = arrivals.last?.arrival else { return }
-                let finished = zip(outcomes, arrivals).filter { $0.0.finishedReset }.map(\.1.path)
-                state.listening.resets.applied(through: last, finished: finished)
-            }
+            taken(arrivals, finished: zip(outcomes, arrivals).filter { $0.0.finishedReset }.map(\.1.path),
+                generation: generation)
             var parentsChanged = false
             for (outcome, (_, _, target)) in zip(outcomes, snapshots) {
                 for failure in outcome.failures { noteError(TandemError(.database, "cannot apply \(failure)")) }

@@ -117,9 +117,13 @@ extension SyncService {
                     throw error
                 }
                 configuration.hooks.afterAck?(results)
-                let (duplicates, merged) = try ownWrite { db in try store.recordAcknowledgement(batch, results, db)
+                let (duplicates, merged) = try ownWrite { db in
+                    // Noted before the write-back commits, so that an apply that runs beside
+                    // it (`Serialization.unserialized`) and sees the rows written back sees
+                    // them noted too.
+                    noteAcknowledged(batch, arrival: answer.arrival, generation: generation)
+                    return try store.recordAcknowledgement(batch, results, db)
                 }
-                noteAcknowledged(batch, arrival: answer.arrival, generation: generation)
                 configuration.hooks.afterWriteBack?(batch.map(\.op), results)
                 for duplicate in duplicates { noteError(TandemError(.database, duplicate)) }
                 report.conflicts += merged
@@ -196,9 +200,9 @@ extension SyncService {
     /// end on this connection (see ``ResetWindow``).
     private func noteAcknowledged(_ batch: [PreparedPush], arrival: Int, generation: Int) {
         state.withLock { state in
-            guard state.generation == generation, !state.listening.resets.collections.isEmpty else { return }
+            guard state.generation == generation, !state.resets.isEmpty else { return }
             for (table, pushes) in Dictionary(grouping: batch.lazy.filter { $0.op.kind != .delete }, by: \.table) {
-                state.listening.resets.acknowledged(pushes.map(\.rowId), of: table, arrival: arrival)
+                state.resets.acknowledged(pushes.map(\.rowId), of: table, arrival: arrival)
             }
         }
     }

@@ -116,6 +116,10 @@ public final class SyncService: Sendable {
         /// The generation whose connection has had its first push: its listeners may open.
         var pushedOnConnect = 0
         var listening = Listeners()
+        /// Full snapshots of resets that may still end on the connection of `generation`,
+        /// and what pushes acknowledged meanwhile: kept after the connection closes, while
+        /// what it delivered may still be applied.
+        var resets = ResetWindow()
         /// Counts reads of the counts for the status, and the last one shown: reads that run
         /// at once may finish out of order, and an older one must not overwrite a newer.
         var countReads = 0
