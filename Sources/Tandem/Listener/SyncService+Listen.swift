@@ -302,10 +302,10 @@ extension SyncService {
 
     /// Keeps snapshots that only move their collection's token, to be stored together in one
     /// transaction: once ``SyncConfiguration/tokenStoreDelay`` has passed and the sync queue
-    /// gets to it, at the start of every listener refresh (a new connection, a parent row
-    /// changed), or when the service stops. A later snapshot of the collection stores its own
-    /// token and drops the kept one; so does a reset. (Only with the barrier: these all run on
-    /// the sync queue, in order.)
+    /// gets to it, at the start of every listener refresh that runs (after a connection's
+    /// first push, when a parent row changed), or when the service stops. A later snapshot of
+    /// the collection stores its own token and drops the kept one; so does a reset. (Only with
+    /// the barrier: these all run on the sync queue, in order.)
     ///
     /// One comes after each batch a push sends, and storing each at once was a transaction that
     /// the next push waited behind (the barrier). Six alternated pairs of `bench throughput`:
