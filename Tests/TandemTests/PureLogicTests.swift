@@ -52,8 +52,8 @@ struct PureLogicTests {
         }
         #expect(kept("account", accounts, lastPage: 0).isEmpty, "kept with no reset under way")
 
-        window.expect(accounts)
-        window.expect(shared)
+        window.expect(accounts, since: 5)
+        window.expect(shared, since: 5)
         window.received(initialFrameOf: shared, arrival: 6)
         window.received(initialFrameOf: shared, arrival: 8)  // not the first
         window.acknowledged([3], of: "account", arrival: 7)
@@ -68,16 +68,27 @@ struct PureLogicTests {
 
         // Taken through message 8: the answer numbered 7 came after the view's first frame
         // (6), whose last page is still to come.
-        window.taken(through: 8, finished: [accounts])
+        window.taken(through: 8, finished: [(accounts, 8)])
         #expect(kept("account", shared, lastPage: 8, view: true) == [3, 4, 5])
         window.received(initialFrameOf: shared, arrival: 12)
         window.taken(through: 12, finished: [])
         #expect(kept("note", shared, lastPage: 12, view: true) == [6], "the first frame stands")
+
+        // The server starts the view over (a reset, message 13) before the old round's last
+        // page (12) is applied: that page keeps every row noted, and does not end the new round.
+        window.expect(shared, since: 13)
+        #expect(kept("account", shared, lastPage: 12, view: true) == [3, 4, 5])
+        window.taken(through: 12, finished: [(shared, 12)])
+        #expect(!window.isEmpty, "the new round is still coming")
+        window.received(initialFrameOf: shared, arrival: 14)
+        window.acknowledged([7], of: "account", arrival: 15)
+        #expect(kept("account", shared, lastPage: 16, view: true) == [7])
+
         // The view's listener closed: nothing is coming any more.
         window.forget(shared)
         #expect(window.isEmpty)
-        window.expect(shared)
-        #expect(kept("note", shared, lastPage: 0).isEmpty, "forgotten once no full snapshot is coming")
+        window.expect(shared, since: 20)
+        #expect(kept("account", shared, lastPage: 21).isEmpty, "forgotten once no full snapshot is coming")
     }
 
     @Test("three-way merge: a field changed on one side takes that side, whatever the clocks say")

@@ -1,8 +1,7 @@
 import TandemWire
 
-/// The rows that pushes wrote back while a reset's full snapshot could still end on the
-/// current connection, each with the number of the message that acknowledged it
-/// (``ServerConnection/arrivals``).
+/// The rows that pushes wrote back while a reset's full snapshot could still end, each with
+/// the number of the message that acknowledged it (``ServerConnection/arrivals``).
 ///
 /// A reset's full snapshot is the whole truth: at its end, the clean rows it did not bring
 /// go (``SyncLedger/finishReset(_:_:parentRowId:keeping:_:remove:)``). But the server reads
@@ -15,24 +14,30 @@ import TandemWire
 /// own writes, or to come back under a new local id. So the rows acknowledged by a message
 /// after the one the snapshot was read for stay.
 ///
-/// It lives as long as one connection (a new one brings its full snapshots again).
+/// Each connection has its own (the numbers are the connection's), kept until the next
+/// connection comes, while what the last one delivered may still be applied.
 struct ResetWindow {
-    /// Collections whose full snapshot may still end on this connection, each with the
-    /// number of its first frame once it came.
-    private var coming: [CollectionPath: Int?] = [:]
+    /// A full snapshot on its way: from which message on (the `reset`, or the listen), and
+    /// the number of its first frame once it came.
+    private struct Round {
+        var since: Int
+        var firstFrame: Int?
+    }
+
+    private var coming: [CollectionPath: Round] = [:]
     private var acknowledged: [(arrival: Int, table: String, rowIds: [Int64])] = []
 
     var isEmpty: Bool { coming.isEmpty }
 
-    /// A reset's full snapshot is coming for `path`: listened to while a reset was under way,
-    /// or reset by the server (again, when it starts over).
-    mutating func expect(_ path: CollectionPath) {
-        coming[path] = .some(nil)
+    /// A reset's full snapshot of `path` comes after message `since`: listened to while a
+    /// reset was under way, or reset by the server (again, when it starts over).
+    mutating func expect(_ path: CollectionPath, since: Int) {
+        coming[path] = Round(since: since)
     }
 
     /// An `initial` frame of `path` came as message `arrival`.
     mutating func received(initialFrameOf path: CollectionPath, arrival: Int) {
-        if let first = coming[path], first == nil { coming[path] = arrival }
+        if coming[path]?.firstFrame == nil { coming[path]?.firstFrame = arrival }
     }
 
     /// No full snapshot of `path` is coming on this connection any more: its listener closed,
@@ -50,12 +55,15 @@ struct ResetWindow {
     }
 
     /// The rows of `table` that the full snapshot of `path`, ending with the page numbered
-    /// `lastPage`, does not hold: those acknowledged after the page, or after the first
-    /// frame for a query's view (`readAtFirstFrame`).
-    func rows(
-        of table: String, in path: CollectionPath, lastPage: Int, readAtFirstFrame: Bool
-    ) -> Set<Int64> {
-        let readFor = readAtFirstFrame ? (coming[path].flatMap { $0 } ?? lastPage) : lastPage
+    /// `lastPage`, does not hold: those acknowledged after the page, or, for a query's view
+    /// (`readAtFirstFrame`), after its first frame. A view whose round was overtaken by a
+    /// newer one (its first frame no longer known) keeps every row noted.
+    func rows(of table: String, in path: CollectionPath, lastPage: Int, readAtFirstFrame: Bool) -> Set<Int64> {
+        var readFor = lastPage
+        if readAtFirstFrame {
+            let round = coming[path]
+            readFor = round.flatMap { $0.since < lastPage ? $0.firstFrame : nil } ?? 0
+        }
         var rows: Set<Int64> = []
         for entry in acknowledged where entry.arrival > readFor && entry.table == table {
             rows.formUnion(entry.rowIds)
@@ -64,16 +72,18 @@ struct ResetWindow {
     }
 
     /// Snapshots up to message `arrival` were taken from the inbox (applied, or their tokens
-    /// kept), and the full snapshots of `finished` ended. The acknowledgements up to `arrival`
+    /// kept), and the full snapshots whose last pages are `finished` ended: a round that began
+    /// after its page (a newer `reset`) is still coming. The acknowledgements up to `arrival`
     /// can matter to no snapshot still to come (its pages are numbered later), except to a
-    /// query's view whose first frame came before them.
-    mutating func taken(through arrival: Int, finished: some Sequence<CollectionPath>) {
-        for path in finished { coming[path] = nil }
+    /// view whose first frame came before them.
+    mutating func taken(through arrival: Int, finished: [(path: CollectionPath, lastPage: Int)]) {
+        for (path, lastPage) in finished where coming[path].map({ $0.since < lastPage }) == true {
+            coming[path] = nil
+        }
         if coming.isEmpty {
             acknowledged = []
         } else {
-            let firstFrames = coming.values.compactMap { $0 }
-            let keepFrom = min(arrival, firstFrames.min() ?? arrival)
+            let keepFrom = coming.values.compactMap(\.firstFrame).reduce(arrival, min)
             acknowledged.removeAll { $0.arrival <= keepFrom }
         }
     }

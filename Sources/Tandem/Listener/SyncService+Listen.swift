@@ -199,7 +199,9 @@ extension SyncService {
                 }
                 let open = desired.filter { state.listening.open[$0.key] == nil }.sorted { $0.key < $1.key }
                     .map { path, target in (path, target, state.listening.opening(path, target)) }
-                for (path, _, _) in open where resetting.contains(path) { state.resets.expect(path) }
+                for (path, _, _) in open where resetting.contains(path) {
+                    state.resets.expect(path, since: connection.arrivals)
+                }
                 return (open, close.values.map(\.name))
             }
             for name in close { connection.unlisten(name) }
@@ -244,7 +246,7 @@ extension SyncService {
         case .reset(let reason):
             logger.info("listener reset", metadata: ["tandem.collection": "\(path)", "tandem.reason": "\(reason)"])
             state.withLock { state in
-                if state.generation == generation { state.resets.expect(path) }
+                if state.generation == generation { state.resets.expect(path, since: arrival) }
             }
             deliver(.reset(path), generation: generation)
         case .error(let error):
@@ -435,12 +437,17 @@ extension SyncService {
     }
 
     /// Snapshots left the inbox: see ``ResetWindow/taken(through:finished:)``.
-    private func taken(_ arrivals: [SnapshotArrival], finished: [CollectionPath], generation: Int) {
+    private func taken(
+        _ arrivals: [SnapshotArrival], finished: [(path: CollectionPath, lastPage: Int)], generation: Int
+    ) {
         guard let last = arrivals.last?.arrival else { return }
         state.withLock { state in
             if state.generation == generation { state.resets.taken(through: last, finished: finished) }
         }
     }
+
+    /// The connection that delivered the snapshots being applied was replaced meanwhile.
+    private struct ConnectionGone: Error {}
 
     typealias SnapshotArrival = (snapshot: ServerMessage.Snapshot, path: CollectionPath, target: ListenerTarget, arrival: Int)
 
@@ -456,9 +463,11 @@ extension SyncService {
             try ownWrite { db in
                 // The last page of a reset's full snapshot keeps the rows acknowledged after
                 // the snapshot was read: looked up within the transaction, after any
-                // write-back that committed before it.
-                let keeping = state.withLock { state in
-                    arrivals.map { arrival in
+                // write-back that committed before it. A connection that came meanwhile has
+                // its own window: then nothing is stored, as for any connection gone.
+                let keeping = try state.withLock { state in
+                    guard state.generation == generation else { throw ConnectionGone() }
+                    return arrivals.map { arrival in
                         arrival.snapshot.initial && !arrival.snapshot.hasMore
                             ? state.resets.rows(
                                 of: arrival.target.table, in: arrival.path, lastPage: arrival.arrival,
@@ -488,8 +497,8 @@ extension SyncService {
                 for (_, path, _) in snapshots { deferred.snapshots[path] = nil }
             }
             for (snapshot, _, _) in snapshots { configuration.hooks.afterApply?(snapshot) }
-            taken(arrivals, finished: zip(outcomes, arrivals).filter { $0.0.finishedReset }.map(\.1.path),
-                generation: generation)
+            let finished = zip(outcomes, arrivals).filter { $0.0.finishedReset }.map { ($0.1.path, $0.1.arrival) }
+            taken(arrivals, finished: finished, generation: generation)
             var parentsChanged = false
             for (outcome, (_, _, target)) in zip(outcomes, snapshots) {
                 for failure in outcome.failures { noteError(TandemError(.database, "cannot apply \(failure)")) }
@@ -503,6 +512,8 @@ extension SyncService {
             // Echoes of this device's own writes (the usual snapshot after a push) leave the
             // counts as they were: no read for them.
             if outcomes.allSatisfy(\.changedNothing) { return }
+        } catch is ConnectionGone {
+            return
         } catch {
             let paths = Set(snapshots.map { $0.1.rawValue }).sorted().joined(separator: ", ")
             noteError(TandemError("cannot apply a snapshot of \(paths)", error, otherwise: .database))
