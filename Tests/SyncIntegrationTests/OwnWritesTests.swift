@@ -83,7 +83,8 @@ struct OwnWritesTests {
         let (failed, conflicts) = (try await phone.service.failedRecords(), try await phone.service.conflicts())
         #expect(
             try await phone.serverId(ofAccount: mine.id!) != nil,
-            "the phone's own account has no server id: \(phone.service.status); failed \(failed); conflicts \(conflicts)")
+            "the phone's own account has no server id: \(phone.service.status); failed \(failed); conflicts \(conflicts)"
+        )
         #expect(try phone.accountCount() == 4)
         await laptop.service.stop()
     }
@@ -101,8 +102,8 @@ struct OwnWritesTests {
         let laptop = try await laptopWithThreeAccounts(on: server)
 
         let device = Mutex<TestDevice?>(nil)
-        let connections = Mutex(0)
-        let snapshots = Mutex(0)
+        let connections = Atomic(0)
+        let snapshots = Atomic(0)
         let listenedBeforePush = Mutex<[String]?>(nil)
         let (snapshotArrived, pushBegan) = (DispatchSemaphore(value: 0), DispatchSemaphore(value: 0))
         let phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
@@ -122,15 +123,14 @@ struct OwnWritesTests {
                 if !listened.isEmpty { _ = snapshotArrived.wait(timeout: .now() + 30) }
             }
             configuration.hooks.snapshotReceived = { _ in
-                guard snapshots.withLock({ $0 += 1; return $0 }) == 1 else { return }
+                guard snapshots.add(1, ordering: .relaxed).newValue == 1 else { return }
                 snapshotArrived.signal()
                 // Queued for applying once the push holds the queue.
                 _ = pushBegan.wait(timeout: .now() + 30)
             }
             configuration.hooks.afterConnect = {
-                guard connections.withLock({ $0 += 1; return $0 }) == 1, let phone = device.withLock({ $0 }) else {
-                    return
-                }
+                guard connections.add(1, ordering: .relaxed).newValue == 1 else { return }
+                guard let phone = device.withLock({ $0 }) else { return }
                 // The order that once came by chance on a loaded machine: a commit to a
                 // parent table queues a refresh of the listeners, which runs with the
                 // connection in place and before the push is queued.

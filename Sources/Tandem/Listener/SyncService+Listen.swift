@@ -449,7 +449,9 @@ extension SyncService {
     /// The connection that delivered the snapshots being applied was replaced meanwhile.
     private struct ConnectionGone: Error {}
 
-    typealias SnapshotArrival = (snapshot: ServerMessage.Snapshot, path: CollectionPath, target: ListenerTarget, arrival: Int)
+    typealias SnapshotArrival = (
+        snapshot: ServerMessage.Snapshot, path: CollectionPath, target: ListenerTarget, arrival: Int
+    )
 
     /// Applies snapshots and stores their resume tokens in one transaction.
     private func apply(_ arrivals: [SnapshotArrival], generation: Int) {
