@@ -204,6 +204,75 @@ struct OwnWritesTests {
         await laptop.service.stop()
     }
 
+    /// Without the check, the older change removed the row (clean at the newer version), and
+    /// the echo of the newer version inserted it again under a new local id.
+    @Test(
+        "a row this device put back into its scope, while the change that took it out waited behind the push, keeps its local id"
+    )
+    func putBackInScopeKeepsRow() async throws {
+        let server = try await TestServer()
+        let items = SyncTable.root("item", collection: "items").where("archived", isEqualTo: .value(.int(0)))
+        let model = DeviceModel(tables: [items]) { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE item (
+                        id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL,
+                        archived INTEGER NOT NULL DEFAULT 0, isShared INTEGER NOT NULL DEFAULT 1)
+                    """)
+        }
+        let holdNextSend = Atomic(false)
+        let heldSend = Checkpoint()
+        let leftTheView = Atomic(false)
+        let phone = try TestDevice(name: "phone", serverURL: server.url, model: model) { configuration in
+            configuration.hooks.beforeSend = { _ in
+                if holdNextSend.exchange(false, ordering: .relaxed) { heldSend.pause() }
+            }
+            configuration.hooks.snapshotReceived = { snapshot in
+                if snapshot.changes.contains(where: { $0.kind == .removed }) {
+                    leftTheView.store(true, ordering: .relaxed)
+                }
+            }
+        }
+        phone.service.start()
+        let id = try await phone.database.write { db in
+            try db.execute(sql: "INSERT INTO item (title) VALUES ('Rent')")
+            return db.lastInsertedRowID
+        }
+        func item() async throws -> (id: Int64, serverId: String?, version: Int64?)? {
+            try await phone.database.read { db in
+                try Row.fetchOne(db, sql: "SELECT id, serverId, serverVersion FROM item WHERE title = 'Rent'")
+                    .map { ($0["id"], $0["serverId"], $0["serverVersion"]) }
+            }
+        }
+        try await waitUntil("the item is on the server and answered") {
+            try await item()?.serverId != nil && phone.service.status.pendingCount == 0
+        }
+
+        holdNextSend.store(true, ordering: .relaxed)
+        try await phone.database.write { db in try db.execute(sql: "UPDATE item SET archived = 1") }
+        try await heldSend.reached()
+        // Put back while the push of its archiving is held before it sends: this push is queued
+        // behind that one, and the listener's word that the item left the view, which comes
+        // once the archiving is on the server, behind both.
+        try await phone.database.write { db in try db.execute(sql: "UPDATE item SET archived = 0") }
+        heldSend.release()
+        try await waitUntil("the item's leaving the view came") { leftTheView.load(ordering: .relaxed) }
+
+        do {
+            try await waitUntil("the phone holds the item at the version that put it back (3)") {
+                try await item()?.version == 3 && phone.service.status.pendingCount == 0
+            }
+        } catch {
+            let conflicts = try await phone.service.conflicts().map(\.reason)
+            Issue.record("\(error); the item: \(String(describing: try await item())); conflicts: \(conflicts)")
+            throw error
+        }
+        let documents = try await serverDocuments(server, "items")
+        #expect(documents.map(\.version) == [3] && documents.first?.fields["archived"] == .int(0))
+        #expect(try await item()?.id == id, "the item came back under a new local id")
+        await phone.service.stop()
+    }
+
     /// Another device, whose three accounts are on the server.
     private func laptopWithThreeAccounts(on server: TestServer) async throws -> TestDevice {
         let laptop = try TestDevice(name: "laptop", serverURL: server.url)

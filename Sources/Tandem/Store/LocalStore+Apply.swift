@@ -76,7 +76,9 @@ extension LocalStore {
             if isolatingChanges {
                 do {
                     try db.inSavepoint {
-                        try applyChange(change, model, collection, target.parentRowId, &context, &outcome, &rows, db)
+                        try applyChange(
+                            change, model, collection, target.parentRowId, scope: target.query, &context, &outcome,
+                            &rows, db)
                         return .commit
                     }
                 } catch {
@@ -84,7 +86,9 @@ extension LocalStore {
                 }
             } else {
                 do {
-                    try applyChange(change, model, collection, target.parentRowId, &context, &outcome, &rows, db)
+                    try applyChange(
+                        change, model, collection, target.parentRowId, scope: target.query, &context, &outcome,
+                        &rows, db)
                 } catch {
                     throw ChangeFailed(underlying: error)
                 }
@@ -104,7 +108,7 @@ extension LocalStore {
     }
 
     private func applyChange(
-        _ change: Change, _ model: TableModel, _ collection: CollectionPath, _ parentRowId: Int64?,
+        _ change: Change, _ model: TableModel, _ collection: CollectionPath, _ parentRowId: Int64?, scope: Query?,
         _ context: inout ApplyContext, _ outcome: inout ApplyOutcome, _ rows: inout SnapshotRows, _ db: Database
     ) throws {
         let document = change.document
@@ -125,7 +129,12 @@ extension LocalStore {
         }
 
         if change.kind == .removed && !document.deleted {
-            if let local { try leaveScope(model, rowId: local.id, document, collection, &context, &outcome, db) }
+            guard let local else { return }
+            if try putBackInScope(local.id, model, after: document, scope: scope, &rows, db) {
+                outcome.unchanged += 1
+            } else {
+                try leaveScope(model, rowId: local.id, document, collection, &context, &outcome, db)
+            }
             return
         }
         if context.outOfScope, let local { try ledger.backInScope(model, rowId: local.id, db) }
@@ -182,6 +191,23 @@ extension LocalStore {
         if try insert(document, into: model, parentRowId: parentRowId, collection: collection, &context, &rows, db) {
             outcome.inserted += 1
         }
+    }
+
+    /// Whether the change that took a row's document out of the scope is older than the row,
+    /// which matches the scope again: this device wrote it back in after that version, and the
+    /// acknowledgement came first (the change waited behind the push). The server's word on
+    /// the newer version is the echo that follows (a query's listener gets its own writes);
+    /// removing the row would bring it back under a new local id. A document withheld from
+    /// the user comes at version 0, never older.
+    private func putBackInScope(
+        _ rowId: Int64, _ model: TableModel, after document: Document, scope: Query?, _ rows: inout SnapshotRows,
+        _ db: Database
+    ) throws -> Bool {
+        guard let scope, document.version > 0,
+            try rows.lookup(document.id.rawValue, holding: document.version + 1, ledger, db)?.holdsVersion == true,
+            let fields = try rowState(model, rowId: rowId, db)?.fields
+        else { return false }
+        return scope.matches(fields)
     }
 
     /// The document of a row left a scoped table's query (it no longer matches, or its user
@@ -479,8 +505,8 @@ extension LocalStore {
             var context = ApplyContext.everything
             var rows = try SnapshotRows(nil, of: child, enabled: false, db)
             try applyChange(
-                Change(.added, deferred.document), child, deferred.collection, deferred.parentRowId, &context,
-                &outcome, &rows, db)
+                Change(.added, deferred.document), child, deferred.collection, deferred.parentRowId, scope: nil,
+                &context, &outcome, &rows, db)
         }
     }
 
