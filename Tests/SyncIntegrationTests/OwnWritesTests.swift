@@ -220,16 +220,26 @@ struct OwnWritesTests {
                         archived INTEGER NOT NULL DEFAULT 0, isShared INTEGER NOT NULL DEFAULT 1)
                     """)
         }
-        let holdNextSend = Atomic(false)
+        // Sends after the item is answered: the archiving's is held, the putting back's waits
+        // for the server's word that the item left the view (else that word may never come).
+        let sends = Atomic(-1)
         let heldSend = Checkpoint()
-        let leftTheView = Atomic(false)
+        let leftTheView = DispatchSemaphore(value: 0)
+        let leavingApplied = Atomic(false)
         let phone = try TestDevice(name: "phone", serverURL: server.url, model: model) { configuration in
             configuration.hooks.beforeSend = { _ in
-                if holdNextSend.exchange(false, ordering: .relaxed) { heldSend.pause() }
+                switch sends.add(1, ordering: .relaxed).newValue {
+                case 1: heldSend.pause()
+                case 2: _ = leftTheView.wait(timeout: .now() + 30)
+                default: break
+                }
             }
             configuration.hooks.snapshotReceived = { snapshot in
+                if snapshot.changes.contains(where: { $0.kind == .removed }) { leftTheView.signal() }
+            }
+            configuration.hooks.afterApply = { snapshot in
                 if snapshot.changes.contains(where: { $0.kind == .removed }) {
-                    leftTheView.store(true, ordering: .relaxed)
+                    leavingApplied.store(true, ordering: .relaxed)
                 }
             }
         }
@@ -248,7 +258,7 @@ struct OwnWritesTests {
             try await item()?.serverId != nil && phone.service.status.pendingCount == 0
         }
 
-        holdNextSend.store(true, ordering: .relaxed)
+        sends.store(0, ordering: .relaxed)
         try await phone.database.write { db in try db.execute(sql: "UPDATE item SET archived = 1") }
         try await heldSend.reached()
         // Put back while the push of its archiving is held before it sends: this push is queued
@@ -256,11 +266,13 @@ struct OwnWritesTests {
         // once the archiving is on the server, behind both.
         try await phone.database.write { db in try db.execute(sql: "UPDATE item SET archived = 0") }
         heldSend.release()
-        try await waitUntil("the item's leaving the view came") { leftTheView.load(ordering: .relaxed) }
 
         do {
-            try await waitUntil("the phone holds the item at the version that put it back (3)") {
-                try await item()?.version == 3 && phone.service.status.pendingCount == 0
+            try await waitUntil("the phone applied the item's leaving, and holds the item at version 3") {
+                guard leavingApplied.load(ordering: .relaxed), phone.service.status.pendingCount == 0 else {
+                    return false
+                }
+                return try await item()?.version == 3
             }
         } catch {
             let conflicts = try await phone.service.conflicts().map(\.reason)

@@ -130,7 +130,7 @@ extension LocalStore {
 
         if change.kind == .removed && !document.deleted {
             guard let local else { return }
-            if try putBackInScope(local.id, model, after: document, scope: scope, &rows, db) {
+            if !local.isDirty, try putBackInScope(local.id, model, after: document, scope: scope, &rows, db) {
                 outcome.unchanged += 1
             } else {
                 try leaveScope(model, rowId: local.id, document, collection, &context, &outcome, db)
@@ -193,19 +193,23 @@ extension LocalStore {
         }
     }
 
-    /// Whether the change that took a row's document out of the scope is older than the row,
-    /// which matches the scope again: this device wrote it back in after that version, and the
-    /// acknowledgement came first (the change waited behind the push). The server's word on
-    /// the newer version is the echo that follows (a query's listener gets its own writes);
-    /// removing the row would bring it back under a new local id. A document withheld from
-    /// the user comes at version 0, never older.
+    /// Whether the change that took a clean row's document out of the scope is older than the
+    /// row, which matches the scope again at its newer version: this device wrote it back in,
+    /// and the acknowledgement came first (the change waited behind the push). The server's
+    /// word on the newer version is the echo that follows (a query's listener gets its own
+    /// writes); removing the row would bring it back under a new local id. The fields matched
+    /// are the server's, where the row keeps them (merged tables), else the row's own, which
+    /// its acknowledged push sent. A row in a conflict is left to `leaveScope`, and so is a
+    /// document withheld from the user (its change comes at version 0).
     private func putBackInScope(
         _ rowId: Int64, _ model: TableModel, after document: Document, scope: Query?, _ rows: inout SnapshotRows,
         _ db: Database
     ) throws -> Bool {
         guard let scope, document.version > 0,
             try rows.lookup(document.id.rawValue, holding: document.version + 1, ledger, db)?.holdsVersion == true,
-            let fields = try rowState(model, rowId: rowId, db)?.fields
+            try !ledger.isInConflict(model, rowId: rowId, db),
+            let fields = try ledger.knownServerFields(model, rowId: rowId, db)
+                ?? rowState(model, rowId: rowId, db)?.fields
         else { return false }
         return scope.matches(fields)
     }
