@@ -209,7 +209,9 @@ public final class ServerConnection: Sendable {
         }
 
         /// The number of the message that answered (see ``ServerConnection/arrivals``), once
-        /// ``wait()`` has returned: a listener's snapshot numbered lower came before it.
+        /// ``wait()`` has returned: a listener's snapshot numbered lower came before it. For a
+        /// write that failed without an answer (a timeout, the connection's end), the count
+        /// when it failed.
         package var arrival: Int { result.withLock { $0?.arrival ?? 0 } }
 
         /// Blocks until the answer (or the write's timeout, or the connection's end).
