@@ -180,6 +180,11 @@ public struct ServerHooks: Sendable {
     /// sequence numbers are taken, before the commit: with PostgreSQL, the collections' locks
     /// are held here.
     public var beforeCommit: (@Sendable () -> Void)?
+    /// In a listener's catch-up, after a frame with more to come, where the server would wait
+    /// for the connection to drain: returning true holds the rest of the catch-up until the
+    /// hook's argument is called (from any thread), as a drain would go on with it. Writes
+    /// are applied meanwhile, so a test can put one between a query's first frame and its last.
+    public var holdsCatchUp: (@Sendable (_ goOn: @escaping @Sendable () -> Void) -> Bool)?
 
     public init() {}
 }

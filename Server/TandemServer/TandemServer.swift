@@ -64,9 +64,15 @@ public final class TandemServer: Sendable {
         }
         let limits = configuration.limits
         guard limits.maxMessageBytes >= 1024, limits.maxOpsPerWrite >= 1, limits.maxListenersPerConnection >= 1,
-            limits.maxDocumentBytes >= 2, configuration.snapshotPageSize >= 1, configuration.snapshotPageBytes >= 1024
+            limits.maxDocumentBytes >= 2
         else {
             throw ServerError(.invalidConfiguration, "limits must be positive (messages at least 1 KiB): \(limits)")
+        }
+        guard configuration.snapshotPageSize >= 1, configuration.snapshotPageBytes >= 1024 else {
+            throw ServerError(
+                .invalidConfiguration,
+                "snapshot pages must hold at least 1 document and 1 KiB: snapshotPageSize "
+                    + "\(configuration.snapshotPageSize), snapshotPageBytes \(configuration.snapshotPageBytes)")
         }
         self.configuration = configuration
         // The store calls back before the core exists; the box hands its news on once it does.

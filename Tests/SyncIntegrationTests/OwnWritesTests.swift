@@ -204,6 +204,82 @@ struct OwnWritesTests {
         await laptop.service.stop()
     }
 
+    /// A query's view is read once, before its first frame: a row pushed while the later frames
+    /// wait (here, held by the server's hook) is not in it, and its acknowledgement comes
+    /// between the first frame and the last. Without reckoning from the first frame, the end of
+    /// the view removed the row, and the catch-up's `added` brought it back under a new local id.
+    @Test("a row pushed between the first and the last frame of a query's full view stays")
+    func pushedBetweenViewFrames() async throws {
+        let held = Mutex<(armed: Bool, goOn: (@Sendable () -> Void)?)>((false, nil))
+        let server = try await TestServer { configuration in
+            configuration.snapshotPageBytes = 1024  // one change a frame, with the titles below
+            configuration.hooks.holdsCatchUp = { goOn in
+                held.withLock { held in
+                    guard held.armed else { return false }
+                    held = (false, goOn)
+                    return true
+                }
+            }
+        }
+        let model = Self.itemsNotArchived
+        let laptop = try TestDevice(name: "laptop", serverURL: server.url, model: model)
+        try await laptop.database.write { db in
+            for title in ["Rent", "Food", "Fuel"] {
+                let padded = title + String(repeating: ".", count: 900)
+                try db.execute(sql: "INSERT INTO item (title) VALUES (?)", arguments: [padded])
+            }
+        }
+        laptop.service.start()
+        try await waitUntil("the laptop's items reached the server") {
+            try await serverDocuments(server, "items").count == 3
+        }
+        await laptop.service.stop()
+
+        let device = Mutex<TestDevice?>(nil)
+        let written = Mutex<Int64?>(nil)
+        let phone = try TestDevice(name: "phone", serverURL: server.url, model: model) { configuration in
+            configuration.hooks.snapshotReceived = { snapshot in
+                guard snapshot.initial, snapshot.hasMore, let phone = device.withLock({ $0 }) else { return }
+                guard written.withLock({ $0 == nil }) else { return }
+                let id = try! phone.database.write { db in
+                    try db.execute(sql: "INSERT INTO item (title) VALUES ('Phone''s own')")
+                    return db.lastInsertedRowID
+                }
+                written.withLock { $0 = id }
+            }
+        }
+        device.withLock { $0 = phone }
+        try await phone.database.write { db in
+            try db.execute(
+                sql: "INSERT INTO tandem_listener (collection, resumeToken) VALUES ('items', 'SomeOtherDB.1')")
+        }
+        held.withLock { $0.armed = true }
+        phone.service.start()
+        func serverId(of id: Int64) async throws -> String? {
+            try await phone.database.read { db in
+                try String.fetchOne(db, sql: "SELECT serverId FROM item WHERE id = ?", arguments: [id])
+            }
+        }
+        try await waitUntil("the phone's item is acknowledged while the view's later frames are held") {
+            guard let id = written.withLock({ $0 }), held.withLock({ $0.goOn != nil }) else { return false }
+            return try await serverId(of: id) != nil && phone.service.status.pendingCount == 0
+        }
+        held.withLock { $0.goOn }?()
+        try await waitUntil("the view has come to its end, with the phone's item") {
+            let token = try await phone.database.read { db in
+                try String.fetchOne(
+                    db, sql: "SELECT resumeToken FROM tandem_listener WHERE collection = 'items' AND NOT resetting")
+            }
+            guard token != nil, token != "SomeOtherDB.1" else { return false }
+            let held = try await phone.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM item") }
+            guard held == 4 else { return false }
+            return try await serverDocuments(server, "items").count == 4
+        }
+        let id = try #require(written.withLock { $0 })
+        #expect(try await serverId(of: id) != nil, "the phone's own item lost its row (id \(id)) or its server id")
+        await phone.service.stop()
+    }
+
     /// Without the check, the older change removed the row (clean at the newer version), and
     /// the echo of the newer version inserted it again under a new local id.
     @Test(
@@ -211,15 +287,7 @@ struct OwnWritesTests {
     )
     func putBackInScopeKeepsRow() async throws {
         let server = try await TestServer()
-        let items = SyncTable.root("item", collection: "items").where("archived", isEqualTo: .value(.int(0)))
-        let model = DeviceModel(tables: [items]) { db in
-            try db.execute(
-                sql: """
-                    CREATE TABLE item (
-                        id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL,
-                        archived INTEGER NOT NULL DEFAULT 0, isShared INTEGER NOT NULL DEFAULT 1)
-                    """)
-        }
+        let model = Self.itemsNotArchived
         // Sends after the item is answered: the archiving's is held, the putting back's waits
         // for the server's word that the item left the view (else that word may never come).
         let sends = Atomic(-1)
@@ -283,6 +351,18 @@ struct OwnWritesTests {
         #expect(documents.map(\.version) == [3] && documents.first?.fields["archived"] == .int(0))
         #expect(try await item()?.id == id, "the item came back under a new local id")
         await phone.service.stop()
+    }
+
+    /// Items, listened to through a query: those not archived.
+    private static let itemsNotArchived = DeviceModel(
+        tables: [SyncTable.root("item", collection: "items").where("archived", isEqualTo: .value(.int(0)))]
+    ) { db in
+        try db.execute(
+            sql: """
+                CREATE TABLE item (
+                    id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL,
+                    archived INTEGER NOT NULL DEFAULT 0, isShared INTEGER NOT NULL DEFAULT 1)
+                """)
     }
 
     /// Another device, whose three accounts are on the server.

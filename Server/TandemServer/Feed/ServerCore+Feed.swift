@@ -187,10 +187,25 @@ extension ServerCore {
             wentLive(listener)
             return
         }
-        if listener.session.connection.notifyWhenDrained(below: configuration.snapshotPageBytes) {
+        if heldByHook(listener)
+            || listener.session.connection.notifyWhenDrained(below: configuration.snapshotPageBytes)
+        {
             listener.awaitsDrain = true
         } else {
             queue.async { [self] in advance(listener) }
+        }
+    }
+
+    /// ``ServerHooks/holdsCatchUp``: true when a test holds the listener's catch-up here; it
+    /// goes on, as after a drain, when the test says so.
+    private func heldByHook(_ listener: Listener) -> Bool {
+        guard let hook = configuration.hooks.holdsCatchUp else { return false }
+        return hook { [self] in
+            queue.async { [self] in
+                guard listener.awaitsDrain else { return }
+                listener.awaitsDrain = false
+                advance(listener)
+            }
         }
     }
 
@@ -250,7 +265,8 @@ extension ServerCore {
         while !listener.pendingFrames.isEmpty {
             listener.session.send(frame: listener.pendingFrames.removeFirst())
             if !listener.pendingFrames.isEmpty
-                && listener.session.connection.notifyWhenDrained(below: configuration.snapshotPageBytes)
+                && (heldByHook(listener)
+                    || listener.session.connection.notifyWhenDrained(below: configuration.snapshotPageBytes))
             {
                 listener.awaitsDrain = true
                 return
