@@ -52,8 +52,8 @@ struct PureLogicTests {
         }
         #expect(kept("account", accounts, lastPage: 0).isEmpty, "kept with no reset under way")
 
-        window.expect(accounts, since: 5)
-        window.expect(shared, since: 5)
+        window.expect(accounts, since: 5, isView: false)
+        window.expect(shared, since: 5, isView: true)
         window.received(initialFrameOf: shared, arrival: 6)
         window.received(initialFrameOf: shared, arrival: 8)  // not the first
         window.acknowledged([3], of: "account", arrival: 7)
@@ -76,7 +76,7 @@ struct PureLogicTests {
 
         // The server starts the view over (a reset, message 13) before the old round's last
         // page (12) is applied: that page keeps every row noted, and does not end the new round.
-        window.expect(shared, since: 13)
+        window.expect(shared, since: 13, isView: true)
         #expect(kept("account", shared, lastPage: 12, view: true) == [3, 4, 5])
         window.taken(through: 12, finished: [(shared, 12)])
         #expect(!window.isEmpty, "the new round is still coming")
@@ -87,8 +87,17 @@ struct PureLogicTests {
         // The view's listener closed: nothing is coming any more.
         window.forget(shared)
         #expect(window.isEmpty)
-        window.expect(shared, since: 20)
+        window.expect(shared, since: 20, isView: true)
         #expect(kept("account", shared, lastPage: 21).isEmpty, "forgotten once no full snapshot is coming")
+
+        // A collection's long full snapshot keeps only the answers after its pages taken.
+        window.expect(accounts, since: 22, isView: false)
+        window.received(initialFrameOf: accounts, arrival: 23)
+        window.acknowledged([8], of: "account", arrival: 24)
+        window.acknowledged([9], of: "account", arrival: 26)
+        window.taken(through: 25, finished: [])
+        #expect(window.notedCount == 1)
+        #expect(kept("account", accounts, lastPage: 25) == [9])
     }
 
     @Test("three-way merge: a field changed on one side takes that side, whatever the clocks say")

@@ -17,10 +17,12 @@ import TandemWire
 /// Each connection has its own (the numbers are the connection's), kept until the next
 /// connection comes, while what the last one delivered may still be applied.
 struct ResetWindow {
-    /// A full snapshot on its way: from which message on (the `reset`, or the listen), and
-    /// the number of its first frame once it came.
+    /// A full snapshot on its way: from which message on (the `reset`, or the listen), whether
+    /// it is a query's view (read before its first frame), and the number of its first frame
+    /// once it came.
     private struct Round {
         var since: Int
+        var isView: Bool
         var firstFrame: Int?
     }
 
@@ -29,10 +31,14 @@ struct ResetWindow {
 
     var isEmpty: Bool { coming.isEmpty }
 
+    /// How many acknowledgements are kept (for tests of the window's bound).
+    var notedCount: Int { acknowledged.count }
+
     /// A reset's full snapshot of `path` comes after message `since`: listened to while a
-    /// reset was under way, or reset by the server (again, when it starts over).
-    mutating func expect(_ path: CollectionPath, since: Int) {
-        coming[path] = Round(since: since)
+    /// reset was under way, or reset by the server (again, when it starts over). `isView`:
+    /// the listener's query view.
+    mutating func expect(_ path: CollectionPath, since: Int, isView: Bool) {
+        coming[path] = Round(since: since, isView: isView)
     }
 
     /// An `initial` frame of `path` came as message `arrival`.
@@ -75,7 +81,8 @@ struct ResetWindow {
     /// kept), and the full snapshots whose last pages are `finished` ended: a round that began
     /// after its page (a newer `reset`) is still coming. The acknowledgements up to `arrival`
     /// can matter to no snapshot still to come (its pages are numbered later), except to a
-    /// view whose first frame came before them.
+    /// view whose first frame came before them. So a collection's full snapshot, however long,
+    /// keeps only what came since its last page taken.
     mutating func taken(through arrival: Int, finished: [(path: CollectionPath, lastPage: Int)]) {
         for (path, lastPage) in finished where coming[path].map({ $0.since < lastPage }) == true {
             coming[path] = nil
@@ -83,7 +90,7 @@ struct ResetWindow {
         if coming.isEmpty {
             acknowledged = []
         } else {
-            let keepFrom = coming.values.compactMap(\.firstFrame).reduce(arrival, min)
+            let keepFrom = coming.values.filter(\.isView).compactMap(\.firstFrame).reduce(arrival, min)
             acknowledged.removeAll { $0.arrival <= keepFrom }
         }
     }

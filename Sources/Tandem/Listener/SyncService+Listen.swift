@@ -189,7 +189,8 @@ extension SyncService {
             }
             for problem in problems { noteError(problem) }
             // Opened in path order, so that the order snapshots arrive in is reproducible.
-            let (open, close) = state.withLock { state -> ([(CollectionPath, ListenerTarget, Listeners.Name)], [String]) in
+            typealias Changes = (open: [(CollectionPath, ListenerTarget, Listeners.Name)], close: [String])
+            let (open, close) = state.withLock { state -> Changes in
                 // The connection went while the state was read: the next one has its own refresh.
                 guard state.connection === connection, state.generation == generation else { return ([], []) }
                 let close = state.listening.open.filter { desired[$0.key] != $0.value.target }
@@ -199,8 +200,8 @@ extension SyncService {
                 }
                 let open = desired.filter { state.listening.open[$0.key] == nil }.sorted { $0.key < $1.key }
                     .map { path, target in (path, target, state.listening.opening(path, target)) }
-                for (path, _, _) in open where resetting.contains(path) {
-                    state.resets.expect(path, since: connection.arrivals)
+                for (path, target, _) in open where resetting.contains(path) {
+                    state.resets.expect(path, since: connection.arrivals, isView: target.query != nil)
                 }
                 return (open, close.values.map(\.name))
             }
@@ -246,7 +247,9 @@ extension SyncService {
         case .reset(let reason):
             logger.info("listener reset", metadata: ["tandem.collection": "\(path)", "tandem.reason": "\(reason)"])
             state.withLock { state in
-                if state.generation == generation { state.resets.expect(path, since: arrival) }
+                if state.generation == generation {
+                    state.resets.expect(path, since: arrival, isView: target.query != nil)
+                }
             }
             deliver(.reset(path), generation: generation)
         case .error(let error):
