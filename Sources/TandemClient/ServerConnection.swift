@@ -32,6 +32,8 @@ public final class ServerConnection: Sendable {
     /// How many messages have come from the server so far. Read in a listener's handler (on
     /// the connection's queue), it numbers the message being handled; a write's answer is
     /// numbered the same way (``PendingWrite/arrival``), so the two can be put in order.
+    /// Read on another thread, it may not count a message being handled: a number no later
+    /// than the truth.
     package var arrivals: Int { messagesReceived.load(ordering: .relaxed) }
 
     private struct State {

@@ -84,11 +84,17 @@ struct PureLogicTests {
         window.acknowledged([7], of: "account", arrival: 15)
         #expect(kept("account", shared, lastPage: 16, view: true) == [7])
 
-        // The view's listener closed: nothing is coming any more.
-        window.forget(shared)
-        #expect(window.isEmpty)
+        // The view's listener was refused (message 17) after its last page (16) came, before
+        // that page is applied: the page still keeps what came after its first frame.
+        window.close(shared, at: 17)
+        #expect(kept("account", shared, lastPage: 16, view: true) == [7])
+        window.taken(through: 17, finished: [(shared, 16)])
+        #expect(window.isEmpty, "nothing is coming any more")
         window.expect(shared, since: 20, isView: true)
         #expect(kept("account", shared, lastPage: 21).isEmpty, "forgotten once no full snapshot is coming")
+        window.close(shared, at: 20)
+        window.taken(through: 20, finished: [])
+        #expect(window.isEmpty, "a closed round goes once what came before its close is taken")
 
         // A collection's long full snapshot keeps only the answers after its pages taken.
         window.expect(accounts, since: 22, isView: false)
@@ -98,6 +104,19 @@ struct PureLogicTests {
         window.taken(through: 25, finished: [])
         #expect(window.notedCount == 1)
         #expect(kept("account", accounts, lastPage: 25) == [9])
+        window.taken(through: 27, finished: [(accounts, 27)])
+        #expect(window.isEmpty)
+
+        // A view overtaken by a new reset (message 33) while its last page (32) waits behind
+        // a message taken first (31): the answer after its first frame (30) stays for it.
+        window.expect(shared, since: 28, isView: true)
+        window.received(initialFrameOf: shared, arrival: 29)
+        window.acknowledged([10], of: "note", arrival: 30)
+        window.expect(shared, since: 33, isView: true)
+        window.taken(through: 31, finished: [])
+        #expect(kept("note", shared, lastPage: 32, view: true) == [10], "the overtaken view's last page keeps it")
+        window.taken(through: 32, finished: [(shared, 32)])
+        #expect(window.notedCount == 0, "kept no longer once that page was taken")
     }
 
     @Test("three-way merge: a field changed on one side takes that side, whatever the clocks say")

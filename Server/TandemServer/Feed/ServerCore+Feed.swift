@@ -187,9 +187,8 @@ extension ServerCore {
             wentLive(listener)
             return
         }
-        if heldByHook(listener)
-            || listener.session.connection.notifyWhenDrained(below: configuration.snapshotPageBytes)
-        {
+        if holdByHook(listener) { return }
+        if listener.session.connection.notifyWhenDrained(below: configuration.snapshotPageBytes) {
             listener.awaitsDrain = true
         } else {
             queue.async { [self] in advance(listener) }
@@ -197,16 +196,20 @@ extension ServerCore {
     }
 
     /// ``ServerHooks/holdsCatchUp``: true when a test holds the listener's catch-up here; it
-    /// goes on, as after a drain, when the test says so.
-    private func heldByHook(_ listener: Listener) -> Bool {
+    /// goes on, as after a drain, when the test says so (a drain meanwhile does not end it).
+    private func holdByHook(_ listener: Listener) -> Bool {
         guard let hook = configuration.hooks.holdsCatchUp else { return false }
-        return hook { [self] in
+        listener.holds += 1
+        let hold = listener.holds
+        let held = hook { [self] in
             queue.async { [self] in
-                guard listener.awaitsDrain else { return }
-                listener.awaitsDrain = false
+                guard listener.heldByHook == hold else { return }
+                listener.heldByHook = nil
                 advance(listener)
             }
         }
+        if held { listener.heldByHook = hold }
+        return held
     }
 
     /// A catch-up page's rows without those at a state this connection's own writes were
@@ -264,10 +267,9 @@ extension ServerCore {
         }
         while !listener.pendingFrames.isEmpty {
             listener.session.send(frame: listener.pendingFrames.removeFirst())
-            if !listener.pendingFrames.isEmpty
-                && (heldByHook(listener)
-                    || listener.session.connection.notifyWhenDrained(below: configuration.snapshotPageBytes))
-            {
+            guard !listener.pendingFrames.isEmpty else { break }
+            if holdByHook(listener) { return }
+            if listener.session.connection.notifyWhenDrained(below: configuration.snapshotPageBytes) {
                 listener.awaitsDrain = true
                 return
             }

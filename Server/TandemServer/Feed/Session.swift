@@ -253,6 +253,10 @@ final class Listener: @unchecked Sendable {
     var isCancelled = false
     /// Waiting for the connection's send queue to drain before the next catch-up page.
     var awaitsDrain = false
+    /// Held by a test (``ServerHooks/holdsCatchUp``): the number of the hold, which only that
+    /// hold's go-on ends; `holds` counts them.
+    var heldByHook: Int?
+    var holds = 0
     /// The feed's horizon when this catch-up began: should it move past the listener's
     /// position before the listener is live, documents the client holds may be gone unseen.
     var catchUpHorizon: Int64?

@@ -186,7 +186,8 @@ struct SyncLedger: Sendable {
     /// (under `parentRowId` for a nested table) that it did not bring go, through `remove`
     /// (which takes the rows under them too, without filing deletes), and the listener
     /// resumes as usual. Rows in `keeping` stay: a push wrote them after the server read the
-    /// snapshot's last page (see `ResetWindow`).
+    /// snapshot (a collection's last page, a query's view before its first frame; see
+    /// `ResetWindow`).
     ///
     /// - Returns: How many rows were removed.
     func finishReset(

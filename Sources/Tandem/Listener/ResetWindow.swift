@@ -24,6 +24,17 @@ struct ResetWindow {
         var since: Int
         var isView: Bool
         var firstFrame: Int?
+        /// The first frame of an earlier round of this view, overtaken by this one before its
+        /// last page was taken: that page, still to be applied, keeps what came after it.
+        var overtakenFirstFrame: Int?
+        /// The listener closed, or the server refused it, at this message: what it delivered
+        /// before may still wait to be applied.
+        var closedAt: Int?
+
+        /// From which message on acknowledgements may still matter to this round's pages.
+        var floor: Int? {
+            [isView ? firstFrame : nil, overtakenFirstFrame].compactMap { $0 }.min()
+        }
     }
 
     private var coming: [CollectionPath: Round] = [:]
@@ -38,7 +49,7 @@ struct ResetWindow {
     /// reset was under way, or reset by the server (again, when it starts over). `isView`:
     /// the listener's query view.
     mutating func expect(_ path: CollectionPath, since: Int, isView: Bool) {
-        coming[path] = Round(since: since, isView: isView)
+        coming[path] = Round(since: since, isView: isView, overtakenFirstFrame: coming[path]?.floor)
     }
 
     /// An `initial` frame of `path` came as message `arrival`.
@@ -46,11 +57,11 @@ struct ResetWindow {
         if coming[path]?.firstFrame == nil { coming[path]?.firstFrame = arrival }
     }
 
-    /// No full snapshot of `path` is coming on this connection any more: its listener closed,
-    /// or the server refused it.
-    mutating func forget(_ path: CollectionPath) {
-        coming[path] = nil
-        if coming.isEmpty { acknowledged = [] }
+    /// No full snapshot of `path` is coming after message `arrival` any more: its listener
+    /// closed, or the server refused it. Its frames before that may still wait to be applied:
+    /// the round goes once they are taken.
+    mutating func close(_ path: CollectionPath, at arrival: Int) {
+        coming[path]?.closedAt = arrival
     }
 
     /// A push wrote back `rowIds` of `table`, acknowledged by message `arrival`. Nothing is
@@ -84,13 +95,21 @@ struct ResetWindow {
     /// view whose first frame came before them. So a collection's full snapshot, however long,
     /// keeps only what came since its last page taken.
     mutating func taken(through arrival: Int, finished: [(path: CollectionPath, lastPage: Int)]) {
-        for (path, lastPage) in finished where coming[path].map({ $0.since < lastPage }) == true {
+        for (path, lastPage) in finished {
+            guard let round = coming[path] else { continue }
+            if round.since < lastPage {
+                coming[path] = nil
+            } else {
+                coming[path]?.overtakenFirstFrame = nil  // the overtaken round's last page
+            }
+        }
+        for (path, round) in coming where round.closedAt.map({ $0 <= arrival }) == true {
             coming[path] = nil
         }
         if coming.isEmpty {
             acknowledged = []
         } else {
-            let keepFrom = coming.values.filter(\.isView).compactMap(\.firstFrame).reduce(arrival, min)
+            let keepFrom = coming.values.compactMap(\.floor).reduce(arrival, min)
             acknowledged.removeAll { $0.arrival <= keepFrom }
         }
     }

@@ -196,7 +196,7 @@ extension SyncService {
                 let close = state.listening.open.filter { desired[$0.key] != $0.value.target }
                 for path in close.keys {
                     state.listening.open[path] = nil
-                    state.resets.forget(path)
+                    state.resets.close(path, at: connection.arrivals)
                 }
                 let open = desired.filter { state.listening.open[$0.key] == nil }.sorted { $0.key < $1.key }
                     .map { path, target in (path, target, state.listening.opening(path, target)) }
@@ -256,7 +256,7 @@ extension SyncService {
             state.withLock { state in
                 if state.generation == generation, state.listening.open[path]?.name == name {
                     state.listening.open[path] = nil
-                    state.resets.forget(path)
+                    state.resets.close(path, at: arrival)
                 }
             }
             noteError(TandemError(.server, "listening to \(path) was refused: \(error.message)", serverError: error))
