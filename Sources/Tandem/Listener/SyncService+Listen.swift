@@ -421,6 +421,7 @@ extension SyncService {
             deferredTokens.withLock { _ = $0.snapshots.removeValue(forKey: path) }
             do { try ownWrite { db in try store.ledger.beginReset(path, db) } } catch {
                 noteError(TandemError("cannot reset \(path)", error, otherwise: .database))
+                startOver(generation)
             }
             return
         }
@@ -437,6 +438,15 @@ extension SyncService {
             return
         }
         apply(arrivals, generation: generation)
+    }
+
+    /// What the connection delivered could not be stored (the database failed as a whole, not
+    /// one change): nothing it delivers after may be applied, or its later token would skip
+    /// what failed. The connection goes, and the listeners resume from their stored tokens
+    /// on the next one, after the usual backoff.
+    private func startOver(_ generation: Int) {
+        guard let connection = state.withLock({ $0.generation == generation ? $0.connection : nil }) else { return }
+        dropConnection(connection)
     }
 
     /// Snapshots left the inbox: see ``ResetWindow/taken(through:finished:)``.
@@ -522,6 +532,7 @@ extension SyncService {
         } catch {
             let paths = Set(snapshots.map { $0.1.rawValue }).sorted().joined(separator: ", ")
             noteError(TandemError("cannot apply a snapshot of \(paths)", error, otherwise: .database))
+            startOver(generation)
         }
         refreshStatus()
     }
