@@ -28,6 +28,8 @@ public final class ServerConnection: Sendable {
     private let state = Mutex(State())
     private let logger: Logger
     private let messagesReceived = Atomic(0)
+    /// A message of a kind this client knows could not be read: nothing after it is handled.
+    private let unreadable = Atomic(false)
 
     /// How many messages have come from the server so far. Read in a listener's handler (on
     /// the connection's queue), it numbers the message being handled; a write's answer is
@@ -292,6 +294,14 @@ public final class ServerConnection: Sendable {
 
     // MARK: - Plumbing
 
+    /// A JSON object whose `type` is a string that names no server message this client knows.
+    private static func isOfUnknownKind(_ bytes: [UInt8]) -> Bool {
+        guard case .object(let members)? = try? Wire.parse(bytes), case .string(let type)? = members["type"] else {
+            return false
+        }
+        return !ServerMessage.kinds.contains(type)
+    }
+
     private func request(
         timeout: Duration, _ make: (String) -> ClientMessage,
         completion: @escaping @Sendable (Result<ServerMessage, any Error>) -> Void
@@ -348,11 +358,24 @@ public final class ServerConnection: Sendable {
 
     fileprivate func received(_ bytes: [UInt8]) {
         messagesReceived.add(1, ordering: .relaxed)
+        guard !unreadable.load(ordering: .relaxed) else { return }
         let message: ServerMessage
         do {
             message = try Wire.decode(ServerMessage.self, from: bytes)
         } catch {
-            logger.warning("undecodable message from the server", metadata: ["tandem.error": "\(error)"])
+            // A later protocol's new kind of message is skipped. One of a kind this client
+            // knows must not be: a listener's next snapshot would store a token past the
+            // changes lost with it, and a write's answer would never come. The connection
+            // goes; listeners resume from their stored tokens, writes are sent again.
+            if Self.isOfUnknownKind(bytes) {
+                logger.warning("skipped a server message of a kind this client does not know")
+                return
+            }
+            logger.error(
+                "cannot read a message from the server; dropping the connection",
+                metadata: ["tandem.error": "\(error)"])
+            unreadable.store(true, ordering: .relaxed)
+            socket.abort()
             return
         }
         switch message {

@@ -20,6 +20,15 @@ public enum Wire {
     /// `[[[[…]]]]` cannot exhaust the parser's stack.
     public static let maxNestingDepth = 64
 
+    /// The deepest nesting accepted in a message from the server: one level more, since an
+    /// `ack`'s merged document carries the write's fields one level below where the write
+    /// carried them.
+    public static let maxServerNestingDepth = maxNestingDepth + 1
+
+    /// The deepest nesting of an exported document's line: its `fields` are at level 2 there,
+    /// and at level 4 in a write, which must be able to carry them.
+    public static let maxExportedNestingDepth = maxNestingDepth - 2
+
     /// The longest label a client may choose (`request`, `target`), in bytes.
     public static let maxLabelBytes = 128
 
@@ -59,14 +68,16 @@ public enum Wire {
     /// Parses JSON.
     ///
     /// - Throws: ``WireError`` `.badMessage`: "not valid JSON: …" with what was wrong and where.
-    public static func parse(_ bytes: some Collection<UInt8>) throws(WireError) -> JSONValue {
+    public static func parse(_ bytes: some Collection<UInt8>, maxDepth: Int = maxNestingDepth) throws(WireError)
+        -> JSONValue
+    {
         let result: Result<JSONValue, JSONError>? = bytes.withContiguousStorageIfAvailable { buffer in
-            Result { () throws(JSONError) in try JSONParser.parse(buffer, maxDepth: maxNestingDepth) }
+            Result { () throws(JSONError) in try JSONParser.parse(buffer, maxDepth: maxDepth) }
         }
         let parsed =
             result
             ?? Array(bytes).withUnsafeBufferPointer { buffer in
-                Result { () throws(JSONError) in try JSONParser.parse(buffer, maxDepth: maxNestingDepth) }
+                Result { () throws(JSONError) in try JSONParser.parse(buffer, maxDepth: maxDepth) }
             }
         switch parsed {
         case .success(let value): return value
@@ -87,7 +98,7 @@ public enum Wire {
     public static func decode<Message: JSONReadable>(
         _ type: Message.Type, from bytes: some Collection<UInt8>
     ) throws(WireError) -> Message {
-        let value = try parse(bytes)
+        let value = try parse(bytes, maxDepth: Message.maxNestingDepth)
         do {
             return try Message(json: value, path: "")
         } catch {
@@ -107,7 +118,7 @@ public enum Wire {
     /// Decodes and validates a message from the server: as the generic `decode(_:from:)`, with
     /// the same result and the same errors, but the message object and a snapshot's changes
     /// are read as lists of members instead of dictionaries (a snapshot's decoding is most of
-    /// what a device spends on receiving it).
+    /// what a device spends on receiving it), and it may nest to ``maxServerNestingDepth``.
     public static func decode(_ type: ServerMessage.Type, from bytes: some Collection<UInt8>) throws(WireError)
         -> ServerMessage
     {
@@ -139,14 +150,15 @@ public enum Wire {
         let read: (UnsafeBufferPointer<UInt8>) -> Result<Parsed, JSONError> = { buffer in
             Result { () throws(JSONError) in
                 try JSONParser.parseMessage(
-                    buffer, maxDepth: maxNestingDepth, listKey: listKey, canonicalKey: canonicalKey)
+                    buffer, maxDepth: Message.maxNestingDepth, listKey: listKey, canonicalKey: canonicalKey)
             }
         }
         let parsed = bytes.withContiguousStorageIfAvailable(read) ?? Array(bytes).withUnsafeBufferPointer(read)
         let message: (members: JSONMembers, list: [JSONElement]?)
         switch parsed {
         case .failure(let error): throw invalid(error)
-        case .success(nil): return try Message(json: parse(bytes), path: "")  // not an object: refused
+        case .success(nil):  // not an object: refused
+            return try Message(json: parse(bytes, maxDepth: Message.maxNestingDepth), path: "")
         case .success(let read?): message = read
         }
         let reader = ObjectReader(members: message.members, path: "")

@@ -9,6 +9,13 @@
 public protocol JSONReadable {
     /// - Parameter path: Where the value sits in the message (`ops[2]`), for error messages.
     init(json: JSONValue, path: String) throws(WireError)
+
+    /// The deepest nesting ``Wire/decode(_:from:)`` accepts for it.
+    static var maxNestingDepth: Int { get }
+}
+
+extension JSONReadable {
+    public static var maxNestingDepth: Int { Wire.maxNestingDepth }
 }
 
 /// A protocol type whose `Codable` conformance is its JSON form.
@@ -677,6 +684,11 @@ extension WireError: WireCodable {
 }
 
 extension ServerMessage: WireCodable {
+    /// The `type` of each kind of message this version's server sends.
+    public static let kinds: Set<String> = ["welcome", "snapshot", "reset", "ack", "conflict", "document", "error"]
+
+    public static var maxNestingDepth: Int { Wire.maxServerNestingDepth }
+
     public init(json: JSONValue, path: String) throws(WireError) {
         try self.init(try ObjectReader(json, path: path), changes: nil)
     }

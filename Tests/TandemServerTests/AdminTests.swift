@@ -97,6 +97,22 @@ struct AdminTests {
         #expect(resumed.changes.first?.document.fields == ["title": "a2"])
     }
 
+    @Test("an import takes fields nested as deep as a write may carry them (61 levels), and a listener reads them")
+    func deepestImport() async throws {
+        let server = try await TestServer()
+        let fields = String(repeating: #"{"a":"#, count: 60) + "{}" + String(repeating: "}", count: 60)
+        let header = #"{"format":"tandem-export","version":1}"#
+        let file = header + "\n" + #"{"collection":"notes","id":"x","version":1,"fields":"# + fields + "}\n"
+        let answer = try await admin(server, "POST", "/admin/import", body: file)
+        #expect(answer.status == 200, "\(answer.body)")
+        let reader = try await connect(server)
+        defer { reader.close() }
+        let feed = Feed()
+        reader.listen(to: try path("notes"), handler: feed.handler)
+        try await waitUntil("the document arrived") { feed.changes.count == 1 }
+        #expect(reader.isOpen)
+    }
+
     @Test("an import that meets an existing document stores nothing and names it")
     func importNeverOverwrites() async throws {
         let server = try await TestServer()
@@ -138,6 +154,13 @@ struct AdminTests {
                     + "{\"collection\":\"notes\",\"id\":\"x\",\"version\":2}\n", "line 3: notes/x is also on line 2"
             ),
             ("", "the file is empty"),
+            (
+                // Fields nested 62 levels: a write could not carry them (at its level 4).
+                "{\"format\":\"tandem-export\",\"version\":1}\n{\"collection\":\"notes\",\"id\":\"x\",\"version\":1,"
+                    + "\"fields\":" + String(repeating: "{\"a\":", count: 61) + "{}" + String(repeating: "}", count: 61)
+                    + "}\n",
+                "line 2: JSON nested deeper than 62 levels"
+            ),
             ("{\"format\":\"tandem-export\",\"version\":1}\n{\"collection\":\"notes\",\"version\":1}\n", "line 2: id"),
         ])
     func malformedImport(file: String, expected: String) async throws {

@@ -62,6 +62,24 @@ struct WriteTests {
         #expect(snapshot.contains(#""id":"n1""#) && snapshot.contains(#""fields":"# + stored), "\(snapshot)")
     }
 
+    /// The answer carries the fields one level deeper than the write did; a client that read
+    /// server messages to the write's 64 levels could not read it, and dropped the connection.
+    @Test("a merge's answer carries fields nested as deep as a write may send them, and the client reads it")
+    func deepestMergeAnswered() async throws {
+        let server = try await TestServer()
+        let writer = try await connect(server)
+        defer { writer.close() }
+        // The fields nest 61 levels: at level 4 of the write, its deepest object is at 64.
+        var deep: JSONValue = .object([:])
+        for _ in 0..<59 { deep = .object(["a": deep]) }
+        let op = WriteOp(
+            kind: .create, collection: try CollectionPath("notes"), id: nil, fields: ["a": deep], baseVersion: nil,
+            idempotencyKey: .random(), fieldTimes: ["a": 1])
+        guard case .ack(let results) = try await writer.write([op]) else { throw TestFailure("the write was refused") }
+        #expect(results.first?.document?.fields["a"] == deep)
+        #expect(writer.isOpen)
+    }
+
     @Test("an update with a stale baseVersion gets conflict with the server's document and changes nothing")
     func staleBaseVersion() async throws {
         let server = try await TestServer()

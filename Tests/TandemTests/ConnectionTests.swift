@@ -126,6 +126,57 @@ struct ConnectionTests {
         }
         try await waitUntil("the server saw the client go") { silent.closed.withLock { $0 } == 1 }
     }
+
+    /// Without the drop, the snapshot that could not be read was skipped, and the listener's
+    /// next one would have stored a token past its changes.
+    @Test(
+        "a server message of a kind the client does not know is skipped; one of a kind it knows that it cannot read drops the connection"
+    )
+    func unreadableMessageDrops() async throws {
+        let scripted = Scripted()
+        let server = try WebSocketServer(port: 0, delegate: scripted)
+        defer { server.shutdownWithoutWaiting() }
+        let connection = try await ServerConnection.connect(to: "ws://127.0.0.1:\(server.port)", clientId: "reader")
+        defer { connection.close() }
+        let snapshots = Mutex<[String]>([])
+        connection.listen(to: try CollectionPath("notes")) { event in
+            if case .snapshot(let snapshot) = event { snapshots.withLock { $0.append(snapshot.resumeToken) } }
+        }
+        // The server answered the listen with a later protocol's notice, a snapshot, and a
+        // snapshot without its changes.
+        try await waitUntil("the first snapshot arrived") { snapshots.withLock { $0 } == ["t.1"] }
+        try await waitUntil("the connection dropped") { !connection.isOpen }
+        #expect(snapshots.withLock { $0 } == ["t.1"])
+        // Each kind listed is one the decoder reads (a bare type lacks its fields, nothing more).
+        for kind in ServerMessage.kinds {
+            do {
+                _ = try Wire.decode(ServerMessage.self, from: Array(#"{"type":"\#(kind)"}"#.utf8))
+                Issue.record("a bare \(kind) was read")
+            } catch {
+                #expect(!error.message.contains("unknown server message type"), "\(kind) is not decoded")
+            }
+        }
+    }
+}
+
+/// A server that says welcome to a hello, and answers a listen with a message of an unknown
+/// kind, a snapshot, and a snapshot it cannot have meant (no changes).
+private final class Scripted: WebSocketDelegate {
+    func webSocketDidOpen(_ connection: WebSocketConnection) {}
+    func webSocket(_ connection: WebSocketConnection, didReceive message: WebSocketMessage) {
+        let text = String(decoding: message.bytes, as: UTF8.self)
+        if text.contains(#""type":"hello""#) {
+            let welcome = ServerMessage.welcome(.init(sessionId: "s1", serverTime: 0, limits: .default))
+            try? connection.send(text: Wire.encodeString(welcome))
+        } else if text.contains(#""type":"listen""#) {
+            let snapshot = ServerMessage.snapshot(
+                .init(target: "notes", changes: [], resumeToken: "t.1", initial: true))
+            try? connection.send(text: #"{"type":"notice","text":"from a later protocol"}"#)
+            try? connection.send(text: Wire.encodeString(snapshot))
+            try? connection.send(text: #"{"type":"snapshot","target":"notes","resumeToken":"t.2"}"#)
+        }
+    }
+    func webSocket(_ connection: WebSocketConnection, didCloseWith event: WebSocketCloseEvent) {}
 }
 
 /// A WebSocket server that never answers.

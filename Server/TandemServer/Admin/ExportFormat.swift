@@ -98,7 +98,7 @@ enum ExportFormat {
             if line.allSatisfy({ $0 == UInt8(ascii: " ") || $0 == UInt8(ascii: "\t") }) { continue }
             let object: JSONObject
             do {
-                guard case .object(let parsed) = try Wire.parse(line) else {
+                guard case .object(let parsed) = try Wire.parse(line, maxDepth: Wire.maxExportedNestingDepth) else {
                     throw ImportError(line: number, "expected a JSON object")
                 }
                 object = parsed
