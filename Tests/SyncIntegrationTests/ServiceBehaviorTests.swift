@@ -512,24 +512,9 @@ struct ServiceBehaviorTests {
         "a snapshot the database fails to store (not one change: the whole transaction) is not skipped: the connection drops and the listener resumes from its stored token"
     )
     func failedApplyResumes() async throws {
-        let server = try await TestServer()
-        let writer = try await ServerConnection.connect(to: server.url, clientId: "writer")
-        defer { writer.close() }
-        let items = try CollectionPath("items")
-        func write(_ title: String) async throws {
-            let id = try DocumentID(title)
-            _ = try await writer.write([
-                .create(in: items, id: id, fields: ["title": .string(title)], idempotencyKey: .random())
-            ])
-        }
-        let model = DeviceModel(tables: [.root("item", collection: "items")]) { db in
-            try db.execute(
-                sql: """
-                    CREATE TABLE item (
-                        id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL, isShared INTEGER NOT NULL DEFAULT 1)
-                    """)
-        }
-        let phone = try TestDevice(name: "phone", serverURL: server.url, model: model)
+        let items = try await ItemsToPhone()
+        defer { items.writer.close() }
+        let phone = items.phone
         try await phone.database.write { db in
             // While this table has a row, storing a resume token fails, as on a full disk.
             try db.execute(
@@ -541,24 +526,38 @@ struct ServiceBehaviorTests {
                     WHEN EXISTS (SELECT 1 FROM failTokens) BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END;
                     """)
         }
-        func titles() async throws -> [String] {
-            try await phone.database.read { db in
-                try String.fetchAll(db, sql: "SELECT title FROM item ORDER BY title")
-            }
-        }
-        phone.service.start()
-        try await write("item1")
-        try await waitUntil("the phone holds item1") { try await titles() == ["item1"] }
-
         try await phone.database.write { db in try db.execute(sql: "INSERT INTO failTokens VALUES (1)") }
-        try await write("item2")
+        try await items.write("item2")
         try await waitUntil("the snapshot of item2 failed") {
             phone.service.status.lastError?.message.contains("cannot apply a snapshot of items") == true
         }
         try await phone.database.write { db in try db.execute(sql: "DELETE FROM failTokens") }
-        try await write("item3")
-        try await waitUntil("the phone holds item3") { try await titles().contains("item3") }
-        #expect(try await titles() == ["item1", "item2", "item3"], "the document whose snapshot failed was skipped")
+        try await items.write("item3")
+        try await waitUntil("the phone holds item3") { try await items.titles().contains("item3") }
+        #expect(try await items.titles() == ["item1", "item2", "item3"], "the document whose snapshot failed is gone")
+        await phone.service.stop()
+    }
+
+    /// Without telling the database's errors from the change's own, the change was left out
+    /// as if the table refused it, and the snapshot's token stored past it.
+    @Test("a change the database has no room for is not left out: the connection drops and the listener resumes")
+    func fullDatabaseResumes() async throws {
+        let items = try await ItemsToPhone()
+        defer { items.writer.close() }
+        let phone = items.phone
+        // No page can be added to the file: a note of 100 KB does not fit.
+        try await phone.database.write { db in
+            let pages = try Int.fetchOne(db, sql: "PRAGMA page_count")!
+            _ = try Int.fetchOne(db, sql: "PRAGMA max_page_count = \(pages)")
+        }
+        try await items.write("item2", padding: 100_000)
+        try await waitUntil("the snapshot of item2 failed for want of room") {
+            phone.service.status.lastError?.message.contains("full") == true
+        }
+        try await phone.database.write { db in _ = try Int.fetchOne(db, sql: "PRAGMA max_page_count = 4294967294") }
+        try await items.write("item3")
+        try await waitUntil("the phone holds item3") { try await items.titles().contains("item3") }
+        #expect(try await items.titles() == ["item1", "item2", "item3"], "the change with no room is gone")
         await phone.service.stop()
     }
 
@@ -640,5 +639,43 @@ struct ServiceBehaviorTests {
         held.release()
         try await waitUntil("the status shows the 101 accounts") { phone.service.status.pendingCount == 101 }
         #expect(held.arrivals == 1)
+    }
+}
+
+/// A server, a protocol client writing items under ids of its choosing, and a phone listening
+/// to them that holds the first, `item1`.
+private struct ItemsToPhone {
+    let server: TestServer
+    let writer: ServerConnection
+    let phone: TestDevice
+
+    init() async throws {
+        server = try await TestServer()
+        writer = try await ServerConnection.connect(to: server.url, clientId: "writer")
+        let model = DeviceModel(tables: [.root("item", collection: "items")]) { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE item (
+                        id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL, note TEXT,
+                        isShared INTEGER NOT NULL DEFAULT 1)
+                    """)
+        }
+        phone = try TestDevice(name: "phone", serverURL: server.url, model: model)
+        phone.service.start()
+        try await write("item1")
+        try await waitUntil("the phone holds item1") { try await titles() == ["item1"] }
+    }
+
+    /// Creates the item `title`, with a note of `padding` bytes.
+    func write(_ title: String, padding: Int = 0) async throws {
+        let id = try DocumentID(title)
+        let fields: JSONObject = ["title": .string(title), "note": .string(String(repeating: "x", count: padding))]
+        _ = try await writer.write([
+            .create(in: try CollectionPath("items"), id: id, fields: fields, idempotencyKey: .random())
+        ])
+    }
+
+    func titles() async throws -> [String] {
+        try await phone.database.read { db in try String.fetchAll(db, sql: "SELECT title FROM item ORDER BY title") }
     }
 }

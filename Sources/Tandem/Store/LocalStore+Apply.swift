@@ -33,6 +33,16 @@ extension LocalStore {
         var underlying: any Error
     }
 
+    /// Whether an error is the change's own: the app's table refused its values (a
+    /// constraint, a trigger's `RAISE`, a type or size it does not take), which applying it
+    /// again cannot mend, so it is left out. Any other database error (a full disk, an I/O
+    /// error, a lock held too long) is the database's, and fails the whole snapshot: its token
+    /// must not be stored past a change that would apply later.
+    static func isChangesOwn(_ error: any Error) -> Bool {
+        guard let error = error as? DatabaseError else { return true }
+        return [.SQLITE_CONSTRAINT, .SQLITE_MISMATCH, .SQLITE_TOOBIG].contains(error.resultCode)
+    }
+
     /// Applies one snapshot and stores its resume token, in the caller's transaction.
     ///
     /// Each change finds its row through the `serverId` index. A change whose version the row
@@ -82,6 +92,7 @@ extension LocalStore {
                         return .commit
                     }
                 } catch {
+                    guard Self.isChangesOwn(error) else { throw error }
                     outcome.failures.append("\(collection)/\(change.document.id): \(error)")
                 }
             } else {
@@ -90,11 +101,11 @@ extension LocalStore {
                         change, model, collection, target.parentRowId, scope: target.query, &context, &outcome,
                         &rows, db)
                 } catch {
-                    throw ChangeFailed(underlying: error)
+                    throw Self.isChangesOwn(error) ? ChangeFailed(underlying: error) : error
                 }
             }
         }
-        do { try rows.insert(db) } catch { throw ChangeFailed(underlying: error) }
+        do { try rows.insert(db) } catch { throw Self.isChangesOwn(error) ? ChangeFailed(underlying: error) : error }
         if resetting { try ledger.noteSeenInReset(collection, snapshot.changes.lazy.map(\.document.id), db) }
         try ledger.storeResumeToken(snapshot.resumeToken, for: collection, db)
         if resetting && snapshot.initial && !snapshot.hasMore {
