@@ -220,4 +220,28 @@ struct SchemaTests {
             (error as? TandemError)?.code == .invalidArgument && "\(error)".contains(message)
         }
     }
+
+    @Test("tables nested deeper than a collection path can reach are refused; seven nestings are not")
+    func nestingDepth() throws {
+        func chain(_ nestings: Int) -> [SyncTable] {
+            [SyncTable.root("t0", collection: "c0")]
+                + (1...nestings).map { n in
+                    SyncTable.nested("t\(n)", under: "t\(n - 1)", foreignKey: "p", collection: "c\(n)")
+                }
+        }
+        let database = try DatabaseQueue()
+        func refusal(_ tables: [SyncTable]) -> String {
+            do {
+                _ = try SyncService(database: database, serverURL: "ws://127.0.0.1:1", clientId: "d", tables: tables)
+                return "accepted"
+            } catch {
+                return "\(error)"
+            }
+        }
+        let tooDeep = refusal(chain(8))
+        #expect(tooDeep.contains("table t8 nests too deep (t0 → t1"), "\(tooDeep)")
+        #expect(tooDeep.contains("17 segments"), "\(tooDeep)")
+        // Seven pass the check, and fail only for want of the tables themselves.
+        #expect(refusal(chain(7)).contains("table t0 does not exist"))
+    }
 }

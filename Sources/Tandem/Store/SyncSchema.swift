@@ -28,11 +28,31 @@ enum SyncSchema {
         guard byName.count == tables.count else {
             throw TandemError(.invalidArgument, "a table is registered twice")
         }
+        let ordered = try pushOrder(tables, byName)
+        for table in ordered { try checkDepth(table, byName) }
         var models: [TableModel] = []
-        for table in try pushOrder(tables, byName) {
+        for table in ordered {
             models.append(try install(db, table, byName, defaultPolicy: defaultPolicy))
         }
         return models
+    }
+
+    /// A table nested so deep that its collections' paths would be longer than a path may be:
+    /// its rows could never be pushed or listened to.
+    private static func checkDepth(_ table: SyncTable, _ byName: [String: SyncTable]) throws {
+        var chain = [table.name]
+        var current = table
+        while let parent = current.parentTable, let next = byName[parent] {
+            chain.append(parent)
+            current = next
+        }
+        // A root collection is one segment; each nesting adds two (the parent's id, the name).
+        let segments = 2 * chain.count - 1
+        guard segments > CollectionPath.maxSegments else { return }
+        throw TandemError(
+            .invalidArgument,
+            "table \(table.name) nests too deep (\(chain.reversed().joined(separator: " → "))): its collection "
+                + "paths would have \(segments) segments, and a path has at most \(CollectionPath.maxSegments)")
     }
 
     private static func pushOrder(_ tables: [SyncTable], _ byName: [String: SyncTable]) throws -> [SyncTable] {
