@@ -510,7 +510,13 @@ extension ServerCore {
         }
         let rows: [FeedRow]
         do { rows = try page.rows.map(FeedRow.init) } catch {
+            // The feed goes on past this page: each live view that could not see it ends, and
+            // its client listens again from its token (to the same error while the row stays).
             logger.error("a stored document is not JSON", metadata: ["tandem.error": "\(error)"])
+            for listener in follower.queryListeners.values
+            where listener.isLive && !listener.isCancelled && !listener.session.isClosed {
+                fail(listener, error)
+            }
             return
         }
         for (listener, rows) in follower.queries.candidates(for: rows)

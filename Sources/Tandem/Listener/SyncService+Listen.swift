@@ -224,7 +224,10 @@ extension SyncService {
                 }
             }
         } catch {
+            // Nothing would listen on this connection until the next refresh: it goes, and
+            // the next one tries again after the usual backoff.
             noteError(TandemError("cannot read the listeners", error, otherwise: .database))
+            startOver(generation)
         }
     }
 
