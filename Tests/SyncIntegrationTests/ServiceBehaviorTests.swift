@@ -538,6 +538,28 @@ struct ServiceBehaviorTests {
         await phone.service.stop()
     }
 
+    /// Without the drop, the connection stayed up with nothing listening on it until some
+    /// parent row changed.
+    @Test("a failed read of the listeners drops the connection, and the next one listens")
+    func unreadableListenersResume() async throws {
+        let items = try await ItemsToPhone(started: false)
+        defer { items.writer.close() }
+        let phone = items.phone
+        try await phone.database.write { db in
+            try db.execute(sql: "ALTER TABLE tandem_listener RENAME TO tandem_listener_away")
+        }
+        phone.service.start()
+        try await waitUntil("the listeners could not be read") {
+            phone.service.status.lastError?.message.contains("cannot read the listeners") == true
+        }
+        try await phone.database.write { db in
+            try db.execute(sql: "ALTER TABLE tandem_listener_away RENAME TO tandem_listener")
+        }
+        try await items.write("item1")
+        try await waitUntil("the phone holds item1") { try await items.titles() == ["item1"] }
+        await phone.service.stop()
+    }
+
     /// Without telling the database's errors from the change's own, the change was left out
     /// as if the table refused it, and the snapshot's token stored past it.
     @Test("a change the database has no room for is not left out: the connection drops and the listener resumes")
@@ -643,13 +665,13 @@ struct ServiceBehaviorTests {
 }
 
 /// A server, a protocol client writing items under ids of its choosing, and a phone listening
-/// to them that holds the first, `item1`.
+/// to them that holds the first, `item1` (unless not `started`).
 private struct ItemsToPhone {
     let server: TestServer
     let writer: ServerConnection
     let phone: TestDevice
 
-    init() async throws {
+    init(started: Bool = true) async throws {
         server = try await TestServer()
         writer = try await ServerConnection.connect(to: server.url, clientId: "writer")
         let model = DeviceModel(tables: [.root("item", collection: "items")]) { db in
@@ -661,6 +683,7 @@ private struct ItemsToPhone {
                     """)
         }
         phone = try TestDevice(name: "phone", serverURL: server.url, model: model)
+        guard started else { return }
         phone.service.start()
         try await write("item1")
         try await waitUntil("the phone holds item1") { try await titles() == ["item1"] }
