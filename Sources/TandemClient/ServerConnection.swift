@@ -31,6 +31,11 @@ public final class ServerConnection: Sendable {
     /// A message of a kind this client knows could not be read: nothing after it is handled.
     private let unreadable = Atomic(false)
 
+    /// The connection was dropped because a message of a kind this client knows could not be
+    /// read: a fault of what the server sent, which a new connection may meet again, not of
+    /// the network.
+    package var closedOnUnreadableMessage: Bool { unreadable.load(ordering: .relaxed) }
+
     /// How many messages have come from the server so far. Read in a listener's handler (on
     /// the connection's queue), it numbers the message being handled; a write's answer is
     /// numbered the same way (``PendingWrite/arrival``), so the two can be put in order.
@@ -296,7 +301,9 @@ public final class ServerConnection: Sendable {
 
     /// A JSON object whose `type` is a string that names no server message this client knows.
     private static func isOfUnknownKind(_ bytes: [UInt8]) -> Bool {
-        guard case .object(let members)? = try? Wire.parse(bytes), case .string(let type)? = members["type"] else {
+        guard case .object(let members)? = try? Wire.parse(bytes, maxDepth: Wire.maxServerNestingDepth),
+            case .string(let type)? = members["type"]
+        else {
             return false
         }
         return !ServerMessage.kinds.contains(type)

@@ -512,7 +512,10 @@ struct ServiceBehaviorTests {
         "a snapshot the database fails to store (not one change: the whole transaction) is not skipped: the connection drops and the listener resumes from its stored token"
     )
     func failedApplyResumes() async throws {
-        let items = try await ItemsToPhone()
+        let connects = Atomic(0)
+        let items = try await ItemsToPhone { configuration in
+            configuration.hooks.beforeConnect = { connects.add(1, ordering: .relaxed) }
+        }
         defer { items.writer.close() }
         let phone = items.phone
         try await phone.database.write { db in
@@ -531,6 +534,13 @@ struct ServiceBehaviorTests {
         try await waitUntil("the snapshot of item2 failed") {
             phone.service.status.lastError?.message.contains("cannot apply a snapshot of items") == true
         }
+        // Each connection meets the fault again; the backoff grows (50 ms, then doubling up to
+        // the test device's 500 ms): about 10 attempts in 3 s, where a backoff started afresh
+        // at each connection made about 80. A loaded machine makes fewer, never more.
+        let before = connects.load(ordering: .relaxed)
+        try await Task.sleep(for: .seconds(3))
+        let attempts = connects.load(ordering: .relaxed) - before
+        #expect(attempts <= 20, "\(attempts) connections in 3 s")
         try await phone.database.write { db in try db.execute(sql: "DELETE FROM failTokens") }
         try await items.write("item3")
         try await waitUntil("the phone holds item3") { try await items.titles().contains("item3") }
@@ -671,7 +681,9 @@ private struct ItemsToPhone {
     let writer: ServerConnection
     let phone: TestDevice
 
-    init(started: Bool = true) async throws {
+    init(started: Bool = true, configure: @escaping @Sendable (inout SyncConfiguration) -> Void = { _ in })
+        async throws
+    {
         server = try await TestServer()
         writer = try await ServerConnection.connect(to: server.url, clientId: "writer")
         let model = DeviceModel(tables: [.root("item", collection: "items")]) { db in
@@ -682,7 +694,7 @@ private struct ItemsToPhone {
                         isShared INTEGER NOT NULL DEFAULT 1)
                     """)
         }
-        phone = try TestDevice(name: "phone", serverURL: server.url, model: model)
+        phone = try TestDevice(name: "phone", serverURL: server.url, model: model, configure: configure)
         guard started else { return }
         phone.service.start()
         try await write("item1")

@@ -104,6 +104,26 @@ struct ServerMessageDecodingTests {
         }
     }
 
+    @Test("ServerMessage.kinds names the type of every message the server sends, and only those")
+    func kindsListed() throws {
+        var seen: Set<String> = []
+        let document = Document(id: try DocumentID("d1"), version: 1, fields: [:], createTime: 1, updateTime: 1)
+        let others: [ServerMessage] = [
+            .welcome(.init(sessionId: "s1", serverTime: 1, limits: .default)),
+            .conflict(.init(request: "r1", op: 0, server: document)),
+            .document(.init(request: "r2", document: document)),
+        ]
+        for seed in 0..<20 {
+            for message in Self.messages(seed: UInt64(seed)) + others {
+                guard case .object(let members) = try Wire.parse(Wire.encode(message)),
+                    case .string(let type)? = members["type"]
+                else { throw WireError(.badMessage, "a message without its type") }
+                seen.insert(type)
+            }
+        }
+        #expect(seen == ServerMessage.kinds)
+    }
+
     @Test("malformed and mutated server messages get the same outcome both ways, value or error")
     func sameOutcomes() {
         var random = SplitMix(seed: 42)

@@ -373,6 +373,7 @@ extension ServerCore {
         listener.position = 0
         listener.isLive = false
         listener.catchUpHorizon = nil
+        listener.heldByHook = nil
         listener.catchUpLeavesOutOwnWrites = false
         if listener.view != nil {
             listener.viewLoaded = false

@@ -29,7 +29,8 @@ extension SyncService {
                     state.listening = Listeners()
                     state.resets = ResetWindow()
                     state.listenFailures = [:]
-                    state.reconnectAttempt = 0
+                    state.reconnectAttempt = state.startsOver
+                    state.connectedAt = .now
                     state.status.isConnected = true
                     return true
                 }
@@ -106,7 +107,10 @@ extension SyncService {
 
     private func connectionClosed(generation: Int, reason: String) {
         let reconnect = state.withLock { state -> Bool in
-            guard state.generation == generation, state.connection != nil else { return false }
+            guard state.generation == generation, let connection = state.connection else { return false }
+            if connection.closedOnUnreadableMessage {
+                state.countStartOver(afterQuiet: configuration.maxReconnectDelay)
+            }
             state.connection = nil
             state.listening = Listeners()
             state.urlIndex += 1
@@ -189,23 +193,27 @@ extension SyncService {
             }
             for problem in problems { noteError(problem) }
             // Opened in path order, so that the order snapshots arrive in is reproducible.
-            typealias Changes = (open: [(CollectionPath, ListenerTarget, Listeners.Name)], close: [String])
+            typealias Changes = (
+                open: [(CollectionPath, ListenerTarget, Listeners.Name)], close: [(CollectionPath, String)]
+            )
             let (open, close) = state.withLock { state -> Changes in
                 // The connection went while the state was read: the next one has its own refresh.
                 guard state.connection === connection, state.generation == generation else { return ([], []) }
                 let close = state.listening.open.filter { desired[$0.key] != $0.value.target }
-                for path in close.keys {
-                    state.listening.open[path] = nil
-                    state.resets.close(path, at: connection.arrivals)
-                }
+                for path in close.keys { state.listening.open[path] = nil }
                 let open = desired.filter { state.listening.open[$0.key] == nil }.sorted { $0.key < $1.key }
                     .map { path, target in (path, target, state.listening.opening(path, target)) }
                 for (path, target, _) in open where resetting.contains(path) {
                     state.resets.expect(path, since: connection.arrivals, isView: target.query != nil)
                 }
-                return (open, close.values.map(\.name))
+                return (open, close.map { ($0.key, $0.value.name) })
             }
-            for name in close { connection.unlisten(name) }
+            // Closed before its round is: no frame of it comes after the number read here.
+            for (_, name) in close { connection.unlisten(name) }
+            state.withLock { state in
+                guard state.generation == generation else { return }
+                for (path, _) in close { state.resets.close(path, at: connection.arrivals) }
+            }
             let excludingOwnWrites = !configuration.receivesOwnWrites && configuration.serialization == .barrier
             for (path, target, name) in open {
                 // A reset's full snapshot, resumed on this connection, is the whole truth: the
@@ -446,10 +454,15 @@ extension SyncService {
     /// What the connection delivered could not be stored (the database failed as a whole, not
     /// one change): nothing it delivers after may be applied, or its later token would skip
     /// what failed. The connection goes, and the listeners resume from their stored tokens
-    /// on the next one, after the usual backoff.
+    /// on the next one, after a backoff that grows while this goes on
+    /// (``State/countStartOver(afterQuiet:)``).
     private func startOver(_ generation: Int) {
-        guard let connection = state.withLock({ $0.generation == generation ? $0.connection : nil }) else { return }
-        dropConnection(connection)
+        let connection = state.withLock { state -> ServerConnection? in
+            guard state.generation == generation, let connection = state.connection else { return nil }
+            state.countStartOver(afterQuiet: configuration.maxReconnectDelay)
+            return connection
+        }
+        if let connection { dropConnection(connection) }
     }
 
     /// Snapshots left the inbox: see ``ResetWindow/taken(through:finished:)``.

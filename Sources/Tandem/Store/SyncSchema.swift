@@ -46,8 +46,9 @@ enum SyncSchema {
             chain.append(parent)
             current = next
         }
-        // A root collection is one segment; each nesting adds two (the parent's id, the name).
-        let segments = 2 * chain.count - 1
+        // Each nesting adds two segments to its root's path (the parent's id, the name).
+        guard case .root(let root) = current.location else { return }
+        let segments = root.split(separator: "/").count + 2 * (chain.count - 1)
         guard segments > CollectionPath.maxSegments else { return }
         throw TandemError(
             .invalidArgument,

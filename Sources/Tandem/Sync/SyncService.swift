@@ -109,6 +109,13 @@ public final class SyncService: Sendable {
         /// Grows with every connection attempt; callbacks of older connections are ignored.
         var generation = 0
         var reconnectAttempt = 0
+        /// Connections this service dropped one after the other because what they delivered
+        /// could not be read or stored: the next connection's backoff goes on from there, so
+        /// a lasting fault (a full disk) is tried again ever more slowly, not several times a
+        /// second.
+        var startsOver = 0
+        /// When the current connection was made.
+        var connectedAt: ContinuousClock.Instant?
         /// Which of ``serverURLs`` the next connection goes to.
         var urlIndex = 0
         /// True from the start of a connection attempt until it succeeds or fails.
@@ -120,6 +127,14 @@ public final class SyncService: Sendable {
         /// and what pushes acknowledged meanwhile: kept after the connection closes, while
         /// what it delivered may still be applied.
         var resets = ResetWindow()
+
+        /// The current connection is dropped because what it delivered could not be read or
+        /// stored. One that lived longer than the longest backoff without trouble starts a
+        /// new streak.
+        mutating func countStartOver(afterQuiet quiet: Duration) {
+            if let connectedAt, connectedAt.duration(to: .now) > quiet { startsOver = 0 }
+            startsOver += 1
+        }
         /// Counts reads of the counts for the status, and the last one shown: reads that run
         /// at once may finish out of order, and an older one must not overwrite a newer.
         var countReads = 0
