@@ -159,7 +159,7 @@ struct AdminTests {
                 "{\"format\":\"tandem-export\",\"version\":1}\n{\"collection\":\"notes\",\"id\":\"x\",\"version\":1,"
                     + "\"fields\":" + String(repeating: "{\"a\":", count: 61) + "{}" + String(repeating: "}", count: 61)
                     + "}\n",
-                "line 2: JSON nested deeper than 62 levels"
+                "line 2: JSON nested deeper than 62 levels (a document's fields must fit in a write"
             ),
             ("{\"format\":\"tandem-export\",\"version\":1}\n{\"collection\":\"notes\",\"version\":1}\n", "line 2: id"),
         ])

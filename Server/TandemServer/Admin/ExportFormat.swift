@@ -105,7 +105,11 @@ enum ExportFormat {
             } catch let error as ImportError {
                 throw error
             } catch {
-                throw ImportError(line: number, (error as? WireError)?.message ?? "\(error)")
+                var message = (error as? WireError)?.message ?? "\(error)"
+                if message.hasPrefix("JSON nested deeper") {
+                    message += " (a document's fields must fit in a write, where they sit two levels deeper)"
+                }
+                throw ImportError(line: number, message)
             }
             if !sawHeader {
                 guard object["format"]?.stringValue == name else {
