@@ -110,6 +110,8 @@ extension SyncService {
             guard state.generation == generation, let connection = state.connection else { return false }
             if connection.closedOnUnreadableMessage {
                 state.countStartOver(afterQuiet: configuration.maxReconnectDelay)
+            } else {
+                state.noteConnectionLost(afterQuiet: configuration.maxReconnectDelay)
             }
             state.connection = nil
             state.listening = Listeners()
@@ -233,7 +235,7 @@ extension SyncService {
             }
         } catch {
             // Nothing would listen on this connection until the next refresh: it goes, and
-            // the next one tries again after the usual backoff.
+            // the next one tries again (see `startOver`).
             noteError(TandemError("cannot read the listeners", error, otherwise: .database))
             startOver(generation)
         }
@@ -451,8 +453,9 @@ extension SyncService {
         apply(arrivals, generation: generation)
     }
 
-    /// What the connection delivered could not be stored (the database failed as a whole, not
-    /// one change): nothing it delivers after may be applied, or its later token would skip
+    /// The device cannot go on with what this connection brings: a snapshot or a reset the
+    /// database failed to store as a whole (not one change), or listeners it cannot read.
+    /// Nothing the connection delivers after may be applied, or its later token would skip
     /// what failed. The connection goes, and the listeners resume from their stored tokens
     /// on the next one, after a backoff that grows while this goes on
     /// (``State/countStartOver(afterQuiet:)``).

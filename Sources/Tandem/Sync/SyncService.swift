@@ -127,14 +127,6 @@ public final class SyncService: Sendable {
         /// and what pushes acknowledged meanwhile: kept after the connection closes, while
         /// what it delivered may still be applied.
         var resets = ResetWindow()
-
-        /// The current connection is dropped because what it delivered could not be read or
-        /// stored. One that lived longer than the longest backoff without trouble starts a
-        /// new streak.
-        mutating func countStartOver(afterQuiet quiet: Duration) {
-            if let connectedAt, connectedAt.duration(to: .now) > quiet { startsOver = 0 }
-            startsOver += 1
-        }
         /// Counts reads of the counts for the status, and the last one shown: reads that run
         /// at once may finish out of order, and an older one must not overwrite a newer.
         var countReads = 0
@@ -153,6 +145,26 @@ public final class SyncService: Sendable {
         /// row; each is listened to again after a backoff, on the same connection.
         var listenFailures: [CollectionPath: Int] = [:]
         var relisten: (generation: Int, task: Task<Void, Never>)?
+
+        /// The current connection is dropped because what it delivered could not be read or
+        /// stored. One that lived longer than the longest backoff without trouble starts a
+        /// new streak.
+        mutating func countStartOver(afterQuiet quiet: Duration) {
+            if livedLonger(than: quiet) { startsOver = 0 }
+            startsOver += 1
+        }
+
+        /// The current connection ended for the network's reasons: one that lived longer than
+        /// the longest backoff ends any streak, and the next attempt waits the shortest time.
+        mutating func noteConnectionLost(afterQuiet quiet: Duration) {
+            guard livedLonger(than: quiet) else { return }
+            startsOver = 0
+            reconnectAttempt = 0
+        }
+
+        private func livedLonger(than quiet: Duration) -> Bool {
+            connectedAt.map { $0.duration(to: .now) > quiet } ?? false
+        }
     }
 
     /// Prepares the database for syncing: adds Tandem's columns, triggers and tables, and
