@@ -290,20 +290,30 @@ struct OwnWritesTests {
         let model = Self.itemsNotArchived
         // Sends after the item is answered: the archiving's is held, the putting back's waits
         // for the server's word that the item left the view (else that word may never come).
+        // That word, received, is handed on only once the putting back's push is under way:
+        // its apply then waits behind that push. (The push after the archiving's is scheduled
+        // when that one ends; on a loaded machine the word could otherwise be applied first,
+        // to the dirty row, which then is in a `left-scope` conflict, as it should be.)
         let sends = Atomic(-1)
         let heldSend = Checkpoint()
+        let puttingBackSends = DispatchSemaphore(value: 0)
         let leftTheView = DispatchSemaphore(value: 0)
         let leavingApplied = Atomic(false)
         let phone = try TestDevice(name: "phone", serverURL: server.url, model: model) { configuration in
             configuration.hooks.beforeSend = { _ in
                 switch sends.add(1, ordering: .relaxed).newValue {
                 case 1: heldSend.pause()
-                case 2: _ = leftTheView.wait(timeout: .now() + 30)
+                case 2:
+                    puttingBackSends.signal()
+                    _ = leftTheView.wait(timeout: .now() + 30)
                 default: break
                 }
             }
             configuration.hooks.snapshotReceived = { snapshot in
-                if snapshot.changes.contains(where: { $0.kind == .removed }) { leftTheView.signal() }
+                if snapshot.changes.contains(where: { $0.kind == .removed }) {
+                    _ = puttingBackSends.wait(timeout: .now() + 30)
+                    leftTheView.signal()
+                }
             }
             configuration.hooks.afterApply = { snapshot in
                 if snapshot.changes.contains(where: { $0.kind == .removed }) {
