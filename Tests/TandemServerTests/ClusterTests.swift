@@ -356,9 +356,60 @@ struct ClusterTests {
         let sequences = feed.snapshots.compactMap { ResumeToken($0.resumeToken)?.sequence }
         #expect(sequences == sequences.sorted())
     }
+
+    @Test(
+        "a document another writer of the database stored as something other than a JSON object ends the collection's live query listeners with an error, never a view that skipped it; mended, it reaches a listener that listens again"
+    )
+    func unreadableStoredDocument() async throws {
+        let nodes = try await Nodes.start(1)
+        let writer = try await connect(nodes[0])
+        let a = try await writer.create("notes", ["n": 1])
+        let reader = try await connect(nodes[0])
+        let byN = try Wire.decode(Query.self, from: Array(#"{"orderBy":[{"field":"n"}]}"#.utf8))
+        let feed = Feed()
+        reader.listen(to: try path("notes"), query: byN, handler: feed.handler)
+        try await waitUntil("current") { feed.isCurrent }
+        let token = try #require(feed.lastToken)
+
+        // Written as a node writes: the collection's next sequence, the row, the notification.
+        try await onOwnThread { try nodes.store(#"[1]"#, as: a.id, in: "notes") }
+        try await waitUntil("the view ends with an error") { !feed.errors.isEmpty }
+        #expect(feed.errors.map(\.code) == [.internal])
+        #expect(feed.changes.count == 1, "the view went on without the document")
+        #expect(reader.isOpen)
+
+        // Listening again meets the same row while it stays.
+        let again = Feed()
+        reader.listen(to: try path("notes"), resumeToken: token, query: byN, handler: again.handler)
+        try await waitUntil("the same error") { !again.errors.isEmpty }
+
+        try await onOwnThread { try nodes.store(#"{"n":2}"#, as: a.id, in: "notes") }
+        let mended = Feed()
+        reader.listen(to: try path("notes"), resumeToken: token, query: byN, handler: mended.handler)
+        try await waitUntil("the mended document") {
+            mended.isCurrent && mended.changes.last?.document.fields["n"] == 2
+        }
+        #expect(mended.errors.isEmpty)
+    }
 }
 
 extension Nodes {
+    /// Stores `fields` as the document's text, as another writer of the database would: with
+    /// the collection's next sequence and a notification to every node, bypassing each check.
+    func store(_ fields: String, as id: DocumentID, in collection: String) throws {
+        let database = PostgresCluster.databaseName(of: databaseURL) ?? ""
+        try cluster.sql(
+            """
+            BEGIN;
+            UPDATE tandem_collection SET last_sequence = last_sequence + 1 WHERE path = '\(collection)';
+            UPDATE tandem_document SET fields = '\(fields)', version = version + 1,
+                sequence = (SELECT last_sequence FROM tandem_collection WHERE path = '\(collection)')
+            WHERE collection = '\(collection)' AND id = '\(id)';
+            SELECT pg_notify('tandem_feed', '\(collection)');
+            COMMIT;
+            """, database: database)
+    }
+
     /// How many of this database's sessions wait for a lock now.
     func waitingForLocks() throws -> Int {
         let database = PostgresCluster.databaseName(of: databaseURL) ?? ""
