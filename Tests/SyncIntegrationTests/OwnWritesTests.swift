@@ -2,6 +2,7 @@ import Foundation
 import GRDB
 import Synchronization
 @_spi(Testing) import Tandem
+import TandemServer
 import TandemTesting
 import TandemWire
 import Testing
@@ -376,6 +377,64 @@ struct OwnWritesTests {
     }
 
     /// Another device, whose three accounts are on the server.
+    /// The rename's answer was lost, and the laptop deleted the account before the phone sent
+    /// it again. The reset's full snapshot (live documents only) said nothing of the account,
+    /// and the row, still dirty, stayed. Without the tombstone's conflict, the resend got its
+    /// first answer and left the row clean at version 2, of a document that is gone.
+    @Test("a device that sends again a write whose answer was lost, after the document was deleted, keeps no row of it")
+    func resendAfterRemoteDelete() async throws {
+        let server = try await TestServer()
+        let drops = AcknowledgementDropper(dropping: 0)
+        let phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
+            configuration.hooks.dropAcknowledgement = drops.dropsThis
+            configuration.reconnectDelay = .seconds(3600)  // the test starts the phone again itself
+            configuration.maxReconnectDelay = .seconds(3600)
+            configuration.maxAttempts = 1000
+        }
+        // The laptop's account: the phone, which did not create it, would hear of its delete
+        // only from a catch-up.
+        let laptop = try TestDevice(name: "laptop", serverURL: server.url)
+        try await laptop.addAccount("Rent")
+        phone.service.start()
+        laptop.service.start()
+        try await waitUntil("the phone holds the laptop's account") { try phone.accountCount() == 1 }
+        let rent = try #require(try await phone.accounts().first)
+
+        drops.drop(next: 1)
+        try await phone.database.write { db in try db.execute(sql: "UPDATE account SET name = 'Rent 2027'") }
+        try await waitUntil("the server applied the rename, whose answer the phone lost") {
+            try await serverDocuments(server, "accounts").first?.version == 2 && drops.remainingDrops == 0
+        }
+        await phone.service.stop()
+        let renamePending = try await phone.database.read { db in
+            try Bool.fetchOne(db, sql: "SELECT isDirty FROM account WHERE id = ?", arguments: [rent.id])
+        }
+        try #require(renamePending == true, "the phone has the rename's answer already")
+        try await laptop.database.write { db in try db.execute(sql: "DELETE FROM account") }
+        try await waitUntil("the laptop deleted the account") {
+            try await serverDocuments(server, "accounts").isEmpty && laptop.service.status.pendingCount == 0
+        }
+
+        // The phone's app comes back to a reset, and its resend fails until the full snapshot
+        // is in.
+        try await phone.restart(starting: false)
+        try await fullSnapshotComing(to: phone, resetUnderWay: false)
+        try await server.server.setFaults(FaultPlan(rejectedWriteRate: 1, rejectedWriteCode: .internal))
+        phone.service.start()
+        try await waitUntil("the full snapshot came to its end, the rename still to send") {
+            try await fullSnapshotEnded(phone)
+        }
+        try await server.server.setFaults(nil)
+        try await phone.service.syncNow(connectionWait: .seconds(60))
+        #expect(phone.service.status.pendingCount == 0)
+        let left = try await phone.database.read { db in
+            try String.fetchAll(db, sql: "SELECT name FROM account WHERE id = ?", arguments: [rent.id])
+        }
+        #expect(left.isEmpty, "the phone kept a row of the deleted account: \(left)")
+        #expect(try await phone.service.conflicts().isEmpty)
+        await laptop.service.stop()
+    }
+
     private func laptopWithThreeAccounts(on server: TestServer) async throws -> TestDevice {
         let laptop = try TestDevice(name: "laptop", serverURL: server.url)
         for index in 0..<3 { try await laptop.addAccount("Laptop \(index)") }
@@ -392,7 +451,10 @@ struct OwnWritesTests {
     private func fullSnapshotComing(to phone: TestDevice, resetUnderWay: Bool) async throws {
         try await phone.database.write { db in
             try db.execute(
-                sql: "INSERT INTO tandem_listener (collection, resumeToken, resetting) VALUES ('accounts', ?, ?)",
+                sql: """
+                    INSERT INTO tandem_listener (collection, resumeToken, resetting) VALUES ('accounts', ?, ?)
+                    ON CONFLICT (collection) DO UPDATE SET resumeToken = excluded.resumeToken, resetting = excluded.resetting
+                    """,
                 arguments: resetUnderWay ? [nil, true] : ["SomeOtherDB.1", false])
         }
     }

@@ -30,6 +30,36 @@ struct WriteTests {
     }
 
     @Test(
+        "a resend of a write whose document was deleted since is answered with the delete, as a conflict, not its first answer"
+    )
+    func resendAfterDelete() async throws {
+        let server = try await TestServer()
+        let phone = try await connect(server, as: "phone")
+        let created = try await phone.create("notes", ["t": "draft"])
+        let rename = [
+            WriteOp.update(
+                in: try path("notes"), id: created.id, fields: ["t": "final"], baseVersion: 1, idempotencyKey: key())
+        ]
+        let create = [WriteOp.create(in: try path("notes"), fields: ["t": "other"], idempotencyKey: key())]
+        guard case .ack = try await phone.write(rename), case .ack(let made) = try await phone.write(create) else {
+            throw TestFailure("refused")
+        }
+        let laptop = try await connect(server, as: "laptop")
+        _ = try await laptop.delete("notes", created.id)
+        _ = try await laptop.delete("notes", made[0].id)
+
+        // The phone never heard its answers, and sends both again.
+        for (ops, id, tombstone) in [(rename, created.id, 3), (create, made[0].id, 2)] {
+            guard case .conflict(let op, let document) = try await phone.write(ops) else {
+                throw TestFailure("expected a conflict for \(id)")
+            }
+            #expect(op == 0)
+            #expect(document.id == id && document.deleted && document.version == Int64(tombstone))
+        }
+        #expect(try await server.server.documents(in: try path("notes")).isEmpty)
+    }
+
+    @Test(
         "fields in any key order and spacing are stored and sent as canonical JSON, read straight or parsed",
         .disabled(if: TestServer.usesTLS, "raw frames over plain TCP"),
         arguments: [

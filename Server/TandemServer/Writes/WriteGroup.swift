@@ -137,6 +137,16 @@ final class WriteGroup {
             let recordKey = RecordKey(
                 user: request.userKey, client: request.client.rawValue, key: op.idempotencyKey.rawValue)
             if let earlier = recorded[recordKey] {
+                // Its first answer, unless a later write deleted the document: that answer would
+                // leave the client a row of a document that is gone, which a reset's full
+                // snapshot (live documents only) would not correct. It hears of the delete.
+                if op.kind != .delete,
+                    let now = try stored(DocumentKey(collection: op.collection, id: earlier.id), draft),
+                    now.deleted, now.version > earlier.version
+                {
+                    return .conflict(
+                        op: index, server: try redacted(now.document, in: op.collection, for: request.user, draft))
+                }
                 draft.results.append(earlier)
                 draft.resultSequences.append(nil)
                 continue
