@@ -364,10 +364,54 @@ struct OwnWritesTests {
         await phone.service.stop()
     }
 
+    /// The listener's view says nothing of a document that was never in it: without the check
+    /// at the acknowledgement, the archived item stayed on the phone, and nothing written to it
+    /// on the server reached it (until a restart's listen sent the ids the phone holds).
+    @Test(
+        "a row this device creates outside its table's scope goes once acknowledged, and comes back as another device puts it in"
+    )
+    func createdOutsideScope() async throws {
+        let server = try await TestServer()
+        let phone = try TestDevice(name: "phone", serverURL: server.url, model: Self.itemsNotArchived)
+        let laptop = try TestDevice(name: "laptop", serverURL: server.url, model: Self.itemsArchived)
+        phone.service.start()
+        laptop.service.start()
+        try await phone.database.write { db in
+            try db.execute(sql: "INSERT INTO item (title, archived) VALUES ('Old', 1), ('New', 0)")
+        }
+        func titles(_ device: TestDevice) async throws -> [String] {
+            try await device.database.read { db in try String.fetchAll(db, sql: "SELECT title FROM item ORDER BY id") }
+        }
+        try await waitUntil("both items on the server, the phone holding the one in its scope") {
+            guard phone.service.status.pendingCount == 0, try await titles(phone) == ["New"] else { return false }
+            return try await serverDocuments(server, "items").count == 2
+        }
+        try await waitUntil("the laptop holds the archived one") { try await titles(laptop) == ["Old"] }
+        #expect(try await phone.service.conflicts().isEmpty)
+
+        try await laptop.database.write { db in try db.execute(sql: "UPDATE item SET archived = 0") }
+        try await waitUntil("the item put back reaches the phone, and leaves the laptop") {
+            guard try await titles(phone).sorted() == ["New", "Old"] else { return false }
+            return try await titles(laptop).isEmpty
+        }
+        await phone.service.stop()
+        await laptop.service.stop()
+    }
+
     /// Items, listened to through a query: those not archived.
-    private static let itemsNotArchived = DeviceModel(
-        tables: [SyncTable.root("item", collection: "items").where("archived", isEqualTo: .value(.int(0)))]
-    ) { db in
+    private static let itemsNotArchived = items(archived: 0)
+    /// The archived ones.
+    private static let itemsArchived = items(archived: 1)
+
+    private static func items(archived: Int64) -> DeviceModel {
+        DeviceModel(
+            tables: [
+                SyncTable.root("item", collection: "items").where("archived", isEqualTo: .value(.int(archived)))
+            ],
+            createTables: createItems)
+    }
+
+    private static let createItems: @Sendable (Database) throws -> Void = { db in
         try db.execute(
             sql: """
                 CREATE TABLE item (
@@ -376,7 +420,6 @@ struct OwnWritesTests {
                 """)
     }
 
-    /// Another device, whose three accounts are on the server.
     /// The rename's answer was lost, and the laptop deleted the account before the phone sent
     /// it again. The reset's full snapshot (live documents only) said nothing of the account,
     /// and the row, still dirty, stayed. Without the tombstone's conflict, the resend got its
@@ -435,6 +478,7 @@ struct OwnWritesTests {
         await laptop.service.stop()
     }
 
+    /// Another device, whose three accounts are on the server.
     private func laptopWithThreeAccounts(on server: TestServer) async throws -> TestDevice {
         let laptop = try TestDevice(name: "laptop", serverURL: server.url)
         for index in 0..<3 { try await laptop.addAccount("Laptop \(index)") }

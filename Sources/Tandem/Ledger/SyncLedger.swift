@@ -59,6 +59,9 @@ import TandemWire
 ///   dirty when the row changed since; ``fileDeleteOfOwnCreate(_:rowId:serverId:collection:version:_:)``
 ///   when that row was deleted here meanwhile.
 /// - ``removeRow(_:id:_:)`` (a remote delete, a reset): any state → gone, bookkeeping and all.
+///   A row of a scoped table that its acknowledgement left synced, with its document outside
+///   the scope (this device wrote it there), goes quietly, as a row that leaves the scope clean
+///   does (`LocalStore.recordAcknowledgement`).
 /// - ``recordConflict(_:rowId:serverId:collection:local:server:base:fields:detectedAt:reason:_:)`` (manual
 ///   tables): → in conflict; ``takeConflict(_:rowId:_:)`` when the app resolves it.
 /// - ``markOutOfScope(_:rowId:_:)`` (a scoped table's document left the scope while the row, or

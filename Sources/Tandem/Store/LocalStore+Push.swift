@@ -233,13 +233,20 @@ extension LocalStore {
     /// Writes an `ack` back: server ids and versions, and `isDirty = 0` only for rows that did
     /// not change while their push was in flight.
     ///
+    /// A row of a scoped table that is clean after its acknowledgement, and whose document the
+    /// scope does not select (or its user may not read: a merge's answer withheld), goes, with
+    /// the rows under it: this device wrote it outside the scope (a create, or an update that
+    /// put back a document whose leaving the listener had told), and the listener's view says
+    /// nothing of a document that was never in it.
+    ///
+    /// - Parameter scopes: The scope of each scoped table, as its listener asks for it.
     /// - Returns: A description of each duplicate found: a create whose server id another
     ///   local row already holds. That can only happen when a listener applied the server's
     ///   echo of the create before this write-back, the race the sync queue's barrier exists
     ///   to prevent.
-    func recordAcknowledgement(_ pushes: [PreparedPush], _ results: [WriteResult], _ db: Database) throws
-        -> (duplicates: [String], conflicts: Int)
-    {
+    func recordAcknowledgement(
+        _ pushes: [PreparedPush], _ results: [WriteResult], scopes: [String: Query] = [:], _ db: Database
+    ) throws -> (duplicates: [String], conflicts: Int) {
         var pushes = pushes
         // An answer short of results leaves ops unanswered: their creates keep their keys on
         // their rows, and the acknowledgement settles those rows as it does any row with an
@@ -252,6 +259,7 @@ extension LocalStore {
         }
         var duplicates: [String] = []
         var conflicts = 0
+        var outsideScope: [(TableModel, Int64)] = []
         let waiting = try ledger.anythingWaits(db)
         var latest: Int64 = 0
         defer { clock.receive(HybridLogicalClock.timestamp(milliseconds: latest)) }
@@ -303,8 +311,10 @@ extension LocalStore {
                 if pushes[index].op.kind == .create, waiting {
                     try resolveWaiting(model, serverId: result.id.rawValue, localId: pushes[index].rowId, db)
                 }
+                // A merge's answer to a user who may not read the result carries nothing of it.
+                let withheld = result.document?.isWithheld == true
                 // A field-level merge kept fields of other writers that were newer than ours.
-                if let stored = result.document, stored.fields != pushes[index].op.fields {
+                if let stored = result.document, !withheld, stored.fields != pushes[index].op.fields {
                     let push = pushes[index]
                     if clean {
                         try overwrite(model, rowId: push.rowId, with: stored, collection: push.op.collection, db)
@@ -314,8 +324,15 @@ extension LocalStore {
                         conflicts += 1
                     }
                 }
+                if clean, let scope = scopes[model.name] {
+                    let rowId = pushes[index].rowId
+                    if try withheld || rowState(model, rowId: rowId, db).map({ !scope.matches($0.fields) }) == true {
+                        outsideScope.append((model, rowId))
+                    }
+                }
             }
         }
+        for (model, rowId) in outsideScope { try removeQuietly(model, rowId: rowId, db) }
         try removeRowsOutOfScope(db)
         return (duplicates, conflicts)
     }
@@ -402,4 +419,10 @@ extension LocalStore {
             try ledger.forget(model.name, push.rowId, db)
         }
     }
+}
+
+extension Document {
+    /// A document withheld from a user the read rules keep from it: its id, version and
+    /// whether it is deleted, no fields, times 0 (no stored document was created at time 0).
+    var isWithheld: Bool { createTime == 0 && updateTime == 0 }
 }

@@ -112,6 +112,18 @@ struct LocalStore: Sendable {
         return result
     }
 
+    /// The scope of each scoped table, as its listener asks for it (a table whose scope cannot
+    /// be listened to has none here either).
+    ///
+    /// - Parameter user: The user the server named, for scopes on the current user.
+    func scopes(user: String?) -> [String: Query] {
+        var result: [String: Query] = [:]
+        for model in tables where model.rootCollection != nil {
+            if let query = try? model.definition.scopeQuery(user: user) { result[model.name] = query }
+        }
+        return result
+    }
+
     /// The server ids of a table's rows, in the order of a query without `orderBy`: what a
     /// scoped listener's view holds, sent when it resumes. Rows out of scope are not in it: if
     /// their document is back in the scope, it comes as added and closes their conflict.

@@ -140,7 +140,9 @@ public struct SyncTable: Sendable {
     /// here with the rows nested under it, and nothing is deleted on the server. When it or a
     /// row under it has unpushed changes, it stays, and a conflict with reason
     /// ``ConflictReason/leftScope`` asks the app whether to drop them or push them first.
-    /// Nested tables follow their parent rows. Only root tables take a scope.
+    /// A row the device writes outside the scope (a create the scope does not select) goes
+    /// once the server has acknowledged it, as if it had left. Nested tables follow their
+    /// parent rows. Only root tables take a scope.
     public func `where`(_ field: String, arrayContains value: ScopeValue) -> SyncTable {
         `where`(field, .arrayContains, value)
     }

@@ -35,6 +35,7 @@ extension SyncService {
         let maxOps = max(1, min(configuration.maxBatchSize, limits.maxOpsPerWrite))
         let maxBytes = max(16 << 10, min(limits.maxMessageBytes / 2, 512 << 10))
         let depth = max(1, configuration.writesInFlight)
+        let scopes = store.scopes(user: connection.welcome.user)
         var report = SyncReport()
         var newParents = false
         defer { if newParents { refreshListeners() } }
@@ -122,7 +123,7 @@ extension SyncService {
                     // it (`Serialization.unserialized`) and sees the rows written back sees
                     // them noted too.
                     noteAcknowledged(batch, arrival: answer.arrival, generation: generation)
-                    return try store.recordAcknowledgement(batch, results, db)
+                    return try store.recordAcknowledgement(batch, results, scopes: scopes, db)
                 }
                 configuration.hooks.afterWriteBack?(batch.map(\.op), results)
                 for duplicate in duplicates { noteError(TandemError(.database, duplicate)) }
