@@ -379,20 +379,17 @@ struct OwnWritesTests {
         try await phone.database.write { db in
             try db.execute(sql: "INSERT INTO item (title, archived) VALUES ('Old', 1), ('New', 0)")
         }
-        func titles(_ device: TestDevice) async throws -> [String] {
-            try await device.database.read { db in try String.fetchAll(db, sql: "SELECT title FROM item ORDER BY id") }
-        }
         try await waitUntil("both items on the server, the phone holding the one in its scope") {
-            guard phone.service.status.pendingCount == 0, try await titles(phone) == ["New"] else { return false }
+            guard phone.service.status.pendingCount == 0, try await phone.itemTitles() == ["New"] else { return false }
             return try await serverDocuments(server, "items").count == 2
         }
-        try await waitUntil("the laptop holds the archived one") { try await titles(laptop) == ["Old"] }
+        try await waitUntil("the laptop holds the archived one") { try await laptop.itemTitles() == ["Old"] }
         #expect(try await phone.service.conflicts().isEmpty)
 
         try await laptop.database.write { db in try db.execute(sql: "UPDATE item SET archived = 0") }
         try await waitUntil("the item put back reaches the phone, and leaves the laptop") {
-            guard try await titles(phone).sorted() == ["New", "Old"] else { return false }
-            return try await titles(laptop).isEmpty
+            guard try await phone.itemTitles().sorted() == ["New", "Old"] else { return false }
+            return try await laptop.itemTitles().isEmpty
         }
         await phone.service.stop()
         await laptop.service.stop()

@@ -45,6 +45,11 @@ extension TestDevice {
     func accountCount() throws -> Int {
         try database.read { db in try CashFlow.Account.fetchCount(db) }
     }
+
+    /// The titles of the rows of an `item` table (the scoped models of some tests), in row order.
+    func itemTitles() async throws -> [String] {
+        try await database.read { db in try String.fetchAll(db, sql: "SELECT title FROM item ORDER BY id") }
+    }
 }
 
 extension ServerMessage.Snapshot {

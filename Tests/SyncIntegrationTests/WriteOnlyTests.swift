@@ -6,8 +6,10 @@ import TandemTesting
 import TandemWire
 import Testing
 
-/// A table that only pushes: its collection is one its user may write and not read.
-@Suite("Write-only collections")
+/// Writes whose result their user may not read: a table that only pushes (its collection is one
+/// its user may write and not read), and a scoped table whose scope selects documents that the
+/// read rules keep from its user.
+@Suite("Writes whose result their user may not read")
 struct WriteOnlyTests {
     static let rules = #"""
         {"rules": [{"match": "inbox", "create": "true", "update": "true"},
@@ -52,6 +54,46 @@ struct WriteOnlyTests {
         let (body, updatedAt) = try #require(letter)
         #expect(body == "Dear Alice, hello")
         #expect(updatedAt > 0, "the edit's time was lost")
+        await bob.service.stop()
+    }
+
+    /// The scope selects items not archived; the read rules, the user's own. The listener's
+    /// view says nothing of a document that was never in it: without the answer saying that its
+    /// user may not read the result, the item made for bob stayed on alice's device, stale.
+    @Test(
+        "an item alice makes for bob, which her scope selects and the read rules keep from her, leaves her device once answered"
+    )
+    func itemMadeForAnother() async throws {
+        let rules = #"""
+            {"rules": [{"match": "items", "read": "resource.owner == user", "create": "true",
+                        "update": "resource.owner == user"}]}
+            """#
+        let access = try AccessControl(tokens: (SharedAccounts.tokens, "tokens.json"), rules: (rules, "rules.json"))
+        let server = try await TestServer { $0.access = access }
+        let model = DeviceModel(
+            tables: [SyncTable.root("item", collection: "items").where("archived", isEqualTo: .value(.int(0)))]
+        ) { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE item (
+                        id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL, owner TEXT NOT NULL,
+                        archived INTEGER NOT NULL DEFAULT 0, isShared INTEGER NOT NULL DEFAULT 1)
+                    """)
+        }
+        let alice = try TestDevice(name: "alice", serverURL: server.url, model: model) { $0.token = "t-alice" }
+        let bob = try TestDevice(name: "bob", serverURL: server.url, model: model) { $0.token = "t-bob" }
+        alice.service.start()
+        bob.service.start()
+        try await alice.database.write { db in
+            try db.execute(sql: "INSERT INTO item (title, owner) VALUES ('Mine', 'alice'), ('For Bob', 'bob')")
+        }
+        try await waitUntil("both items on the server, and alice holding her own") {
+            guard try await alice.itemTitles() == ["Mine"] else { return false }
+            return try await serverDocuments(server, "items").count == 2
+        }
+        try await waitUntil("bob holds his") { try await bob.itemTitles() == ["For Bob"] }
+        #expect(try await alice.service.conflicts().isEmpty)
+        await alice.service.stop()
         await bob.service.stop()
     }
 }

@@ -396,6 +396,40 @@ struct AccessFirstTests {
     }
 
     @Test(
+        "an ack carries the document withheld, without its content, for a write whose result its user may not read, and nothing for one it may"
+    )
+    func unreadableResultsWithheld() async throws {
+        let rules = #"""
+            {"rules": [{"match": "items", "read": "resource.owner == user", "create": "true", "update": "true"},
+                       {"match": "inbox", "create": "true"}, {"match": "open", "read": "true", "create": "true"}]}
+            """#
+        let access = try AccessControl(tokens: (AccessFixture.tokens, "tokens.json"), rules: (rules, "rules.json"))
+        let server = try await TestServer { $0.access = access }
+        let alice = try await AccessFixture.connect(server, token: "t-alice")
+        defer { alice.close() }
+        let ops = [
+            WriteOp.create(in: try path("items"), fields: ["owner": "bob", "t": "x"], idempotencyKey: key()),
+            .create(in: try path("inbox"), fields: ["t": "x"], idempotencyKey: key()),
+            .create(in: try path("items"), fields: ["owner": "alice"], idempotencyKey: key()),
+            .create(in: try path("open"), fields: ["t": "x"], idempotencyKey: key()),
+        ]
+        guard case .ack(let results) = try await alice.write(ops) else { throw TestFailure("refused") }
+        for result in results.prefix(2) {
+            let document = try #require(result.document)
+            #expect(document.id == result.id && document.version == 1 && document.fields.isEmpty)
+            #expect(document.createTime == 0 && document.updateTime == 0 && !document.deleted)
+        }
+        #expect(results.suffix(2).allSatisfy { $0.document == nil })
+        // Taken out of her reach by an update: withheld too.
+        let mine = results[2].id
+        let reply = try await alice.write([
+            .update(in: try path("items"), id: mine, fields: ["owner": "bob"], baseVersion: 1, idempotencyKey: key())
+        ])
+        guard case .ack(let given) = reply else { throw TestFailure("refused: \(reply)") }
+        #expect(given[0].document.map { $0.fields.isEmpty && $0.version == 2 } == true)
+    }
+
+    @Test(
         "a user who may write but not read a collection gets a conflict without the document's content; a create proposing its id is refused"
     )
     func writeOnlyConflictsAreRedacted() async throws {

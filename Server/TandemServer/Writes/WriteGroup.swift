@@ -202,6 +202,13 @@ final class WriteGroup {
                     result.document = Self.withoutContent(stored)
                     answeredSequence = nil
                 }
+            } else if access != nil, op.kind != .delete,
+                try !readable(newDocument, in: op.collection, for: request.user, draft)
+            {
+                // Any other write its user may not read the result of says so, the same way:
+                // its client should not keep what no listener of that user will bring again.
+                result.document = Self.withoutContent(try newDocument.document)
+                answeredSequence = nil
             }
             draft.results.append(result)
             draft.resultSequences.append(answeredSequence)
@@ -380,6 +387,22 @@ final class WriteGroup {
         Document(
             id: document.id, version: document.version, fields: [:], createTime: 0, updateTime: 0,
             deleted: document.deleted)
+    }
+
+    /// ``readable(_:in:for:_:)`` for a stored document, whose fields are parsed only when a
+    /// read rule looks at each document.
+    private func readable(
+        _ document: StoredDocument, in collection: CollectionPath, for user: String?, _ draft: Draft
+    ) throws -> Bool {
+        guard let access else { return true }
+        let scope = try access.readScope(in: collection, user: user) { collection, id in
+            try liveFields(collection, id, draft)
+        }
+        switch scope {
+        case .all: return true
+        case .none: return false
+        case .perDocument: return try readable(try document.document, in: collection, for: user, draft)
+        }
     }
 
     private func readable(_ document: Document, in collection: CollectionPath, for user: String?, _ draft: Draft)
