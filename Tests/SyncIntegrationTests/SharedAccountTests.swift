@@ -180,6 +180,35 @@ struct SharedAccountTests {
         return (server, alice, bob)
     }
 
+    /// Alice's scope never held the account she made for bob, so no view tells her of it. Its
+    /// entry could not go out before the account had its server id, so at the account's answer
+    /// the entry still waited: without marking the account out of scope then, it stayed on her
+    /// device, stale, with its entry.
+    @Test(
+        "an account alice makes for bob alone, with an entry, leaves her device once both are on the server, and reaches bob's"
+    )
+    func accountMadeForAnother() async throws {
+        let open = #"""
+            {"rules": [{"match": "accounts", "read": true, "write": true},
+                       {"match": "accounts/{account}/entries", "read": true, "write": true}]}
+            """#
+        let (server, alice, bob) = try await Self.homeOfTwo(rules: open)
+        defer { Task { await alice.service.stop() } }
+        defer { Task { await bob.service.stop() } }
+        try await alice.database.write { db in
+            var account = Account(name: "Gift", members: ["bob"])
+            try account.insert(db)
+            var entry = CashFlow.Entry(accountId: account.id!, title: "Book", amount: -20)
+            try entry.insert(db)
+        }
+        try await waitUntil("bob holds the gift, and alice only Home") {
+            try Self.holdings(bob) == ["Home": ["Rent"], "Gift": ["Book"]] && Self.holdings(alice) == ["Home": ["Rent"]]
+        }
+        #expect(try await serverDocuments(server, "accounts").count == 2)
+        #expect(try await alice.service.conflicts().isEmpty)
+        try await waitUntil("alice has nothing left to push") { alice.service.status.pendingCount == 0 }
+    }
+
     static func setMembers(_ device: TestDevice, _ name: String, to list: [String]) async throws {
         try await device.database.write { db in
             try db.execute(

@@ -234,10 +234,10 @@ extension LocalStore {
     /// not change while their push was in flight.
     ///
     /// A row of a scoped table that is clean after its acknowledgement, and whose document the
-    /// scope does not select (or its user may not read: a merge's answer withheld), goes, with
-    /// the rows under it: this device wrote it outside the scope (a create, or an update that
-    /// put back a document whose leaving the listener had told), and the listener's view says
-    /// nothing of a document that was never in it.
+    /// scope does not select (or its user may not read: the answer withheld), goes, with the
+    /// rows under it (once they are pushed, when they wait): this device wrote it outside the
+    /// scope (a create, or an update that put back a document whose leaving the listener had
+    /// told), and the listener's view says nothing of a document that was never in it.
     ///
     /// - Parameter scopes: The scope of each scoped table, as its listener asks for it.
     /// - Returns: A description of each duplicate found: a create whose server id another
@@ -324,15 +324,20 @@ extension LocalStore {
                         conflicts += 1
                     }
                 }
-                if clean, let scope = scopes[model.name] {
-                    let rowId = pushes[index].rowId
-                    if try withheld || rowState(model, rowId: rowId, db).map({ !scope.matches($0.fields) }) == true {
-                        outsideScope.append((model, rowId))
-                    }
+                // Matched against what the server stored, as its view did: the merged document,
+                // or the fields sent (the row's values read back from SQLite may differ in type).
+                if clean, let scope = scopes[model.name],
+                    withheld || !scope.matches(result.document?.fields ?? pushes[index].op.fields ?? [:])
+                {
+                    outsideScope.append((model, pushes[index].rowId))
                 }
             }
         }
-        for (model, rowId) in outsideScope { try removeQuietly(model, rowId: rowId, db) }
+        for (model, rowId) in outsideScope where try removeQuietly(model, rowId: rowId, db) == 0 {
+            // Rows under it wait to be pushed (they could not go before it had its server id):
+            // it goes once they have gone out, as a row that left the scope does.
+            try ledger.markOutOfScope(model, rowId: rowId, db)
+        }
         try removeRowsOutOfScope(db)
         return (duplicates, conflicts)
     }

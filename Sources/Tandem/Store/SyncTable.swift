@@ -140,9 +140,10 @@ public struct SyncTable: Sendable {
     /// here with the rows nested under it, and nothing is deleted on the server. When it or a
     /// row under it has unpushed changes, it stays, and a conflict with reason
     /// ``ConflictReason/leftScope`` asks the app whether to drop them or push them first.
-    /// A row the device writes outside the scope (a create the scope does not select) goes
-    /// once the server has acknowledged it, as if it had left. Nested tables follow their
-    /// parent rows. Only root tables take a scope.
+    /// A row the device writes outside the scope (a create or an edit the scope does not
+    /// select, or whose document the read rules keep from its user) goes once the server has
+    /// acknowledged it, as if it had left, with the rows under it once they are on the server
+    /// too. Nested tables follow their parent rows. Only root tables take a scope.
     public func `where`(_ field: String, arrayContains value: ScopeValue) -> SyncTable {
         `where`(field, .arrayContains, value)
     }
