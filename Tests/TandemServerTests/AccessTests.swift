@@ -396,6 +396,33 @@ struct AccessFirstTests {
     }
 
     @Test(
+        "a resend whose document was deleted since gets its first answer when the rules would not let its user make the op now: it learns nothing of the delete"
+    )
+    func resendAfterDeleteUnderRules() async throws {
+        let rules = #"""
+            {"rules": [{"match": "items", "read": "resource.owner == user", "create": "request.owner == user",
+                        "update": "resource.owner == user", "delete": "true"}]}
+            """#
+        let access = try AccessControl(tokens: (AccessFixture.tokens, "tokens.json"), rules: (rules, "rules.json"))
+        let server = try await TestServer { $0.access = access }
+        let alice = try await AccessFixture.connect(server, token: "t-alice")
+        defer { alice.close() }
+        let created = try await alice.create("items", ["owner": "alice", "t": "a"])
+        let update = [
+            WriteOp.update(
+                in: try path("items"), id: created.id, fields: ["owner": "alice", "t": "b"], baseVersion: 1,
+                idempotencyKey: key())
+        ]
+        guard case .ack(let first) = try await alice.write(update) else { throw TestFailure("refused") }
+        let bob = try await AccessFixture.connect(server, token: "t-bob")
+        defer { bob.close() }
+        _ = try await bob.delete("items", created.id)
+        let reply = try await alice.write(update)
+        guard case .ack(let again) = reply else { throw TestFailure("expected the first answer: \(reply)") }
+        #expect(again == first)
+    }
+
+    @Test(
         "an ack carries the document withheld, without its content, for a write whose result its user may not read, and nothing for one it may"
     )
     func unreadableResultsWithheld() async throws {

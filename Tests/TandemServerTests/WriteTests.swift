@@ -57,6 +57,17 @@ struct WriteTests {
             #expect(document.id == id && document.deleted && document.version == Int64(tombstone))
         }
         #expect(try await server.server.documents(in: try path("notes")).isEmpty)
+
+        // Removed by an admin reset (no tombstone): a tombstone of version 0 and nothing else.
+        let kept = [WriteOp.create(in: try path("notes"), fields: ["t": "kept"], idempotencyKey: key())]
+        guard case .ack(let keptAnswer) = try await phone.write(kept) else { throw TestFailure("refused") }
+        _ = try await server.server.reset(collection: path("notes"))
+        guard case .conflict(_, let none) = try await phone.write(kept) else {
+            throw TestFailure("expected a conflict after the reset")
+        }
+        let tombstone = Document(
+            id: keptAnswer[0].id, version: 0, fields: [:], createTime: 0, updateTime: 0, deleted: true)
+        #expect(none == tombstone)
     }
 
     @Test(

@@ -17,9 +17,10 @@ struct WriteRequest {
 enum WriteOutcome {
     /// Every op applied (or was a resend of an op applied before); one result per op, and the
     /// feed sequence at which the op's document holds the state its result tells (nil for a
-    /// resend answered from memory, and for a merge whose user may not read the result).
+    /// resend answered from memory, and for a result its user may not read).
     case applied([WriteResult], sequences: [Int64?])
-    /// The op at this index failed its precondition; nothing of the message was applied.
+    /// The op at this index failed its precondition, or is a resend of an op whose document
+    /// is gone since; nothing of the message was applied.
     case conflict(op: Int, server: Document)
     /// Refused (`permission-denied`, `not-found`, `too-large` after a merge); nothing applied.
     case refused(WireError)
@@ -36,8 +37,10 @@ enum WriteOutcome {
 /// For each op, in this order:
 ///
 /// 1. **A resend** of an op this user's client applied before (same idempotency key) gets its
-///    first result, and nothing else happens. Keys belong to the user who sent them: another
-///    user's op under the same client id and key is another op.
+///    first result, and nothing else happens; unless its document is gone since and the rules
+///    would let the user make the op now: then a `conflict` with its tombstone
+///    (``goneSince(_:of:index:_:_:)``). Keys belong to the user who sent them: another user's op
+///    under the same client id and key is another op.
 /// 2. **Access**: the rules decide before anything about the document is revealed. The stored
 ///    document is read because a rule may use `resource`, but a refusal is the same
 ///    `permission-denied` whether the document exists or not.
@@ -137,15 +140,8 @@ final class WriteGroup {
             let recordKey = RecordKey(
                 user: request.userKey, client: request.client.rawValue, key: op.idempotencyKey.rawValue)
             if let earlier = recorded[recordKey] {
-                // Its first answer, unless a later write deleted the document: that answer would
-                // leave the client a row of a document that is gone, which a reset's full
-                // snapshot (live documents only) would not correct. It hears of the delete.
-                if op.kind != .delete,
-                    let now = try stored(DocumentKey(collection: op.collection, id: earlier.id), draft),
-                    now.deleted, now.version > earlier.version
-                {
-                    return .conflict(
-                        op: index, server: try redacted(now.document, in: op.collection, for: request.user, draft))
+                if op.kind != .delete, let gone = try goneSince(earlier, of: op, index: index, request.user, draft) {
+                    return .conflict(op: index, server: gone)
                 }
                 draft.results.append(earlier)
                 draft.resultSequences.append(nil)
@@ -252,6 +248,29 @@ final class WriteGroup {
         let found = try transaction.documents([key])[key]
         if let found { documents[key] = found } else { absent.insert(key) }
         return found
+    }
+
+    /// What a resent create or update hears instead of its first answer when a later write
+    /// deleted its document (the tombstone), or a reset or the purge of tombstones removed it
+    /// (a tombstone of version 0, with nothing of the document): that answer would leave its
+    /// client a row of a document that is gone, which a reset's full snapshot (live documents
+    /// only) does not correct. Nil when the document is as the first answer left it or later,
+    /// and when the rules would not let the user make the op now: a resend learns nothing it
+    /// could not learn by sending the op anew.
+    private func goneSince(_ earlier: WriteResult, of op: WriteOp, index: Int, _ user: String?, _ draft: Draft)
+        throws -> Document?
+    {
+        let key = DocumentKey(collection: op.collection, id: earlier.id)
+        let current = try stored(key, draft)
+        if let current, !(current.deleted && current.version > earlier.version) { return nil }
+        // A create of this group, not stored yet, is not gone.
+        if current == nil, created.contains(where: { $0.id == earlier.id }) { return nil }
+        guard try refusal(of: op, index: index, existing: current, user, draft) == nil else { return nil }
+        guard let current else {
+            return Document(
+                id: earlier.id, version: 0, fields: [:], createTime: 0, updateTime: 0, deleted: true)
+        }
+        return try redacted(current.document, in: op.collection, for: user, draft)
     }
 
     /// The live fields of another document, for `doc(…)` in rules.
