@@ -54,6 +54,11 @@ struct WriteOnlyTests {
         let (body, updatedAt) = try #require(letter)
         #expect(body == "Dear Alice, hello")
         #expect(updatedAt > 0, "the edit's time was lost")
+        // What the device knows the server holds, the base of its next merge: not nothing.
+        let known = try await bob.database.read { db in
+            try String.fetchOne(db, sql: "SELECT serverFields FROM tandem_row WHERE tableName = 'letter'")
+        }
+        #expect(known.map { $0.contains("Dear Alice, hello") } == true, "known server fields: \(known ?? "none")")
         await bob.service.stop()
     }
 

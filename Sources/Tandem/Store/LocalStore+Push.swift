@@ -243,10 +243,11 @@ extension LocalStore {
     /// - Returns: A description of each duplicate found: a create whose server id another
     ///   local row already holds. That can only happen when a listener applied the server's
     ///   echo of the create before this write-back, the race the sync queue's barrier exists
-    ///   to prevent.
+    ///   to prevent. And how many rows went as outside their scope (their nested listeners
+    ///   close at the next refresh).
     func recordAcknowledgement(
         _ pushes: [PreparedPush], _ results: [WriteResult], scopes: [String: Query] = [:], _ db: Database
-    ) throws -> (duplicates: [String], conflicts: Int) {
+    ) throws -> (duplicates: [String], conflicts: Int, leftScope: Int) {
         var pushes = pushes
         // An answer short of results leaves ops unanswered: their creates keep their keys on
         // their rows, and the acknowledgement settles those rows as it does any row with an
@@ -333,13 +334,16 @@ extension LocalStore {
                 }
             }
         }
-        for (model, rowId) in outsideScope where try removeQuietly(model, rowId: rowId, db) == 0 {
+        var leftScope = 0
+        for (model, rowId) in outsideScope {
+            let removed = try removeQuietly(model, rowId: rowId, db)
+            leftScope += removed
             // Rows under it wait to be pushed (they could not go before it had its server id):
             // it goes once they have gone out, as a row that left the scope does.
-            try ledger.markOutOfScope(model, rowId: rowId, db)
+            if removed == 0 { try ledger.markOutOfScope(model, rowId: rowId, db) }
         }
-        try removeRowsOutOfScope(db)
-        return (duplicates, conflicts)
+        leftScope += try removeRowsOutOfScope(db)
+        return (duplicates, conflicts, leftScope)
     }
 
     /// Batch entries left when no batch is on its way (at the start of a push; the listener's

@@ -118,7 +118,7 @@ extension SyncService {
                     throw error
                 }
                 configuration.hooks.afterAck?(results)
-                let (duplicates, merged) = try ownWrite { db in
+                let (duplicates, merged, leftScope) = try ownWrite { db in
                     // Noted before the write-back commits, so that an apply that runs beside
                     // it (`Serialization.unserialized`) and sees the rows written back sees
                     // them noted too.
@@ -129,6 +129,8 @@ extension SyncService {
                 for duplicate in duplicates { noteError(TandemError(.database, duplicate)) }
                 report.conflicts += merged
                 report.pushed += results.count
+                // Rows that went may have had nested listeners open.
+                newParents = newParents || (leftScope > 0 && !parentTables.isEmpty)
                 for index in batch.indices where batch[index].op.kind == .create {
                     createsAcknowledged += 1
                     newParents = newParents || parentTables.contains(batch[index].table)
