@@ -60,12 +60,14 @@ import TandemWire
 ///   when that row was deleted here meanwhile.
 /// - ``removeRow(_:id:_:)`` (a remote delete, a reset): any state → gone, bookkeeping and all.
 ///   A row of a scoped table that its acknowledgement left synced, with its document outside
-///   the scope (this device wrote it there), goes quietly, as a row that leaves the scope clean
-///   does (`LocalStore.recordAcknowledgement`).
+///   the scope or withheld from its user (this device wrote it there), goes quietly, as a row
+///   that leaves the scope clean does, or, while rows under it wait to be pushed, → out of
+///   scope without a conflict (`LocalStore.recordAcknowledgement`).
 /// - ``recordConflict(_:rowId:serverId:collection:local:server:base:fields:detectedAt:reason:_:)`` (manual
 ///   tables): → in conflict; ``takeConflict(_:rowId:_:)`` when the app resolves it.
 /// - ``markOutOfScope(_:rowId:_:)`` (a scoped table's document left the scope while the row, or
-///   one under it, had unpushed changes): → out of scope, with a `left-scope` conflict.
+///   one under it, had unpushed changes): → out of scope, with a `left-scope` conflict; without
+///   one for a row written outside the scope whose nested rows wait (above).
 ///   ``backInScope(_:rowId:_:)`` when the document comes back; the row goes (quietly, like a row
 ///   that leaves the scope clean) once nothing under it waits to be pushed and the conflict is
 ///   resolved (``outOfScopeRows(_:)``).
