@@ -290,6 +290,7 @@ extension LocalStore {
             let run = start..<end
             start = end
             let outcomes = try ledger.acknowledge(model, pushes[run], results[run], db)
+            let scope = scopes.isEmpty ? nil : scopes[model.name]
             for (index, outcome) in zip(run, outcomes) {
                 let result = results[index]
                 latest = max(latest, result.updateTime)
@@ -327,7 +328,7 @@ extension LocalStore {
                 }
                 // Matched against what the server stored, as its view did: the merged document,
                 // or the fields sent (the row's values read back from SQLite may differ in type).
-                if clean, let scope = scopes[model.name],
+                if clean, let scope,
                     withheld || !scope.matches(result.document?.fields ?? pushes[index].op.fields ?? [:])
                 {
                     outsideScope.append((model, pushes[index].rowId))
