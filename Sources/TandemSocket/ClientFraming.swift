@@ -63,7 +63,8 @@ enum ClientFraming {
             return "the server's answer to the upgrade has no 'Upgrade: websocket'"
         }
         guard
-            headers["connection"]?.lowercased().split(separator: ",").contains(where: { $0.trimmingSpaces == "upgrade" })
+            headers["connection"]?.lowercased().split(separator: ",").contains(where: { $0.trimmingSpaces == "upgrade" }
+            )
                 == true
         else {
             return "the server's answer to the upgrade has no 'Connection: Upgrade'"
@@ -183,7 +184,9 @@ enum ClientFraming {
                 h[3] &+= d
                 h[4] &+= e
             }
-            return h.flatMap { word in [UInt8(word >> 24), UInt8((word >> 16) & 0xFF), UInt8((word >> 8) & 0xFF), UInt8(word & 0xFF)] }
+            return h.flatMap { word in
+                [UInt8(word >> 24), UInt8((word >> 16) & 0xFF), UInt8((word >> 8) & 0xFF), UInt8(word & 0xFF)]
+            }
         }
 
         private static func rotate(_ value: UInt32, _ count: UInt32) -> UInt32 {
@@ -343,7 +346,8 @@ final class ServerFrameReader {
             guard control.count >= 2 else { return .close(code: nil, reason: "") }
             let code = UInt16(control[0]) << 8 | UInt16(control[1])
             guard Self.mayBeSent(code) else {
-                return .failure(.protocolError, "protocol error: the server closed with status \(code), which no endpoint may send")
+                return .failure(
+                    .protocolError, "protocol error: the server closed with status \(code), which no endpoint may send")
             }
             let reason = Array(control[2...])
             guard Self.isValidUTF8(reason) else {

@@ -136,7 +136,8 @@ struct RaceTests {
         #expect(listed.keys.compactMap { Int64($0) }.sorted() == ids)
         #expect(Set(sent.all) == Set(ids.map { "\(entry["key"] as String)-\($0)" }))
         #expect(sent.all.count == 70)
-        #expect(try await device.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tandem_row") } == 0)
+        #expect(
+            try await device.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tandem_row") } == 0)
         try await device.database.write { db in
             for index in [3, 66] {
                 try db.execute(sql: "UPDATE account SET name = 'edited' WHERE id = ?", arguments: [ids[index]])
@@ -150,7 +151,9 @@ struct RaceTests {
         }
         #expect(deletedEntries.map { $0["rowId"] as Int64 } == [ids[10], ids[67]])
         #expect(deletedEntries.allSatisfy { $0["pendingOp"] == "create" })
-        #expect(deletedEntries.map { $0["idempotencyKey"] as String } == [10, 67].map { "\(entry["key"] as String)-\(ids[$0])" })
+        #expect(
+            deletedEntries.map { $0["idempotencyKey"] as String }
+                == [10, 67].map { "\(entry["key"] as String)-\(ids[$0])" })
         afterAck.release()
 
         try await waitUntil("the server has the edits and the deletes") {

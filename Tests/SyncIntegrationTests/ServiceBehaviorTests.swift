@@ -462,9 +462,10 @@ struct ServiceBehaviorTests {
         let account = try await phone.addAccount("Household")
         try await phone.addEntry("Rent", amount: -100, account: account.id!)
         try await phone.service.syncNow()
-        let serverId = try #require(try await phone.database.read { db in
-            try String.fetchOne(db, sql: "SELECT serverId FROM account")
-        })
+        let serverId = try #require(
+            try await phone.database.read { db in
+                try String.fetchOne(db, sql: "SELECT serverId FROM account")
+            })
         #expect("\(accounts)/\(serverId)/\(entries)".utf8.count > 128)
         try await waitUntil("the laptop has the entry") { try await laptop.entries().map(\.title) == ["Rent"] }
         #expect(laptop.service.status.lastError == nil, "\(String(describing: laptop.service.status.lastError))")

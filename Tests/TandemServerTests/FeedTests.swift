@@ -403,7 +403,8 @@ struct ExcludeOwnWritesTests {
         #expect(own.lastToken == plain.lastToken)
     }
 
-    @Test("a listener's catch-up brings the tombstones of the deletes its connection was answered with before the listen")
+    @Test(
+        "a listener's catch-up brings the tombstones of the deletes its connection was answered with before the listen")
     func ownDeletesInCatchUp() async throws {
         let server = try await TestServer()
         let writer = try await connect(server, as: "writer")
@@ -425,7 +426,9 @@ struct ExcludeOwnWritesTests {
         Issue.record("in five attempts, the listener never caught up past the writes (they all came live)")
     }
 
-    @Test("the full snapshot after a reset carries the connection's own writes: a client drops the rows it does not bring")
+    @Test(
+        "the full snapshot after a reset carries the connection's own writes: a client drops the rows it does not bring"
+    )
     func resetSnapshotCarriesOwnWrites() async throws {
         for _ in 1...5 where try await Self.catchUpAttempt(afterReset: true) { return }
         Issue.record("in five attempts, the listener never caught up past the writes (they all came live)")

@@ -19,7 +19,8 @@ struct ClientFramingTests {
         #expect(ClientFraming.newKey().utf8.count == 24)
     }
 
-    @Test("a frame of each length class carries its length, a key, and the payload masked with it",
+    @Test(
+        "a frame of each length class carries its length, a key, and the payload masked with it",
         arguments: [0, 1, 7, 125, 126, 65_535, 65_536, 70_001])
     func frames(length: Int) {
         let payload = (0..<length).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) }
@@ -110,7 +111,8 @@ struct ClientFramingTests {
         #expect(failures == [code])
     }
 
-    @Test("a close with a status an endpoint may send reaches the reader as it came", arguments: [1000, 1013, 3000, 4999])
+    @Test(
+        "a close with a status an endpoint may send reaches the reader as it came", arguments: [1000, 1013, 3000, 4999])
     func closeCodes(code: Int) {
         let stream = serverFrame(0x08, [UInt8(code >> 8), UInt8(code & 0xFF)] + Array("ok".utf8))
         #expect(events(reading: stream, cut: stream.count) == ["close:\(code):ok"])
@@ -126,7 +128,9 @@ struct ClientFramingTests {
         #expect(ServerFrameReader.isValidUTF8([]))
     }
 
-    @Test("on a real socket: the upgrade with frames behind it, a message in pieces, a pong, an echo masked, and the server's close")
+    @Test(
+        "on a real socket: the upgrade with frames behind it, a message in pieces, a pong, an echo masked, and the server's close"
+    )
     func againstAHandWrittenServer() async throws {
         let server = try HandWrittenServer()
         let seen = Mutex<[String]>([])
@@ -142,7 +146,8 @@ struct ClientFramingTests {
             let upgradeAnswer =
                 "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                 + "Sec-WebSocket-Accept: \(ClientFraming.expectedAccept(for: key))\r\n\r\n"
-            let message = serverFrame(0x01, fin: false, Array("hello, ".utf8)) + serverFrame(0x09, Array("p1".utf8))
+            let message =
+                serverFrame(0x01, fin: false, Array("hello, ".utf8)) + serverFrame(0x09, Array("p1".utf8))
                 + serverFrame(0x00, Array("world".utf8))
             try peer.write(Array(upgradeAnswer.utf8) + message[..<5])
             Thread.sleep(forTimeInterval: 0.05)

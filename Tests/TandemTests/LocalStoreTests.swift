@@ -18,9 +18,9 @@ struct StoreFixture {
 
     init(
         schema: String = """
-            CREATE TABLE item (id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL,
-                isShared INTEGER NOT NULL DEFAULT 1)
-            """,
+        CREATE TABLE item (id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL,
+            isShared INTEGER NOT NULL DEFAULT 1)
+        """,
         tables: [SyncTable] = [.root("item", collection: "items")]
     ) throws {
         database = try DatabaseQueue()
@@ -202,7 +202,9 @@ struct LocalStoreTests {
 
     /// Without the delete trigger's entry, the next push would drop the deleted row from the
     /// batch (it lists only rows that still exist), and its document would come back as a new row.
-    @Test("a row the app deletes while its create is on its way in a batch entry: its document, when it comes, is deleted")
+    @Test(
+        "a row the app deletes while its create is on its way in a batch entry: its document, when it comes, is deleted"
+    )
     func batchEntryRowDeletedByApp() throws {
         let fixture = try StoreFixture()
         let rows = try fixture.insertRows(["a", "b"])
@@ -259,7 +261,9 @@ struct LocalStoreTests {
     /// Found by review: the write-back filed a delete for any listed row it found gone, but a
     /// row Tandem removes itself (a conflict resolved for the server's side, which keeps the
     /// document) must not take its document with it.
-    @Test("a listed row gone at its acknowledgement: deleted by the app, its delete is filed; removed by Tandem, nothing is")
+    @Test(
+        "a listed row gone at its acknowledgement: deleted by the app, its delete is filed; removed by Tandem, nothing is"
+    )
     func acknowledgementOfRowsGoneMeanwhile() throws {
         let fixture = try StoreFixture()
         let rows = try fixture.insertRows(["deleted by the app", "removed by Tandem"])
@@ -297,7 +301,8 @@ struct LocalStoreTests {
         }
         let modified = Change(
             .modified,
-            Document(id: try DocumentID("doc67"), version: 2, fields: ["title": "changed"], createTime: 0, updateTime: 0))
+            Document(
+                id: try DocumentID("doc67"), version: 2, fields: ["title": "changed"], createTime: 0, updateTime: 0))
         let snapshot = ServerMessage.Snapshot(
             target: "items", changes: added + [modified], resumeToken: "e.2", initial: false)
         let inserts = Mutex(0)
@@ -323,7 +328,9 @@ struct LocalStoreTests {
         #expect(rows.allSatisfy { $0["isDirty"] == false })
     }
 
-    @Test("a snapshot of distinct documents reads their rows 64 server ids per statement: an echo, an update and new rows each as before")
+    @Test(
+        "a snapshot of distinct documents reads their rows 64 server ids per statement: an echo, an update and new rows each as before"
+    )
     func rowsLookedUpManyPerStatement() throws {
         let fixture = try StoreFixture()
         let echoed = try fixture.syncedRow(serverId: "old1", version: 3)
@@ -362,7 +369,9 @@ struct LocalStoreTests {
         #expect(try fixture.count("SELECT COUNT(*) FROM item") == 70)
     }
 
-    @Test("the server-id index leaves out rows without one, the lookups by server id use it, and an index of every row from before is made again")
+    @Test(
+        "the server-id index leaves out rows without one, the lookups by server id use it, and an index of every row from before is made again"
+    )
     func serverIdIndexIsPartial() throws {
         let fixture = try StoreFixture()
         let model = try #require(fixture.store.byName["item"])
@@ -401,7 +410,9 @@ struct LocalStoreTests {
 
 @Suite("What a push sends")
 struct PushedFieldsTests {
-    @Test("a row's fields go out as the canonical text of the dictionary they stand for: every kind of value, escapes, JSON columns and references")
+    @Test(
+        "a row's fields go out as the canonical text of the dictionary they stand for: every kind of value, escapes, JSON columns and references"
+    )
     func canonicalFieldsFromTheRow() throws {
         let fixture = try StoreFixture(
             schema: """

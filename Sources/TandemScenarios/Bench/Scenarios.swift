@@ -28,8 +28,10 @@ public enum Bench {
         let echoP50 = echo.roundTrip.milliseconds(at: 50)
         return BenchResult(
             scenario: "propagation", metric: "p50", value: p50, unit: "ms", goal: "p50 ≤ 1 ms, p99 ≤ 5 ms",
-            met: p50 <= 1 && p99 <= 5, details: ["p50 ms": p50, "p99 ms": p99, "documents": Double(count)].merging(
-                propagation.stageDetails) { first, _ in first },
+            met: p50 <= 1 && p99 <= 5,
+            details: ["p50 ms": p50, "p99 ms": p99, "documents": Double(count)].merging(
+                propagation.stageDetails
+            ) { first, _ in first },
             floor: "raw libwebsockets echo round trip, p50 ms", floorValue: echoP50, floorRatio: echoP50 / p50)
     }
 
