@@ -232,6 +232,24 @@ public final class TandemServer: Sendable {
         try await onCore { try $0.importDocuments(export) }
     }
 
+    /// Where a document stands in its collection's change feed, with the rows around it: what
+    /// a check needs to tell why a listener missed it. Nil when the document does not exist.
+    public func feedExcerpt(of collection: CollectionPath, id: DocumentID, around rows: Int = 3) async throws
+        -> FeedExcerpt?
+    {
+        try await onCore { core in
+            guard let stored = try core.store.document(in: collection, id: id) else { return nil }
+            let bounds = try core.store.feedBounds(of: collection)
+            let page = try core.store.page(
+                of: collection, after: max(0, stored.sequence - Int64(rows) - 1), limit: 2 * rows + 1, maxBytes: .max)
+            return FeedExcerpt(
+                collection: collection, id: id, version: stored.version, deleted: stored.deleted,
+                sequence: stored.sequence, createSequence: stored.createSequence, createClient: stored.createClient,
+                lastSequence: bounds.last, horizon: bounds.horizon,
+                neighbours: page.rows.map { ($0.sequence, $0.id, $0.version, $0.deleted) })
+        }
+    }
+
     /// Every live document of the collection, in the order of their last write.
     public func documents(in collection: CollectionPath) async throws -> [Document] {
         try await onCore { try $0.store.documents(in: collection) }
@@ -267,5 +285,46 @@ private final class StoreRelay: Sendable {
     func reachability(_ reachable: Bool) {
         guard let core = core.withLock({ $0 }) else { return }
         core.queue.async { core.storeReachability(reachable) }
+    }
+}
+
+/// A document's place in its collection's change feed (``TandemServer/feedExcerpt(of:id:around:)``).
+public struct FeedExcerpt: Sendable, CustomStringConvertible {
+    public var collection: CollectionPath
+    public var id: DocumentID
+    public var version: Int64
+    public var deleted: Bool
+    /// The sequence of its latest write, and of its create.
+    public var sequence: Int64
+    public var createSequence: Int64
+    public var createClient: String?
+    /// The collection's last sequence and purge horizon.
+    public var lastSequence: Int64
+    public var horizon: Int64
+    /// The rows around it in the feed, by sequence.
+    public var neighbours: [(sequence: Int64, id: DocumentID, version: Int64, deleted: Bool)]
+
+    public init(
+        collection: CollectionPath, id: DocumentID, version: Int64, deleted: Bool, sequence: Int64,
+        createSequence: Int64, createClient: String?, lastSequence: Int64, horizon: Int64,
+        neighbours: [(sequence: Int64, id: DocumentID, version: Int64, deleted: Bool)]
+    ) {
+        self.collection = collection
+        self.id = id
+        self.version = version
+        self.deleted = deleted
+        self.sequence = sequence
+        self.createSequence = createSequence
+        self.createClient = createClient
+        self.lastSequence = lastSequence
+        self.horizon = horizon
+        self.neighbours = neighbours
+    }
+
+    public var description: String {
+        let around = neighbours.map { "\($0.sequence): \($0.id) v\($0.version)\($0.deleted ? " deleted" : "")" }
+        return "\(collection)/\(id) v\(version)\(deleted ? " deleted" : "") at sequence \(sequence) (created at "
+            + "\(createSequence) by \(createClient ?? "?")); the feed's last sequence \(lastSequence), horizon "
+            + "\(horizon); around it: \(around.joined(separator: ", "))"
     }
 }

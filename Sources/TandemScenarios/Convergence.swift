@@ -70,6 +70,15 @@ public protocol ServerContents {
     func documents(in collection: CollectionPath) async throws -> [Document]
     /// Every document, tombstones included.
     func everyDocument() async throws -> [(collection: CollectionPath, document: Document)]
+    /// Where a document stands in its collection's feed, for a failure's diagnosis.
+    func feedExcerpt(of collection: CollectionPath, id: DocumentID, around rows: Int) async throws -> FeedExcerpt?
+}
+
+extension ServerContents {
+    /// Nil: a source of documents that knows nothing of their feed.
+    public func feedExcerpt(of collection: CollectionPath, id: DocumentID, around rows: Int) async throws
+        -> FeedExcerpt?
+    { nil }
 }
 
 extension TandemServer: ServerContents {}
@@ -104,6 +113,41 @@ public struct ServerDatabase: ServerContents {
                     fields: try Wire.decodeFields(Array((row[1] as String).utf8)),
                     createTime: row[3], updateTime: row[4])
             }
+        }
+    }
+
+    public func feedExcerpt(of collection: CollectionPath, id: DocumentID, around rows: Int) async throws
+        -> FeedExcerpt?
+    {
+        try await database.read { db in
+            guard
+                let row = try Row.fetchOne(
+                    db,
+                    sql: """
+                        SELECT version, deleted, sequence, createSequence, createClient FROM document
+                        WHERE collection = ? AND id = ?
+                        """, arguments: [collection.rawValue, id.rawValue])
+            else { return nil }
+            let sequence: Int64 = row[2]
+            let bounds = try Row.fetchOne(
+                db, sql: "SELECT lastSequence, horizonSequence FROM collection WHERE path = ?",
+                arguments: [collection.rawValue])
+            let neighbours = try Row.fetchAll(
+                db,
+                sql: """
+                    SELECT sequence, id, version, deleted FROM document
+                    WHERE collection = ? AND sequence BETWEEN ? AND ? ORDER BY sequence
+                    """, arguments: [collection.rawValue, sequence - Int64(rows), sequence + Int64(rows)]
+            ).map {
+                (
+                    sequence: $0[0] as Int64, id: try DocumentID($0[1] as String), version: $0[2] as Int64,
+                    deleted: $0[3] as Bool
+                )
+            }
+            return FeedExcerpt(
+                collection: collection, id: id, version: row[0], deleted: row[1], sequence: sequence,
+                createSequence: row[3], createClient: row[4], lastSequence: bounds?[0] ?? 0,
+                horizon: bounds?[1] ?? 0, neighbours: neighbours)
         }
     }
 

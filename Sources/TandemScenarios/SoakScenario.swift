@@ -30,7 +30,9 @@ public enum SoakScenario {
             let database = Mutex<DatabaseQueue?>(nil)
             // Spread over the nodes; each may fail over to the others.
             let first = (index - 1) % urls.count
-            let device = try TestDevice(name: name, serverURL: urls[first]) { configuration in
+            // In the soak's folder, which a failed run keeps.
+            let place = try TemporaryDirectory(borrowing: folder.url.appendingPathComponent(name))
+            let device = try TestDevice(name: name, serverURL: urls[first], folder: place) { configuration in
                 configuration.serverURLs = Array(urls[(first + 1)...] + urls[..<first])
                 configuration.pushDelay = .milliseconds(2)
                 configuration.pushInterval = .seconds(1)
@@ -56,13 +58,27 @@ public enum SoakScenario {
         }
         for device in devices { device.service.start() }
         do {
-            return try await run(
+            var result = try await run(
                 options, servers: servers, devices: devices, ledger: ledger, random: &random, started: started,
                 progress: progress)
+            if !result.passed {
+                folder.keep()
+                result.keptFolder = folder.url.path
+            }
+            return result
         } catch {
             for device in devices { await device.service.stop() }
             throw error
         }
+    }
+
+    /// Whether a collection is one the soak's devices sync (the demo's book: `accounts` and
+    /// each account's `entries`). A database given by URL may hold others, written by other
+    /// clients through other nodes: no device holds them, and the checks leave them out.
+    static func isSoakCollection(_ collection: CollectionPath) -> Bool {
+        let segments = collection.rawValue.split(separator: "/")
+        return collection.rawValue == "accounts"
+            || (segments.count == 3 && segments[0] == "accounts" && segments[2] == "entries")
     }
 
     private static func run(
@@ -120,17 +136,55 @@ public enum SoakScenario {
         progress("syncing until quiet")
         let contents = try servers.contents()
         let report = try await Convergence.waitUntilQuiet(
-            server: contents, devices: devices, timeout: options.quietTimeout,
+            server: contents, devices: devices.map { ($0.name, $0.service) },
+            visible: { _, collection, _, _ in isSoakCollection(collection) }, timeout: options.quietTimeout,
             progress: { report in
                 progress("syncing until quiet: \(report.devices.map(\.pending).reduce(0, +)) pending")
             })
         for device in devices { await device.service.stop() }
+        let diagnosis = report.isConverged ? [] : try await diagnose(report, server: contents, devices: devices)
         return try await ledger.verdict(
             report: report, server: contents, devices: devices, options: options, operations: counts,
             restarts: restarts, postgresRestarts: postgresRestarts,
             lostAcksInjected: servers.nodes.map { node in
                 node.standardErrorLines.count { $0.contains("injected fault: acknowledgement lost") }
-            }.reduce(0, +), elapsed: ContinuousClock.now - started)
+            }.reduce(0, +), elapsed: ContinuousClock.now - started, diagnosis: diagnosis)
+    }
+
+    /// What a run that did not converge needs to be understood without running it again: for
+    /// the first documents a device misses or holds differently, where they stand in the
+    /// server's feed (their sequence, the feed around them, its last sequence and horizon),
+    /// every device's resume token for their collection, and what each device heard of them.
+    private static func diagnose(_ report: ConvergenceReport, server: any ServerContents, devices: [TestDevice])
+        async throws -> [String]
+    {
+        var documents: [(CollectionPath, DocumentID)] = []
+        for device in report.devices {
+            for entry in device.missing + device.different.map({ String($0.prefix { $0 != " " }) }) {
+                let parts = entry.split(separator: "/")
+                guard parts.count >= 2, let collection = try? CollectionPath(parts.dropLast().joined(separator: "/")),
+                    let id = try? DocumentID(String(parts.last!))
+                else { continue }
+                if !documents.contains(where: { $0 == (collection, id) }) { documents.append((collection, id)) }
+            }
+        }
+        var lines: [String] = []
+        for (collection, id) in documents.prefix(3) {
+            if let excerpt = try await server.feedExcerpt(of: collection, id: id, around: 3) {
+                lines.append("server: \(excerpt)")
+            } else {
+                lines.append("server: \(collection)/\(id) is not in the store")
+            }
+            for device in devices {
+                let tokens = try await device.database.read { db in
+                    try Row.fetchAll(db, sql: "SELECT * FROM tandem_listener").map { row in
+                        row.columnNames.map { "\($0)=\(row[$0] ?? "NULL")" }.joined(separator: " ")
+                    }
+                }
+                lines.append("\(device.name) listeners: \(tokens.joined(separator: "; "))")
+            }
+        }
+        return lines
     }
 }
 
@@ -173,6 +227,7 @@ final class SoakServers: Sendable {
         let url: String
         if let given = options.postgresURL {
             url = given
+            try await refuseSoakData(in: url)
         } else {
             progress("starting a throwaway PostgreSQL cluster")
             let own = try await PostgresCluster.start(durable: true)
@@ -190,6 +245,26 @@ final class SoakServers: Sendable {
                     executable: executable))
         }
         return SoakServers(nodes: nodes, options: options, dataDirectory: nil, databaseURL: url, cluster: cluster)
+    }
+
+    /// The soak compares what its devices hold with the server's `accounts` and their
+    /// entries: a given database must not hold any yet (a soak's before, say), since no seed
+    /// would replay on them. Other collections are left alone, and out of the checks.
+    private static func refuseSoakData(in url: String) async throws {
+        var configuration = ServerConfiguration(storage: .postgres(url: url))
+        configuration.port = 0
+        configuration.logger.logLevel = .critical
+        let opened = configuration
+        let server = try await onOwnThread { try TandemServer(configuration: opened) }
+        let taken = try await server.collections().filter(SoakScenario.isSoakCollection)
+        await server.shutdown()
+        guard taken.isEmpty else {
+            throw ScenarioError(
+                "\(opened.storage) already holds the soak's "
+                    + "collections (\(taken.prefix(3).map(\.rawValue).joined(separator: ", "))\(taken.count > 3 ? ", …" : "")): "
+                    + "give the soak a database without 'accounts' and their entries (other collections are fine), "
+                    + "or remove them first through the admin API (docs/ADMIN.md)")
+        }
     }
 
     /// Kills a node (the one server, or a node at random) with SIGKILL and starts it again on
@@ -284,6 +359,12 @@ public struct SoakResult: Sendable {
     /// Times a device showed an older version of a document than one it had written.
     public var readYourWritesViolations: [String]
     public var elapsed: Duration
+    /// For a run that did not converge: the feed around the first documents that differ, and
+    /// every device's resume tokens (``SoakScenario``'s `diagnose`).
+    public var diagnosis: [String] = []
+    /// For a failed run: the folder kept with the devices' databases (and the server's, on
+    /// SQLite).
+    public var keptFolder: String?
 
     public var passed: Bool {
         report.isConverged && lostWrites.isEmpty && duplicates.isEmpty && resurrected.isEmpty
@@ -395,12 +476,13 @@ final class Ledger: Sendable {
 
     func verdict(
         report: ConvergenceReport, server: any ServerContents, devices: [TestDevice], options: SoakOptions,
-        operations: [String: Int], restarts: Int, postgresRestarts: Int, lostAcksInjected: Int, elapsed: Duration
+        operations: [String: Int], restarts: Int, postgresRestarts: Int, lostAcksInjected: Int, elapsed: Duration,
+        diagnosis: [String]
     ) async throws -> SoakResult {
         let state = state.withLock { $0 }
         var byKey: [Key: (version: Int64, deleted: Bool)] = [:]
         var uids: [String: Int] = [:]
-        for (collection, document) in try await server.everyDocument() {
+        for (collection, document) in try await server.everyDocument() where SoakScenario.isSoakCollection(collection) {
             let key = Key(collection: collection.rawValue, id: document.id.rawValue)
             byKey[key] = (document.version, document.deleted)
             if !document.deleted, key.collection.hasSuffix("/entries"), let uid = document.fields["uid"]?.stringValue {
@@ -427,6 +509,6 @@ final class Ledger: Sendable {
             postgresRestarts: postgresRestarts, lostAcksInjected: lostAcksInjected,
             acknowledgedWrites: state.acknowledged, lostWrites: lost.sorted(),
             duplicates: duplicates.sorted(), resurrected: resurrected.sorted(),
-            readYourWritesViolations: state.violations, elapsed: elapsed)
+            readYourWritesViolations: state.violations, elapsed: elapsed, diagnosis: diagnosis)
     }
 }

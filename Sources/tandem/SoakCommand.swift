@@ -151,6 +151,9 @@ struct SoakCommand: AsyncParsableCommand {
         }
         emit("FAIL (\(seconds) s), seed \(seed)")
         if let first = result.firstDivergence { emit("first divergence: \(first)") }
+        for line in result.report.firstDifferences.dropFirst().prefix(9) { emit("  also: \(line)") }
+        for line in result.diagnosis { emit("  \(line)") }
+        if let folder = result.keptFolder { emit("the devices' databases are kept in \(folder)") }
         throw ExitCode(1)
     }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 /// A folder under the system's temporary directory, removed when this object goes away.
 ///
@@ -11,6 +12,7 @@ import Foundation
 public final class TemporaryDirectory: Sendable {
     public let url: URL
     private let removesWhenDone: Bool
+    private let kept = Atomic<Bool>(false)
 
     public init(prefix: String = "tandem") throws {
         url = FileManager.default.temporaryDirectory
@@ -27,7 +29,12 @@ public final class TemporaryDirectory: Sendable {
     }
 
     deinit {
-        if removesWhenDone { try? FileManager.default.removeItem(at: url) }
+        if removesWhenDone && !kept.load(ordering: .relaxed) { try? FileManager.default.removeItem(at: url) }
+    }
+
+    /// Leaves the folder in place when this object goes (a failed run's evidence).
+    public func keep() {
+        kept.store(true, ordering: .relaxed)
     }
 
     /// A path inside the folder.
