@@ -69,6 +69,8 @@ let package = Package(
         ),
         // One C function: sqlite3_config is variadic, which Swift cannot call.
         .target(name: "CTandemSQLite", linkerSettings: [.linkedLibrary("sqlite3")]),
+        // A disk whose fsync fails on demand (a SQLite VFS), for tests of commits that fail.
+        .target(name: "CTandemFailingDisk", linkerSettings: [.linkedLibrary("sqlite3")]),
         // Linux's epoll for the bench's listener swarm (Swift's Glibc module leaves it out).
         .target(name: "CEpoll"),
         .target(
@@ -111,7 +113,7 @@ let package = Package(
             name: "TandemTesting",
             dependencies: [
                 "TandemScenarios", "Tandem", "TandemClient", "TandemServer", "TandemSocket", "TandemWire",
-                .product(name: "GRDB", package: "GRDB.swift"),
+                "CTandemFailingDisk", .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

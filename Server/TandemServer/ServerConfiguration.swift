@@ -40,9 +40,15 @@ public struct ServerConfiguration: Sendable {
     public var snapshotPageSize = 1000
     /// The most bytes of document fields in one snapshot frame. Default: 512 KiB.
     public var snapshotPageBytes = 512 << 10
-    /// The most bytes waiting to be sent to one connection before it is dropped as too slow.
+    /// The most bytes waiting to be sent to one connection before it is dropped (1008). A
+    /// connection's live listeners stop being pushed to well before (at an eighth of it) and
+    /// catch up from the feed as it drains, so this bounds what is sent besides them.
     /// Default: 16 MiB.
     public var maxQueuedBytesPerConnection = 16 << 20
+    /// Seconds a connection may take none of what waits for it (its peer's TCP stack
+    /// acknowledges nothing) before it is closed with 1008: its peer stopped reading. A peer
+    /// that reads, however slowly, is never closed for it. Default: 30.
+    public var stallTimeout: UInt16 = 30
     /// How long a new connection may take to send `hello` before it is closed (1008), so that
     /// connections that open and never speak do not hold the server's resources. Default: 10 s.
     public var helloTimeout: Duration = .seconds(10)
@@ -52,6 +58,10 @@ public struct ServerConfiguration: Sendable {
     /// database that keeps the connection but stops answering. Generous, because a loaded
     /// database is slow, not gone. Default: 30 s.
     public var postgresTimeout: Duration = .seconds(30)
+    /// How long a node tries to find out whether a group commit whose answer it lost (its
+    /// database connection failed during `COMMIT`) took effect, before it answers the writes
+    /// `outcome-unknown` (resend under the same idempotency keys). Default: 10 s.
+    public var commitOutcomeTimeout: Duration = .seconds(10)
     /// Seconds of silence before the server pings a client. Default: 20.
     public var pingInterval: UInt16 = 20
     /// Seconds of silence after which a client is considered gone. Default: 45.
@@ -138,6 +148,7 @@ public struct ServerConfiguration: Sendable {
         socket.maxQueuedBytes = maxQueuedBytesPerConnection
         socket.pingInterval = pingInterval
         socket.idleTimeout = idleTimeout
+        socket.stallTimeout = stallTimeout
         socket.tlsCertificate = tls?.certificate.path
         socket.tlsPrivateKey = tls?.privateKey.path
         return socket
@@ -185,6 +196,19 @@ public struct ServerHooks: Sendable {
     /// hook's argument is called (from any thread), as a drain would go on with it. Writes
     /// are applied meanwhile, so a test can put one between a query's first frame and its last.
     public var holdsCatchUp: (@Sendable (_ goOn: @escaping @Sendable () -> Void) -> Bool)?
+    /// With a PostgreSQL store, asked before each group commit: where to cut the store's connection
+    /// (nil: nowhere), as a network failure or a database restart would, for tests of a commit
+    /// whose answer is lost.
+    public var cutsStoreAtCommit: (@Sendable () -> StoreCut?)?
 
     public init() {}
+}
+
+/// Where ``ServerHooks/cutsStoreAtCommit`` cuts a commit's connection to PostgreSQL.
+public enum StoreCut: Sendable {
+    /// Before `COMMIT` is sent: nothing commits, but the node cannot tell.
+    case beforeCommitSent
+    /// Once `COMMIT` has gone out, before its answer is read: the transaction commits, and the
+    /// node cannot tell.
+    case afterCommitSent
 }

@@ -38,6 +38,9 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
     var waitingWrites: [WaitingWrite] = []
     var waitingOps = 0
     var flushScheduled = false
+    /// A group commit whose answer was lost, until the node finds out what became of it; no
+    /// other group commits meanwhile.
+    var commitInDoubt: CommitInDoubt?
     /// Injected failures, when configured (tests, `tandem serve --fault-…`).
     var faults: FaultInjector?
     /// While true, every delivery is held until ``releaseDeliveries()`` (tests).

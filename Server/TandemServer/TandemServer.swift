@@ -62,6 +62,14 @@ public final class TandemServer: Sendable {
         if configuration.adminToken?.isEmpty == true {
             throw ServerError(.invalidConfiguration, "the admin token must not be empty (it would open the admin API)")
         }
+        guard configuration.stallTimeout >= 1 else {
+            throw ServerError(.invalidConfiguration, "stallTimeout must be at least 1 second, not 0")
+        }
+        guard configuration.commitOutcomeTimeout >= .zero else {
+            throw ServerError(
+                .invalidConfiguration,
+                "commitOutcomeTimeout must not be negative, not \(configuration.commitOutcomeTimeout)")
+        }
         let limits = configuration.limits
         guard limits.maxMessageBytes >= 1024, limits.maxOpsPerWrite >= 1, limits.maxListenersPerConnection >= 1,
             limits.maxDocumentBytes >= 2

@@ -16,10 +16,9 @@ public struct WebSocketConfiguration: Sendable {
 
     /// The most bytes a connection may hold in its send queue before it is closed with 1008.
     ///
-    /// A consumer that stops reading must not make the sender grow without bound: once its
-    /// queue holds this many bytes the connection is closed with the reason
-    /// `"send queue overflow"` and the consumer is expected to reconnect and resume.
-    /// Default: 16 MiB.
+    /// A consumer must not make the sender grow without bound: once its queue holds this many
+    /// bytes the connection is closed with the reason `"send queue overflow"` and the consumer
+    /// is expected to reconnect and resume. Default: 16 MiB.
     public var maxQueuedBytes: Int = 16 << 20
 
     /// Seconds without traffic from the peer after which a ping is sent. Default: 20.
@@ -33,6 +32,15 @@ public struct WebSocketConfiguration: Sendable {
     /// This is how a dead peer (a laptop lid closed, a cable pulled) is noticed: TCP alone can
     /// keep such a connection "open" for hours.
     public var idleTimeout: UInt16 = 45
+
+    /// Seconds a backlog may wait for the peer with none of it taken (its TCP stack
+    /// acknowledges nothing) before the connection is closed with 1008: the peer stopped
+    /// reading. Default: 30.
+    ///
+    /// A peer that reads, however slowly, is never closed for it: a server's listeners stop
+    /// queueing for it and catch up as it drains. The queue's own bound
+    /// (``maxQueuedBytes``) stays, for what is sent besides.
+    public var stallTimeout: UInt16 = 30
 
     /// A server's TLS certificate chain and private key (PEM files): with them the server
     /// speaks `wss://` (and `https://` for its HTTP pages) instead of `ws://`. Both or neither.

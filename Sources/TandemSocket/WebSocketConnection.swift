@@ -37,6 +37,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     private let maxMessageBytes: Int
     private let idleTimeout: Duration
     private let pingInterval: Duration
+    private let stallTimeout: Duration
 
     /// State shared between the caller's threads and the service thread.
     private let state = Mutex(SharedState())
@@ -56,6 +57,9 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     /// When the keepalive last saw the peer taking a backlog from this side (see
     /// ``keepAlive(_:now:)``): it holds off the idle close, not the pings.
     nonisolated(unsafe) private var lastDrained = ContinuousClock.now
+    /// When the keepalive last saw the peer take anything of a backlog waiting for it, or no
+    /// backlog waiting: past ``WebSocketConfiguration/stallTimeout`` the peer stopped reading.
+    nonisolated(unsafe) private var lastTaken = ContinuousClock.now
     /// A close was decided while reading: what the peer sends from now on is dropped.
     nonisolated(unsafe) private var discardingInput = false
     /// The close frame was handed to libwebsockets: nothing more may be written.
@@ -144,6 +148,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         self.maxMessageBytes = configuration.maxMessageBytes
         self.idleTimeout = .seconds(Int(max(configuration.idleTimeout, configuration.pingInterval + 1)))
         self.pingInterval = .seconds(Int(configuration.pingInterval))
+        self.stallTimeout = .seconds(Int(max(configuration.stallTimeout, 1)))
     }
 
     public static func == (lhs: WebSocketConnection, rhs: WebSocketConnection) -> Bool { lhs === rhs }
@@ -474,7 +479,9 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
             case .close(let request):
                 if rawClient != nil {
                     // The server's close (or the failure that made this one) stays the cause.
-                    if closeCause == nil { closeCause = WebSocketCloseEvent(code: request.code, reason: request.reason) }
+                    if closeCause == nil {
+                        closeCause = WebSocketCloseEvent(code: request.code, reason: request.reason)
+                    }
                     return closeRaw(wsi, request)
                 }
                 closeCause = WebSocketCloseEvent(code: request.code, reason: request.reason)
@@ -568,6 +575,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     func excuse(_ stall: Duration, now: ContinuousClock.Instant) {
         lastReceive = min(lastReceive + stall, now)
         lastDrained = min(lastDrained + stall, now)
+        lastTaken = min(lastTaken + stall, now)
     }
 
     /// The keepalive's look at the connection (service thread, from the loop's sweep).
@@ -597,30 +605,57 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         }
         let socket = lws_get_socket_fd(wsi)
         let acknowledged = UInt64(tandem_tcp_bytes_acked(socket))
+        // A backlog (not a message or two in flight) waits for the peer.
+        let backlogged =
+            Int(tandem_tcp_bytes_unacknowledged(socket)) >= Self.backlog
+            || state.withLock { $0.queuedBytes } >= Self.backlog
         // Still taking a backlog from this side: more than a few pings' worth acknowledged since
-        // the last look, and a backlog (not a message or two in flight) still waiting.
-        let draining =
-            acknowledged > bytesAcknowledged + 256
-            && (Int(tandem_tcp_bytes_unacknowledged(socket)) >= Self.backlog
-                || state.withLock { $0.queuedBytes } >= Self.backlog)
+        // the last look.
+        let draining = acknowledged > bytesAcknowledged + 256 && backlogged
+        if acknowledged > bytesAcknowledged || !backlogged { lastTaken = now }
         bytesAcknowledged = acknowledged
         if draining { lastDrained = now }
+        // (Once: a close that waits for libwebsockets to flush part of a message must not be
+        // asked for again, which would put off its timeout each time.)
+        if now - lastTaken >= stallTimeout, state.withLock({ $0.phase == .open }) {
+            closeStalled(wsi)
+            return false
+        }
         let silence = now - lastReceive
         let idle = now - max(lastReceive, lastDrained)
         if idle >= idleTimeout && !Self.hasUnreadData(wsi) { return true }
         var next = pingInterval
+        if backlogged { next = min(next, max(.milliseconds(100), stallTimeout - (now - lastTaken))) }
         if silence >= pingInterval {
             if now - lastPing >= pingInterval {
                 lastPing = now
                 pingWanted = true
                 lws_callback_on_writable(wsi)
             }
-            next = min(pingInterval, max(.milliseconds(100), idleTimeout - idle))
+            next = min(next, max(.milliseconds(100), idleTimeout - idle))
         } else {
-            next = pingInterval - silence
+            next = min(next, pingInterval - silence)
         }
         nextKeepAlive = now + next
         return false
+    }
+
+    /// Closes (1008) a connection whose peer took nothing of the backlog waiting for it for
+    /// ``WebSocketConfiguration/stallTimeout``: it stopped reading. Everything queued goes; the
+    /// peer resumes from its token on a new connection.
+    private func closeStalled(_ wsi: OpaquePointer) {
+        let request = CloseRequest(
+            code: .policyViolation,
+            reason: "the peer stopped reading for \(stallTimeout.components.seconds) s; reconnect and resume",
+            immediate: true)
+        state.withLock { s in
+            s.outbound.removeAll()
+            s.queuedBytes = 0
+            s.phase = .closing
+            s.closeRequest = request
+        }
+        closeCause = WebSocketCloseEvent(code: request.code, reason: request.reason)
+        closeAtOnce(wsi, request)
     }
 
     /// The connection's timer (service thread), which the loop fires once ``keepAlive(_:now:)``
@@ -752,7 +787,8 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     }
 
     /// Turns the server's frames into deliveries, pongs and closes.
-    private func readFrames(_ wsi: OpaquePointer, _ bytes: UnsafeRawBufferPointer, _ reader: ServerFrameReader) -> Int32 {
+    private func readFrames(_ wsi: OpaquePointer, _ bytes: UnsafeRawBufferPointer, _ reader: ServerFrameReader) -> Int32
+    {
         if discardingInput { return 0 }
         reader.consume(bytes) { event in
             switch event {

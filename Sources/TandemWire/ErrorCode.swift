@@ -39,11 +39,15 @@ public struct ErrorCode: RawRepresentable, Hashable, Sendable, Codable, CustomSt
     public static let rateLimited = ErrorCode(rawValue: "rate-limited")
     /// The server failed; the write did not happen. Retry later.
     public static let `internal` = ErrorCode(rawValue: "internal")
+    /// The server lost its database while committing the write and could not find out in time
+    /// whether the commit took effect: it may have been applied or not. Resend the same ops
+    /// under the same idempotency keys (never new ones): the answer then tells which.
+    public static let outcomeUnknown = ErrorCode(rawValue: "outcome-unknown")
 
     /// Every code of this protocol version.
     public static let all: [ErrorCode] = [
         .badMessage, .unsupportedProtocol, .unauthenticated, .permissionDenied, .notFound, .invalidPath,
-        .tooLarge, .tooManyListeners, .conflict, .rateLimited, .internal,
+        .tooLarge, .tooManyListeners, .conflict, .rateLimited, .internal, .outcomeUnknown,
     ]
 
     /// True for codes where sending the same thing again cannot succeed: the client should

@@ -136,6 +136,9 @@ struct ServeCommand: AsyncParsableCommand {
     @Option(help: "Seconds between purges of expired tombstones and idempotency keys.")
     var maintenanceSeconds = 3600
 
+    @Option(help: "Seconds a client may take nothing of what waits for it before it is closed (1008) as stopped.")
+    var stallSeconds = 30
+
     func validate() throws {
         if (tlsCert == nil) != (tlsKey == nil) {
             throw ValidationError("--tls-cert and --tls-key go together: give both, or neither")
@@ -174,6 +177,9 @@ struct ServeCommand: AsyncParsableCommand {
         guard tombstoneDays >= 0 else { throw ValidationError("--tombstone-days must be 0 or more") }
         guard idempotencyDays >= 1 else { throw ValidationError("--idempotency-days must be at least 1") }
         guard maintenanceSeconds >= 1 else { throw ValidationError("--maintenance-seconds must be at least 1") }
+        guard (1...3600).contains(stallSeconds) else {
+            throw ValidationError("--stall-seconds must be between 1 and 3600, not \(stallSeconds)")
+        }
         for (name, rate) in [
             ("--fault-drop-connection", faultDropConnection), ("--fault-lost-ack", faultLostAck),
             ("--fault-delay-deliveries", faultDelayDeliveries), ("--fault-reject-writes", faultRejectWrites),
@@ -225,6 +231,7 @@ struct ServeCommand: AsyncParsableCommand {
         configuration.tombstoneRetention = .seconds(tombstoneDays * 24 * 3600)
         configuration.idempotencyRetention = .seconds(idempotencyDays * 24 * 3600)
         configuration.maintenanceInterval = .seconds(maintenanceSeconds)
+        configuration.stallTimeout = UInt16(stallSeconds)
         configuration.logger = Logger(label: "tandem.server")
         if faultDropConnection > 0 || faultDropAfter != nil || faultLostAck > 0 || faultDelayDeliveries > 0
             || faultRejectWrites > 0 || faultFailListens > 0

@@ -184,4 +184,37 @@ struct FaultTests {
         #expect(first.contains(true) && first.contains(false))
         #expect(try await pattern() == first)
     }
+
+    @Test(
+        "a push answered 'outcome-unknown' (the server's disk failed every sync) is resent under the same keys, and is not a failed attempt",
+        .enabled(if: TestServer.storeKind == "sqlite"))
+    func outcomeUnknownResent() async throws {
+        FailingDisk.install()
+        let server = try await TestServer { $0.commitOutcomeTimeout = .milliseconds(300) }
+        defer { FailingDisk.heal(FailingDisk.log(of: server)) }
+        let sent = Seen<[ClientName]>()
+        let phone = try TestDevice(name: "phone", serverURL: server.url) { configuration in
+            // One failed attempt would fail the rows for good: the unknown answer must not count.
+            configuration.maxAttempts = 1
+            configuration.hooks.beforeSend = { ops in sent.append(ops.map(\.idempotencyKey)) }
+        }
+        phone.service.start()
+        try await waitUntil("the phone is connected") { phone.service.status.isConnected }
+        FailingDisk.failSyncs(ofFileEndingWith: FailingDisk.log(of: server), count: nil)
+        let account = try await phone.addAccount("Household")
+        try await waitUntil("the phone hears 'outcome-unknown'", timeout: .seconds(60)) {
+            phone.service.status.lastError?.serverError?.code == .outcomeUnknown
+        }
+        FailingDisk.heal(FailingDisk.log(of: server))
+        try await waitUntil("the account is on the server", timeout: .seconds(60)) {
+            try await phone.serverId(ofAccount: account.id!) != nil
+        }
+        #expect(phone.service.status.failedCount == 0)
+        #expect(try await phone.service.failedRecords().isEmpty)
+        // Every push of the account carried the key of the first.
+        let keys = Set(sent.all.flatMap { $0 })
+        #expect(keys.count == 1, "\(sent.all)")
+        let accounts = try #require(try await server.server.collections().first { $0.rawValue == "accounts" })
+        #expect(try await server.server.documents(in: accounts).count == 1)
+    }
 }

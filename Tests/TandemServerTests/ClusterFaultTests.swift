@@ -10,8 +10,8 @@ import Testing
 /// cut off from the database by a network partition.
 @Suite("Cluster faults", .serialized)
 struct ClusterFaultTests {
-    @Test("PostgreSQL restarted at once (-m immediate) while nodes serve: nodes reconnect, catch up, devices converge")
-    func postgresRestart() async throws {
+    /// Two test servers over one database of a throwaway PostgreSQL cluster of their own.
+    private func twoNodes() async throws -> (PostgresCluster, [TestServer]) {
         let cluster = try await PostgresCluster.start()
         let url = try await onOwnThread { try cluster.createDatabase() }
         let nodes = try await (0..<2).asyncMap { index in
@@ -20,6 +20,12 @@ struct ClusterFaultTests {
                 configuration.nodeName = "node-\(index)"
             }
         }
+        return (cluster, nodes)
+    }
+
+    @Test("PostgreSQL restarted at once (-m immediate) while nodes serve: nodes reconnect, catch up, devices converge")
+    func postgresRestart() async throws {
+        let (cluster, nodes) = try await twoNodes()
         let phone = try TestDevice(name: "phone", serverURL: nodes[0].url) { $0.serverURLs = [nodes[1].url] }
         let laptop = try TestDevice(name: "laptop", serverURL: nodes[1].url) { $0.serverURLs = [nodes[0].url] }
         for device in [phone, laptop] { device.service.start() }
@@ -117,6 +123,67 @@ struct ClusterFaultTests {
     }
 
     @Test(
+        "under PostgreSQL fast restarts, no write answered 'internal' was applied, and every acknowledged one is stored once"
+    )
+    func noCommittedWriteDenied() async throws {
+        let (cluster, nodes) = try await twoNodes()
+        let ledger = try path("ledger")
+        let answers = WriteAnswers()
+        // Writers, each on its node, one create at a time, each under a key of its own; a lost
+        // connection is found again.
+        let writers = (0..<4).map { writer in
+            Task {
+                var connection: ServerConnection?
+                var n = 0
+                while !answers.stopped {
+                    if connection == nil || !connection!.isOpen {
+                        connection = try? await ServerConnection.connect(
+                            to: nodes[writer % 2].url, clientId: "writer-\(writer)", timeout: .seconds(10))
+                        if connection == nil { try? await Task.sleep(for: .milliseconds(50)) }
+                        continue
+                    }
+                    let key = try ClientName("w\(writer)-\(n)")
+                    n += 1
+                    let answer: String
+                    do {
+                        _ = try await connection!.write(
+                            [.create(in: ledger, fields: ["n": .int(Int64(n))], idempotencyKey: key)],
+                            timeout: .seconds(30))
+                        answer = "ack"
+                    } catch let error as TandemError {
+                        answer = error.serverError?.code.rawValue ?? "no answer"
+                    }
+                    answers.note(key.rawValue, answer)
+                }
+            }
+        }
+        for _ in 0..<3 {
+            try await Task.sleep(for: .seconds(1))
+            await cluster.stopServer()
+            try await cluster.startServer()
+        }
+        try await Task.sleep(for: .seconds(2))
+        answers.stop()
+        for writer in writers { _ = await writer.result }
+
+        let reader = try await connect(nodes[0])
+        var stored: [String: Int] = [:]
+        try await waitUntil("the nodes take reads again", timeout: .seconds(60)) {
+            guard let documents = try? await nodes[0].server.documents(in: ledger) else { return false }
+            stored = Dictionary(documents.map { ($0.createKey ?? "", 1) }, uniquingKeysWith: +)
+            return true
+        }
+        reader.close()
+        let all = answers.all
+        let denied = all.filter { $0.value == "internal" }.keys.filter { stored[$0] != nil }
+        #expect(denied.isEmpty, "answered 'internal' but stored: \(denied.sorted())")
+        let lost = all.filter { $0.value == "ack" }.keys.filter { stored[$0] == nil }
+        #expect(lost.isEmpty, "acknowledged but not stored: \(lost.sorted())")
+        #expect(stored.values.allSatisfy { $0 == 1 })
+        #expect(all.values.filter { $0 == "ack" }.count > 100, "the writers wrote: \(all.count) answers")
+    }
+
+    @Test(
         "a node cut off from PostgreSQL reports 503, its clients move to another node, and it catches up when the partition heals"
     )
     func partition() async throws {
@@ -183,6 +250,16 @@ struct ClusterFaultTests {
         #expect(feed.changes.count == 10)
         await host.remove()
     }
+}
+
+/// What each write was answered (`ack`, an error code, or `no answer`), by idempotency key.
+final class WriteAnswers: Sendable {
+    private let state = Mutex<(answers: [String: String], stopped: Bool)>(([:], false))
+
+    func note(_ key: String, _ answer: String) { state.withLock { $0.answers[key] = answer } }
+    var all: [String: String] { state.withLock { $0.answers } }
+    func stop() { state.withLock { $0.stopped = true } }
+    var stopped: Bool { state.withLock { $0.stopped } }
 }
 
 extension ServerConnection {

@@ -135,6 +135,7 @@ enum ServerMetricsNames {
     static let expected = [
         "tandem_connections", "tandem_listeners", "tandem_writes", "tandem_acks", "tandem_write_ops",
         "tandem_conflicts", "tandem_refused_ops", "tandem_delivery_latency_seconds", "tandem_send_queue_bytes",
-        "tandem_send_queue_max_bytes", "tandem_slow_consumers_closed", "tandem_store_bytes",
+        "tandem_send_queue_max_bytes", "tandem_slow_consumers_closed", "tandem_store_bytes", "tandem_commits_in_doubt",
+        "tandem_listeners_fell_behind",
     ]
 }

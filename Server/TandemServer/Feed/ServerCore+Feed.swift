@@ -179,10 +179,11 @@ extension ServerCore {
             leavingOutAnswered(page.rows, listener), after: listener.position, for: listener.clientId,
             cutIntoFrames: false)
         listener.position = page.position
+        // A listener that fell behind while live hears these pages as live snapshots.
         listener.session.send(
             frame: snapshotFrame(
-                target: listener.target, changes: changes.json, resumeToken: token(page.position), initial: true,
-                hasMore: !reachesHead))
+                target: listener.target, changes: changes.json, resumeToken: token(page.position),
+                initial: !listener.fellBehind, hasMore: !reachesHead && !listener.fellBehind))
         if reachesHead {
             wentLive(listener)
             return
@@ -226,6 +227,7 @@ extension ServerCore {
     /// collection, what was noted of the connection's writes there for catch-up pages goes.
     private func wentLive(_ listener: Listener) {
         listener.isLive = true
+        listener.fellBehind = false
         listener.catchUpHorizon = nil
         if !listener.session.notesAnswers(in: listener.collection) {
             listener.session.forgetAnswered(in: listener.collection)
@@ -293,6 +295,10 @@ extension ServerCore {
                     listener.session.send(frame: frame)
                 }
                 if page.isLast { break }
+                if listener.session.connection.notifyWhenDrained(below: configuration.snapshotPageBytes) {
+                    listener.awaitsDrain = true
+                    return
+                }
             }
         } catch {
             fail(listener, error)
@@ -372,6 +378,7 @@ extension ServerCore {
         listener.session.send(.reset(.init(target: listener.target, reason: reason)))
         listener.position = 0
         listener.isLive = false
+        listener.fellBehind = false
         listener.catchUpHorizon = nil
         listener.heldByHook = nil
         listener.catchUpLeavesOutOwnWrites = false
@@ -463,6 +470,7 @@ extension ServerCore {
                 restart(listener, reason: Self.resetByAdmin)
                 continue
             }
+            if fallsBehind(listener) { continue }
             byPosition[listener.position, default: []].append(listener)
         }
         for (position, listeners) in byPosition {
@@ -522,8 +530,37 @@ extension ServerCore {
         }
         for (listener, rows) in follower.queries.candidates(for: rows)
         where listener.isLive && !listener.isCancelled && !listener.session.isClosed {
+            if fallsBehind(listener) { continue }
             deliver(rows.filter { $0.row.sequence > listener.position }, upTo: page.position, to: listener, committed)
         }
+    }
+
+    /// Past this many bytes waiting to be sent to a connection, its live listeners stop being
+    /// pushed to (``fallsBehind(_:)``): an eighth of the most it may hold, or two pages when
+    /// more, but never more than half of it.
+    var fallingBehindBytes: Int {
+        let most = configuration.maxQueuedBytesPerConnection
+        return min(max(2 * configuration.snapshotPageBytes, most / 8), most / 2)
+    }
+
+    /// Whether a live listener's connection holds so much still to send that the listener
+    /// stops hearing commits by fan-out: it then catches up from the feed by sequence, a page at
+    /// a time as the connection drains, as a resume would, and is live again once it reaches
+    /// the head. So a burst of large commits never piles up in a connection's send queue for a
+    /// client that reads as fast as it can (the queue's limit is for a peer that stops reading,
+    /// closed after ``ServerConfiguration/stallTimeout``); nothing is sent twice, nothing
+    /// skipped, and the connection stays open.
+    private func fallsBehind(_ listener: Listener) -> Bool {
+        guard listener.session.connection.queuedBytes >= fallingBehindBytes else { return false }
+        listener.isLive = false
+        listener.fellBehind = true
+        metrics.listenerFellBehind()
+        if listener.session.connection.notifyWhenDrained(below: configuration.snapshotPageBytes) {
+            listener.awaitsDrain = true
+        } else {
+            queue.async { [self] in advance(listener) }
+        }
+        return true
     }
 
     /// Sends a live query listener how rows of the feed change its view.

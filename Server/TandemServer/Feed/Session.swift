@@ -239,7 +239,9 @@ final class FeedFollower {
 ///
 /// A listener starts by catching up (sending the feed after its position page by page,
 /// waiting for the connection to drain between pages) and then goes live: each commit's
-/// changes reach it by fan-out. Confined to the core queue.
+/// changes reach it by fan-out. A live listener whose connection holds too much still to send
+/// falls behind and catches up the same way (``ServerCore/fallsBehind(_:)``), then is live
+/// again. Confined to the core queue.
 final class Listener: @unchecked Sendable {
     unowned let session: Session
     let target: String
@@ -253,6 +255,9 @@ final class Listener: @unchecked Sendable {
     var isCancelled = false
     /// Waiting for the connection's send queue to drain before the next catch-up page.
     var awaitsDrain = false
+    /// Was live, and fell behind (its connection's queue held too much): it catches up from
+    /// the feed, with pages sent as live snapshots (not `initial`), until it is live again.
+    var fellBehind = false
     /// Held by a test (``ServerHooks/holdsCatchUp``): the number of the hold, which only that
     /// hold's go-on ends; `holds` counts them.
     var heldByHook: Int?

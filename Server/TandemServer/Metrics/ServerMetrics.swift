@@ -33,6 +33,8 @@ final class ServerMetrics: Sendable {
     private let opsByKind: [WriteOp.Kind: CoreMetrics.Counter]
     private let refusedByCode: Mutex<[ErrorCode: CoreMetrics.Counter]>
     private let slowConsumers: CoreMetrics.Counter
+    private let listenersFellBehind: CoreMetrics.Counter
+    private let commitsInDoubt: [CommitFinding: CoreMetrics.Counter]
     private let deliveryLatency: CoreMetrics.Timer
     private let connections: CoreMetrics.Gauge
     private let sendQueueBytes: CoreMetrics.Gauge
@@ -54,9 +56,21 @@ final class ServerMetrics: Sendable {
             "From a commit to its change being queued for a live listener, one observation per listener and commit.",
         "tandem_send_queue_bytes": "Bytes waiting in the send queues of all connections.",
         "tandem_send_queue_max_bytes": "Bytes waiting in the fullest send queue.",
-        "tandem_slow_consumers_closed_total": "Connections closed because their send queue overflowed.",
+        "tandem_slow_consumers_closed_total":
+            "Connections closed (1008) because their peer stopped reading or their send queue overflowed.",
+        "tandem_listeners_fell_behind_total":
+            "Times a live listener's connection held so much to send that it caught up from the feed instead.",
         "tandem_store_bytes": "Size of the store (the SQLite file and its WAL, or the PostgreSQL tables).",
+        "tandem_commits_in_doubt_total":
+            "Group commits whose answer the store lost, by what the node found: committed, not-committed (applied again), or unknown (answered outcome-unknown).",
     ]
+
+    /// What a node found out about a commit whose answer the store lost.
+    enum CommitFinding: String, CaseIterable {
+        case committed
+        case notCommitted = "not-committed"
+        case unknown
+    }
 
     init(extra: (any MetricsFactory)?) {
         var prometheus = PrometheusMetricsFactory(registry: registry)
@@ -81,6 +95,16 @@ final class ServerMetrics: Sendable {
             })
         refusedByCode = Mutex([:])
         slowConsumers = CoreMetrics.Counter(label: "tandem_slow_consumers_closed_total", factory: factory)
+        listenersFellBehind = CoreMetrics.Counter(label: "tandem_listeners_fell_behind_total", factory: factory)
+        commitsInDoubt = Dictionary(
+            uniqueKeysWithValues: CommitFinding.allCases.map { finding in
+                (
+                    finding,
+                    CoreMetrics.Counter(
+                        label: "tandem_commits_in_doubt_total", dimensions: [("found", finding.rawValue)],
+                        factory: factory)
+                )
+            })
         deliveryLatency = CoreMetrics.Timer(label: "tandem_delivery_latency_seconds", factory: factory)
         connections = CoreMetrics.Gauge(label: "tandem_connections", factory: factory)
         sendQueueBytes = CoreMetrics.Gauge(label: "tandem_send_queue_bytes", factory: factory)
@@ -104,6 +128,16 @@ final class ServerMetrics: Sendable {
         default:
             break
         }
+    }
+
+    /// A live listener fell behind and catches up from the feed.
+    func listenerFellBehind() {
+        listenersFellBehind.increment()
+    }
+
+    /// A commit whose answer was lost was found out, or given up on.
+    func commitInDoubt(found finding: CommitFinding) {
+        commitsInDoubt[finding]?.increment()
     }
 
     private func refused(_ code: ErrorCode) -> CoreMetrics.Counter {

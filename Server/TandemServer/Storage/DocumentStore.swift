@@ -27,8 +27,14 @@ protocol DocumentStore: AnyObject {
     /// path order, so that two writers never wait for each other in a circle), and commits
     /// durably before returning: a write is acknowledged only after this returns.
     ///
-    /// - Throws: What `body` throws (nothing is written), or the store's own error.
+    /// - Throws: What `body` throws, or the store's own error: nothing is written. Or
+    ///   ``CommitOutcomeUnknown`` when the commit was under way and its result was lost: it may
+    ///   have taken effect or not.
     func write<T>(locking collections: [CollectionPath], _ body: (any StoreTransaction) throws -> T) throws -> T
+
+    /// The remembered result of one op, read outside any write: after a commit whose outcome
+    /// was lost, a record the commit saved tells whether it took effect.
+    func recordedResult(user: String, client: String, key: String) throws -> WriteResult?
 
     /// The document, tombstone included; nil when it never existed (or its tombstone was purged).
     func document(in collection: CollectionPath, id: DocumentID) throws -> StoredDocument?
@@ -82,6 +88,15 @@ protocol DocumentStore: AnyObject {
 
     /// Closes the store. Nothing may be called afterwards.
     func close() throws
+}
+
+/// A commit whose result was lost: the store had sent it (PostgreSQL), or was syncing it to
+/// disk (SQLite), when the connection or the disk failed, so it cannot tell whether the
+/// transaction took effect. Nothing may be said about its writes until someone finds out.
+struct CommitOutcomeUnknown: Error, CustomStringConvertible {
+    var cause: any Error
+
+    var description: String { "the commit's outcome is unknown: \(cause)" }
 }
 
 /// The inside of one write transaction: reads at the transaction's moment, and the final

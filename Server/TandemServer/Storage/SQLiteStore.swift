@@ -325,18 +325,56 @@ final class SQLiteStore: DocumentStore {
 
     func write<T>(locking collections: [CollectionPath], _ body: (any StoreTransaction) throws -> T) throws -> T {
         var kept: Tail?
-        let result = try database.write { db in
-            let transaction = Transaction(db)
-            let result = try body(transaction)
-            // Counted before the commit, which changes no row.
-            kept = transaction.saved.map {
-                Tail(changes: sqlite3_total_changes64(db.sqliteConnection), collections: $0)
+        let result = try database.writeWithoutTransaction { db in
+            try db.beginTransaction(.immediate)
+            let result: T
+            do {
+                let transaction = Transaction(db)
+                result = try body(transaction)
+                // Counted before the commit, which changes no row.
+                kept = transaction.saved.map {
+                    Tail(changes: sqlite3_total_changes64(db.sqliteConnection), collections: $0)
+                }
+            } catch {
+                if db.isInsideTransaction { try? db.rollback() }
+                throw error
             }
+            try Self.commit(db)
             return result
         }
         // Committed: what it wrote is what the file holds.
         tail.withLock { $0 = kept }
         return result
+    }
+
+    /// Commits, telling a commit that failed from one whose outcome is unknown.
+    ///
+    /// In WAL mode a commit appends the transaction's pages to the log, the last one marked
+    /// as a commit, and then syncs the log (`synchronous = FULL`). An I/O error there (a failed
+    /// `fsync`) leaves frames in the log that this connection rolls back, but that a process
+    /// opening the file after a crash may find whole and take as committed (SQLite's recovery
+    /// reads every frame up to the last valid commit frame). So an I/O error at the commit
+    /// leaves the outcome unknown. Any other error (`SQLITE_FULL`, `SQLITE_BUSY`) fails before a
+    /// commit frame is written: nothing was committed.
+    private static func commit(_ db: Database) throws {
+        do {
+            try db.commit()
+        } catch let error as DatabaseError {
+            if db.isInsideTransaction { try? db.rollback() }
+            if error.resultCode.primaryResultCode == .SQLITE_IOERR { throw CommitOutcomeUnknown(cause: error) }
+            throw error
+        }
+    }
+
+    func recordedResult(user: String, client: String, key: String) throws -> WriteResult? {
+        try read { db in
+            try db.cachedStatement(
+                sql:
+                    "SELECT id, version, updateTime, document FROM idempotency WHERE user = ? AND clientId = ? AND key = ?"
+            ).firstRow(arguments: [user, client, key]) { row in
+                try Self.writeResult(id: row[0], version: row[1], updateTime: row[2], document: row[3])
+            }
+        }
     }
 
     /// One SQLite transaction. The connection is the only writer, so reads see exactly what

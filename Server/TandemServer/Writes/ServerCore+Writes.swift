@@ -1,3 +1,4 @@
+import Dispatch
 import TandemWire
 
 /// A `write` message waiting for the next group commit.
@@ -5,6 +6,39 @@ struct WaitingWrite {
     var session: Session
     var clientId: ClientName
     var write: ClientMessage.Write
+    /// Set once the write was in a commit whose answer was lost and was found not applied:
+    /// when a new attempt loses its answer too, the node stops trying to find out here.
+    var doubtDeadline: ContinuousClock.Instant? = nil
+}
+
+/// What a group's transaction worked out, kept outside it: when the commit's answer is lost,
+/// the node still knows what it would answer once it learns that the commit took effect.
+struct GroupCommit {
+    /// The indices, among the waiting writes, of those the group took, with their outcomes.
+    var requests: [Int]
+    var outcomes: [WriteOutcome]
+    /// The last sequence the group gave out in each collection it wrote to.
+    var lastSequences: [CollectionPath: Int64]
+    /// One idempotency record the group saved: found in the store, it shows the commit took
+    /// effect. Nil when the group saved nothing (resends, conflicts, refusals).
+    var witness: IdempotencyRecord?
+}
+
+/// A group commit whose answer was lost, held until the node finds out whether it took effect.
+struct CommitInDoubt {
+    var waiting: [WaitingWrite]
+    /// The answers of the writes the group did not take.
+    var answers: [ServerMessage?]
+    var commit: GroupCommit
+    /// Past this, the writes are answered `outcome-unknown`.
+    var deadline: ContinuousClock.Instant
+    /// Some of the writes were in doubt before, found not applied, and applied again.
+    var isRetry: Bool
+}
+
+/// The node tried for as long as it may.
+private struct StoreAttemptsExhausted: Error, CustomStringConvertible {
+    var description: String { "the writes lost the answer of every commit until the deadline" }
 }
 
 extension ServerCore {
@@ -30,10 +64,13 @@ extension ServerCore {
     ///
     /// Each write is still all or nothing on its own: one refused or conflicting write leaves
     /// the others of the group unaffected. An `ack` goes out only after the commit that holds
-    /// its write returned, so an acknowledged write is durable.
+    /// its write returned, so an acknowledged write is durable. When the commit's result is
+    /// lost, nothing is answered until the node finds out what happened
+    /// (``resolveCommitInDoubt()``), and no later group commits before then, so that answers
+    /// keep their order.
     func flushWrites() {
         flushScheduled = false
-        guard !waitingWrites.isEmpty, !isStopped else { return }
+        guard !waitingWrites.isEmpty, !isStopped, commitInDoubt == nil else { return }
         let waiting = waitingWrites
         waitingWrites = []
         waitingOps = 0
@@ -47,46 +84,72 @@ extension ServerCore {
             case .success(let request): requests.append((index, request))
             }
         }
+        guard !requests.isEmpty else { return deliver(waiting, answers, nil) }
 
-        var written: Set<CollectionPath> = []
-        var lastSequences: [CollectionPath: Int64] = [:]
-        if !requests.isEmpty {
-            let collections = Set(requests.flatMap { $0.request.ops.map(\.collection) }).sorted()
-            do {
-                let outcomes = try store.write(locking: collections) { transaction in
-                    let group = try WriteGroup(
-                        transaction, requests: requests.map(\.request), access: configuration.access,
-                        now: configuration.clock(), maxDocumentBytes: configuration.limits.maxDocumentBytes)
-                    let outcomes = try requests.map { try group.apply($0.request) }
-                    try group.save()
-                    written = group.writtenCollections
-                    for collection in written { lastSequences[collection] = group.lastSequence(in: collection) }
-                    configuration.hooks.beforeCommit?()
-                    return outcomes
+        let collections = Set(requests.flatMap { $0.request.ops.map(\.collection) }).sorted()
+        var commit: GroupCommit?
+        if let cut = configuration.hooks.cutsStoreAtCommit, let postgres = store as? PostgresStore {
+            postgres.nextCommitCut = cut()
+        }
+        do {
+            try store.write(locking: collections) { transaction in
+                let group = try WriteGroup(
+                    transaction, requests: requests.map(\.request), access: configuration.access,
+                    now: configuration.clock(), maxDocumentBytes: configuration.limits.maxDocumentBytes)
+                let outcomes = try requests.map { try group.apply($0.request) }
+                try group.save()
+                var lastSequences: [CollectionPath: Int64] = [:]
+                for collection in group.writtenCollections {
+                    lastSequences[collection] = group.lastSequence(in: collection)
                 }
-                for ((index, _), outcome) in zip(requests, outcomes) {
-                    let request = waiting[index].write.request
-                    switch outcome {
-                    case .applied(let results, let sequences):
-                        answers[index] = .ack(.init(request: request, results: results))
-                        noteOwnWrites(waiting[index], results, sequences, lastSequences)
-                    case .conflict(let op, let server):
-                        answers[index] = .conflict(.init(request: request, op: op, server: server))
-                    case .refused(var error):
-                        error.request = request
-                        answers[index] = .error(error)
-                    }
-                }
-            } catch {
-                let failure = internalError(error)
-                for (index, _) in requests {
-                    var answer = failure
-                    answer.request = waiting[index].write.request
-                    answers[index] = .error(answer)
+                commit = GroupCommit(
+                    requests: requests.map(\.index), outcomes: outcomes, lastSequences: lastSequences,
+                    witness: group.witness)
+                configuration.hooks.beforeCommit?()
+            }
+        } catch let lost as CommitOutcomeUnknown where commit?.witness != nil {
+            logger.error(
+                "a group commit's answer was lost; finding out whether it took effect",
+                metadata: ["tandem.error": "\(lost)", "tandem.writes": "\(requests.count)"])
+            let deadlines = waiting.compactMap(\.doubtDeadline)
+            commitInDoubt = CommitInDoubt(
+                waiting: waiting, answers: answers, commit: commit!,
+                deadline: deadlines.min() ?? ContinuousClock.now + configuration.commitOutcomeTimeout,
+                isRetry: !deadlines.isEmpty)
+            return resolveCommitInDoubt()
+        } catch is CommitOutcomeUnknown {
+            // The group saved nothing (resends, conflicts, refusals): its answers hold either way.
+        } catch {
+            let failure = internalError(error)
+            for (index, _) in requests {
+                var answer = failure
+                answer.request = waiting[index].write.request
+                answers[index] = .error(answer)
+            }
+            return deliver(waiting, answers, nil)
+        }
+        deliver(waiting, answers, commit)
+    }
+
+    /// Sends each waiting write its answer, in arrival order: `answers` for those the group
+    /// did not take, `commit`'s outcomes for the others; then the changes to listeners.
+    private func deliver(_ waiting: [WaitingWrite], _ answers: [ServerMessage?], _ commit: GroupCommit?) {
+        var answers = answers
+        if let commit {
+            for (index, outcome) in zip(commit.requests, commit.outcomes) {
+                let request = waiting[index].write.request
+                switch outcome {
+                case .applied(let results, let sequences):
+                    answers[index] = .ack(.init(request: request, results: results))
+                    noteOwnWrites(waiting[index], results, sequences, commit.lastSequences)
+                case .conflict(let op, let server):
+                    answers[index] = .conflict(.init(request: request, op: op, server: server))
+                case .refused(var error):
+                    error.request = request
+                    answers[index] = .error(error)
                 }
             }
         }
-
         for (entry, answer) in zip(waiting, answers) {
             guard let answer else { continue }
             metrics.answered(entry.write, with: answer)
@@ -97,7 +160,66 @@ extension ServerCore {
                 entry.session.send(answer)
             }
         }
-        if !written.isEmpty { runFeedRound(written) }
+        if let written = commit?.lastSequences.keys, !written.isEmpty { runFeedRound(Set(written)) }
+    }
+
+    /// Finds out whether the commit in doubt took effect, from the idempotency record it
+    /// saved: found as the group wrote it, the commit happened, and its writes get the answers
+    /// worked out in it; not found, it did not, and the writes go back to the head of the queue
+    /// to be applied now (a commit still under way on the database when the record was read
+    /// holds the collections' locks, so the new attempt waits for it and then finds its records,
+    /// answering as resends). While the database cannot be asked, it tries again until
+    /// ``ServerConfiguration/commitOutcomeTimeout``, then answers `outcome-unknown`.
+    func resolveCommitInDoubt() {
+        guard let doubt = commitInDoubt, !isStopped else { return }
+        let witness = doubt.commit.witness!
+        let givesUp = ContinuousClock.now >= doubt.deadline || doubt.waiting.allSatisfy(\.session.isClosed)
+        do {
+            let found = try store.recordedResult(user: witness.user, client: witness.client, key: witness.key)
+            if let found, found.id == witness.result.id, found.version == witness.result.version,
+                found.updateTime == witness.result.updateTime
+            {
+                logger.notice("the commit in doubt took effect; answering its writes")
+                metrics.commitInDoubt(found: .committed)
+                commitInDoubt = nil
+                deliver(doubt.waiting, doubt.answers, doubt.commit)
+                return flushWrites()
+            }
+            guard !givesUp else { throw CommitOutcomeUnknown(cause: StoreAttemptsExhausted()) }
+            logger.notice("the commit in doubt did not take effect; applying its writes again")
+            metrics.commitInDoubt(found: .notCommitted)
+            // A second attempt that lost its answer too (a disk that fails every sync) waits a
+            // little first; later writes wait behind it meanwhile.
+            let start: DispatchTime = doubt.isRetry ? .now() + .milliseconds(100) : .now()
+            queue.asyncAfter(deadline: start) { [self] in
+                commitInDoubt = nil
+                var again = doubt.waiting
+                for index in again.indices { again[index].doubtDeadline = doubt.deadline }
+                waitingWrites.insert(contentsOf: again, at: 0)
+                waitingOps += again.reduce(0) { $0 + $1.write.ops.count }
+                flushWrites()
+            }
+        } catch {
+            guard !givesUp else {
+                commitInDoubt = nil
+                logger.error(
+                    "could not find out whether a commit took effect; its writes are answered outcome-unknown",
+                    metadata: ["tandem.error": "\(error)"])
+                metrics.commitInDoubt(found: .unknown)
+                var answers = doubt.answers
+                for index in doubt.commit.requests {
+                    answers[index] = .error(
+                        WireError(
+                            .outcomeUnknown,
+                            "the server lost its database while committing this write and could not find out "
+                                + "whether it was applied; resend it with the same idempotency keys",
+                            request: doubt.waiting[index].write.request))
+                }
+                deliver(doubt.waiting, answers, nil)
+                return flushWrites()
+            }
+            queue.asyncAfter(deadline: .now() + .milliseconds(100)) { [self] in resolveCommitInDoubt() }
+        }
     }
 
     /// Notes what a connection's acknowledged write left, for its listeners that leave out

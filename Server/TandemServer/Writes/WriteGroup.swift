@@ -233,6 +233,10 @@ final class WriteGroup {
         try transaction.save(writtenOrder.map { documents[$0]! } + created, records: records, sequences: sequences)
     }
 
+    /// One idempotency record the group saves (nil when it saves nothing): found in the store
+    /// after a commit whose answer was lost, it shows that the commit took effect.
+    var witness: IdempotencyRecord? { records.first }
+
     /// The collections whose feed this group wrote to.
     var writtenCollections: Set<CollectionPath> { Set(sequences.keys) }
 

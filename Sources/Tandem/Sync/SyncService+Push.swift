@@ -182,9 +182,15 @@ extension SyncService {
                 let failure = TandemError("push failed", error, otherwise: .database)
                 try ownWrite { db in
                     try store.answeredOtherwise(batch, db)
+                    // Perhaps applied: the resend, under the same keys, is what finds out. It is
+                    // not a failed attempt of the rows.
+                    guard serverError?.code != .outcomeUnknown else { return }
                     try store.ledger.countFailedAttempt(batch, failure, maxAttempts: configuration.maxAttempts, db)
                 }
                 noteError(failure)
+                // The server asks for the resend that finds out; it need not wait for the next
+                // periodic push.
+                if serverError?.code == .outcomeUnknown { schedulePush(after: configuration.reconnectDelay) }
                 // The batches still on their way keep their keys; the next push sends them again.
                 throw error
             }

@@ -129,10 +129,12 @@ final class PostgresConnection {
     ///   after (for statements that run often).
     /// - Throws: ``PostgresError``: the server's error (with its SQLSTATE), or a connection
     ///   failure (the connection is closed then).
+    /// - Parameter afterSending: Called once the statement is on its way, before its answer is read
+    ///   (tests cut the connection there).
     @discardableResult
-    func query(_ sql: String, _ parameters: [String?] = [], prepare: Bool = false) throws(PostgresError)
-        -> PostgresRows
-    {
+    func query(
+        _ sql: String, _ parameters: [String?] = [], prepare: Bool = false, afterSending: (() -> Void)? = nil
+    ) throws(PostgresError) -> PostgresRows {
         guard let connection, PQstatus(connection) == CONNECTION_OK else {
             throw PostgresError(connectionFailure: "the connection to PostgreSQL is closed")
         }
@@ -158,7 +160,23 @@ final class PostgresConnection {
             }
         }
         try finishSending(sent, deadline)
+        afterSending?()
         return try results(deadline)
+    }
+
+    /// Cuts the connection as a network failure would, while libpq still takes it for open:
+    /// what was sent before goes out first (TCP sends its FIN after the data), and from now on
+    /// libpq's socket number reads end of file and cannot be written, whatever PostgreSQL
+    /// answers. (A `shutdown` alone is not enough: an answer already received can still be
+    /// read.) For tests.
+    func cutForTesting() {
+        guard let connection else { return }
+        var pair: [Int32] = [0, 0]
+        guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0 else { return }
+        Glibc.close(pair[1])
+        // Closes the TCP socket and puts the dead end of the pair in its place.
+        dup2(pair[0], PQsocket(connection))
+        Glibc.close(pair[0])
     }
 
     /// Notifications received so far (`LISTEN`), without waiting.

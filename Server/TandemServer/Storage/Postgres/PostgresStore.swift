@@ -33,6 +33,9 @@ final class PostgresStore: DocumentStore {
     /// turn every message into a connection attempt.
     private var retryAfter = ContinuousClock.now
     private let listener: FeedListener
+    /// Where to cut the connection at the next commit, for tests of a commit whose answer is
+    /// lost (``ServerHooks/cutsStoreAtCommit``, which the core asks before each group commit).
+    var nextCommitCut: StoreCut?
 
     /// Connects, creates Tandem's tables if they are missing, and starts listening for
     /// notifications.
@@ -191,11 +194,20 @@ final class PostgresStore: DocumentStore {
         do {
             return try body(connection!)
         } catch let error as PostgresError where error.isConnectionFailure {
-            connection = nil
-            retryAfter = ContinuousClock.now + .milliseconds(500)
-            listener.connectionFailed()
+            lostConnection()
+            throw error
+        } catch let error as CommitOutcomeUnknown {
+            lostConnection()
             throw error
         }
+    }
+
+    /// The core's connection is gone: a new one is tried after a pause, or sooner once the
+    /// listening thread finds the database answering.
+    private func lostConnection() {
+        connection = nil
+        retryAfter = ContinuousClock.now + .milliseconds(500)
+        listener.connectionFailed()
     }
 
     // MARK: - Reading
@@ -371,7 +383,7 @@ final class PostgresStore: DocumentStore {
                         }
                         let transaction = Transaction(connection, sequences: sequences)
                         let result = try body(transaction)
-                        try connection.query("COMMIT")
+                        try commit(connection)
                         return result
                     } catch {
                         if connection.isOpen { _ = try? connection.query("ROLLBACK") }
@@ -381,6 +393,33 @@ final class PostgresStore: DocumentStore {
             } catch let error as PostgresError where error.isRetryable && attempt < 3 {
                 logger.debug("write retried", metadata: ["tandem.error": "\(error)"])
             }
+        }
+    }
+
+    /// Commits. A connection lost while `COMMIT` is on its way (sent, or being sent) leaves the
+    /// outcome unknown: PostgreSQL may have committed and lost only its answer, or never read
+    /// the command. An error PostgreSQL answers (a serialization failure at commit) is its
+    /// answer: nothing was committed.
+    private func commit(_ connection: PostgresConnection) throws {
+        let cut = nextCommitCut
+        nextCommitCut = nil
+        if cut == .beforeCommitSent { connection.cutForTesting() }
+        do {
+            try connection.query("COMMIT", afterSending: { if cut == .afterCommitSent { connection.cutForTesting() } })
+        } catch  where error.isConnectionFailure {
+            connection.close()
+            throw CommitOutcomeUnknown(cause: error)
+        }
+    }
+
+    func recordedResult(user: String, client: String, key: String) throws -> WriteResult? {
+        try read { connection in
+            try connection.query(Self.recordedResultsSQL, [user, client, PostgresText.array([key])], prepare: true)
+                .rows.first.map { row in
+                    try SQLiteStore.writeResult(
+                        id: row[1] ?? "", version: PostgresText.int(row[2]), updateTime: PostgresText.int(row[3]),
+                        document: row[4])
+                }
         }
     }
 
