@@ -287,7 +287,12 @@ extension Document: WireCodable {
         writer.key("version")
         writer.int(version)
         writer.key("fields")
+        // In canonical order (sorted keys, at every level), as the server stores them and
+        // splices them into snapshots and exports: a document reads the same in every message.
+        let sorts = writer.sortsKeys
+        writer.sortsKeys = true
         writer.object(fields)
+        writer.sortsKeys = sorts
         writer.key("createTime")
         writer.int(createTime)
         writer.key("updateTime")

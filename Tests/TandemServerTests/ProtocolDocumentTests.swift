@@ -78,4 +78,29 @@ struct ProtocolDocumentTests {
             }
         }
     }
+
+    @Test("a document's fields read the same in get, snapshot and conflict: keys sorted at every level")
+    func oneOrderOfFields() async throws {
+        let server = try await TestServer()
+        let raw = try await welcomedRawSocket(on: server, as: "order")
+        let fields = #"{"b":1,"a":2,"c":{"z":1,"y":2},"d":[{"q":1,"p":2}]}"#
+        let sorted = #"{"a":2,"b":1,"c":{"y":2,"z":1},"d":[{"p":2,"q":1}]}"#
+        try raw.send(
+            text:
+                #"{"type":"write","request":"w","ops":[{"op":"create","collection":"c","id":"d1","fields":\#(fields),"idempotencyKey":"k1"}]}"#
+        )
+        _ = try await raw.readText()
+        try raw.send(text: #"{"type":"get","request":"g","collection":"c","id":"d1"}"#)
+        let got = try await raw.readText()
+        try raw.send(
+            text:
+                #"{"type":"write","request":"w2","ops":[{"op":"create","collection":"c","id":"d1","fields":{},"idempotencyKey":"k2"}]}"#
+        )
+        let conflict = try await raw.readText()
+        try raw.send(text: #"{"type":"listen","target":"t","collection":"c"}"#)
+        let snapshot = try await raw.readText()
+        for (name, message) in [("document", got), ("conflict", conflict), ("snapshot", snapshot)] {
+            #expect(message.contains(#""fields":\#(sorted)"#), "\(name): \(message)")
+        }
+    }
 }

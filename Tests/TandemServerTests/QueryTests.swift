@@ -223,6 +223,42 @@ struct QueryTests {
     }
 }
 
+extension QueryTests {
+    @Test(
+        "a document of the view gone altogether (its tombstone purged) is removed on resume as a tombstone of version 0"
+    )
+    func resumeAfterPurge() async throws {
+        let clock = ManualServerClock()
+        let server = try await TestServer { configuration in
+            configuration.clock = clock.read
+            configuration.tombstoneRetention = .seconds(1)
+        }
+        let writer = try await connect(server)
+        let a = try await writer.create("notes", ["n": 1])
+        let b = try await writer.create("notes", ["n": 2])
+        let all = try query("{}")
+        let first = try await connect(server)
+        let feed = Feed()
+        first.listen(to: try path("notes"), query: all, handler: feed.handler)
+        try await waitUntil("current") { feed.isCurrent }
+        let token = try #require(feed.lastToken)
+        first.close()
+        _ = try await writer.delete("notes", a.id)
+        clock.advance(by: 10_000)
+        #expect(await server.server.purgeExpired().tombstones == 1)
+
+        let again = try await connect(server)
+        let resumed = Feed()
+        again.listen(
+            to: try path("notes"), resumeToken: token, query: all, view: [a.id, b.id], handler: resumed.handler)
+        try await waitUntil("current") { resumed.isCurrent }
+        #expect(resumed.resets.isEmpty)
+        let removed = try #require(resumed.changes.first { $0.document.id == a.id })
+        #expect(removed.kind == .removed)
+        #expect(removed.document.deleted && removed.document.version == 0 && removed.document.fields.isEmpty)
+    }
+}
+
 /// Malformed queries as raw frames (plain TCP, so not in the TLS pass, like BadInputTests).
 @Suite("Listeners on queries: malformed queries")
 struct QueryBadInputTests {

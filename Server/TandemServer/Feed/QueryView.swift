@@ -214,12 +214,14 @@ final class QueryView {
             let index = running.firstIndex { $0.id == id }!
             running.remove(at: index)
             // A tombstone says nothing to a client that may not have seen the document: under
-            // rules that look at each document, it goes withheld too.
+            // rules that look at each document, it goes withheld too, and so does one gone
+            // altogether (a purged tombstone, a reset). Without such rules, one gone altogether
+            // is a tombstone of version 0.
             let document =
                 try latest[id].map {
                     $0.row.deleted && readable != nil ? .withheld(id, in: collection) : try removal($0.row)
                 }
-                ?? .withheld(id, in: collection)
+                ?? (readable != nil ? .withheld(id, in: collection) : .gone(id, in: collection))
             changes.append(Change(kind: .removed, document: document, oldIndex: index, newIndex: -1))
         }
         for entry in new where !oldIDs.contains(entry.id) {
@@ -303,6 +305,14 @@ extension StoredDocument {
     static func withheld(_ id: DocumentID, in collection: CollectionPath) -> StoredDocument {
         StoredDocument(
             collection: collection, id: id, fieldsJSON: "{}", version: 0, createTime: 0, updateTime: 0, deleted: false,
+            sequence: 0, createSequence: 0)
+    }
+
+    /// A `removed` change for a document the store no longer holds at all (its tombstone was
+    /// purged, or its collection reset), on a server whose rules do not look at each document.
+    static func gone(_ id: DocumentID, in collection: CollectionPath) -> StoredDocument {
+        StoredDocument(
+            collection: collection, id: id, fieldsJSON: "{}", version: 0, createTime: 0, updateTime: 0, deleted: true,
             sequence: 0, createSequence: 0)
     }
 }
