@@ -45,6 +45,18 @@ public struct ServerConfiguration: Sendable {
     /// catch up from the feed as it drains, so this bounds what is sent besides them.
     /// Default: 16 MiB.
     public var maxQueuedBytesPerConnection = 16 << 20
+    /// The largest body of `POST /admin/import` (`tandem import`), read only once the request
+    /// carries the admin token. Every other request takes 64 KiB at most, or no body at all.
+    /// Default: 64 MiB.
+    public var maxImportBytes = 64 << 20
+    /// The most bytes the bodies of all HTTP requests under way may hold together; a request
+    /// whose `Content-Length` does not fit beside them is answered 503 (`Retry-After: 1`),
+    /// unread. Default: 128 MiB.
+    public var maxHTTPBodyBytesInFlight = 128 << 20
+    /// The most accepted connections still in their HTTP request line and headers (a WebSocket
+    /// upgrade or a plain request) at once; more are closed as they are accepted. Each has
+    /// 10 s for its headers. Default: 1,024.
+    public var maxHandshakes = 1024
     /// Seconds a connection may take none of what waits for it (its peer's TCP stack
     /// acknowledges nothing) before it is closed with 1008: its peer stopped reading. A peer
     /// that reads, however slowly, is never closed for it. Default: 30.
@@ -149,6 +161,9 @@ public struct ServerConfiguration: Sendable {
         socket.pingInterval = pingInterval
         socket.idleTimeout = idleTimeout
         socket.stallTimeout = stallTimeout
+        socket.maxHTTPBodyBytes = maxImportBytes
+        socket.maxHTTPBodyBytesInFlight = maxHTTPBodyBytesInFlight
+        socket.maxHandshakes = maxHandshakes
         socket.tlsCertificate = tls?.certificate.path
         socket.tlsPrivateKey = tls?.privateKey.path
         return socket

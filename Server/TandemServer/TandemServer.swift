@@ -62,6 +62,18 @@ public final class TandemServer: Sendable {
         if configuration.adminToken?.isEmpty == true {
             throw ServerError(.invalidConfiguration, "the admin token must not be empty (it would open the admin API)")
         }
+        guard configuration.maxImportBytes >= 0,
+            configuration.maxHTTPBodyBytesInFlight >= configuration.maxImportBytes
+        else {
+            throw ServerError(
+                .invalidConfiguration,
+                "maxHTTPBodyBytesInFlight (\(configuration.maxHTTPBodyBytesInFlight)) must hold at least one import "
+                    + "of maxImportBytes (\(configuration.maxImportBytes))")
+        }
+        guard configuration.maxHandshakes >= 1 else {
+            throw ServerError(
+                .invalidConfiguration, "maxHandshakes must be at least 1, not \(configuration.maxHandshakes)")
+        }
         guard configuration.stallTimeout >= 1 else {
             throw ServerError(.invalidConfiguration, "stallTimeout must be at least 1 second, not 0")
         }
@@ -107,6 +119,7 @@ public final class TandemServer: Sendable {
             socket = try WebSocketServer(
                 host: configuration.host, port: configuration.port, configuration: configuration.socketConfiguration,
                 delegate: core, httpHandler: { [core] request, respond in core.http(request, respond) },
+                httpAdmission: { [core] request in core.admit(request) },
                 logger: configuration.logger)
         } catch {
             core.queue.sync { core.stop() }

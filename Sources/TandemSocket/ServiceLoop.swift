@@ -24,6 +24,13 @@ final class ServiceLoop: @unchecked Sendable {
     let acceptDelegate: (any WebSocketDelegate)?
     /// Answers plain HTTP requests on a server loop's port; nil answers 404.
     let httpHandler: HTTPHandler?
+    /// Judges plain HTTP requests from their headers; nil takes every one, with a body up to
+    /// ``WebSocketConfiguration/maxHTTPBodyBytes``.
+    let httpAdmission: HTTPAdmission?
+    /// Service thread only: the bytes reserved for the bodies of the HTTP requests under way.
+    private var bodyBytesInFlight = 0
+    /// Service thread only: accepted connections that have not finished their request's headers.
+    private var handshaking: Set<OpaquePointer> = []
     /// The port the server loop listens on; 0 on a client loop.
     private(set) var listenPort = 0
 
@@ -64,13 +71,15 @@ final class ServiceLoop: @unchecked Sendable {
     /// Creates the context (listening when `listen` is given) and starts its service thread.
     init(
         name: String, listen: (host: String, port: Int)?, acceptDelegate: (any WebSocketDelegate)?,
-        httpHandler: HTTPHandler? = nil, configuration: WebSocketConfiguration, logger: Logger
+        httpHandler: HTTPHandler? = nil, httpAdmission: HTTPAdmission? = nil, configuration: WebSocketConfiguration,
+        logger: Logger
     ) throws(WebSocketError) {
         self.name = name
         self.configuration = configuration
         self.logger = logger
         self.acceptDelegate = acceptDelegate
         self.httpHandler = httpHandler
+        self.httpAdmission = httpAdmission
         LibWebSocketsLog.route(to: logger)
 
         protocolName = strdup("tandem")!
@@ -101,6 +110,9 @@ final class ServiceLoop: @unchecked Sendable {
         info.options = UInt64(LWS_SERVER_OPTION_VALIDATE_UTF8)
         info.retry_and_idle_policy = UnsafePointer(idlePolicy)
         info.timeout_secs = 10
+        // A connection gets 10 s for its request line and headers, however it trickles them
+        // (a fixed deadline, not one that each byte renews).
+        info.timeout_secs_ah_idle = 10
         info.connect_timeout_secs = 10
         info.pt_serv_buf_size = 64 << 10
 
@@ -335,7 +347,23 @@ final class ServiceLoop: @unchecked Sendable {
             serviceAttentionList()
             return 0
 
+        case LWS_CALLBACK_FILTER_NETWORK_CONNECTION:
+            // On the listening socket, before anything is read of the new one: past the bound on
+            // connections still in their handshake, it is closed at once.
+            guard handshaking.count < configuration.maxHandshakes else {
+                logger.warning(
+                    "refused a connection: \(handshaking.count) connections are still in their handshake",
+                    metadata: ["tandem.limit": "\(configuration.maxHandshakes)"])
+                return 1
+            }
+            return 0
+
+        case LWS_CALLBACK_SERVER_NEW_CLIENT_INSTANTIATED:
+            handshaking.insert(wsi)
+            return 0
+
         case LWS_CALLBACK_ESTABLISHED:
+            handshaking.remove(wsi)
             guard let acceptDelegate else { return -1 }
             let connection = WebSocketConnection(
                 loop: self, peer: Self.peerAddress(wsi), delegate: acceptDelegate, configuration: configuration)
@@ -371,6 +399,7 @@ final class ServiceLoop: @unchecked Sendable {
             return connection(of: wsi)?.writable() ?? -1
 
         case LWS_CALLBACK_TIMER:
+            if let exchange = exchanges[wsi] { return exchangeTimer(exchange) }
             return connection(of: wsi)?.closeIdle(wsi) ?? 0
 
         case LWS_CALLBACK_RECEIVE_PONG, LWS_CALLBACK_CLIENT_RECEIVE_PONG:
@@ -385,6 +414,10 @@ final class ServiceLoop: @unchecked Sendable {
             return 0
 
         case LWS_CALLBACK_CLOSED, LWS_CALLBACK_CLIENT_CLOSED, LWS_CALLBACK_WSI_DESTROY:
+            if reason == LWS_CALLBACK_WSI_DESTROY {
+                handshaking.remove(wsi)
+                if let exchange = exchanges.removeValue(forKey: wsi) { end(exchange) }
+            }
             finish(wsi, failure: nil)
             return 0
 
@@ -392,15 +425,12 @@ final class ServiceLoop: @unchecked Sendable {
             return startHTTP(wsi, input)
 
         case LWS_CALLBACK_HTTP_BODY:
-            guard let exchange = exchanges[wsi], let input else { return 0 }
-            guard exchange.request.body.count + length <= configuration.maxHTTPBodyBytes else {
+            guard let exchange = exchanges[wsi], let input, !exchange.refused else { return 0 }
+            // More than its Content-Length said cannot come (libwebsockets counts it down), but
+            // the reservation is the bound all the same.
+            guard exchange.request.body.count + length <= exchange.reservedBytes else {
                 exchange.request.body = []
-                answer(
-                    exchange,
-                    HTTPResponse(
-                        status: 413,
-                        text: #"{"error":"too-large","message":"the request body is over "#
-                            + "\(configuration.maxHTTPBodyBytes) bytes\"}\n"))
+                refuse(exchange, .error(413, "too-large", "the request body is longer than its Content-Length"))
                 return 0
             }
             exchange.request.body.append(contentsOf: UnsafeRawBufferPointer(start: input, count: length))
@@ -415,7 +445,8 @@ final class ServiceLoop: @unchecked Sendable {
             return exchanges[wsi]?.write() ?? 0
 
         case LWS_CALLBACK_CLOSED_HTTP:
-            exchanges.removeValue(forKey: wsi)?.wsi = nil
+            handshaking.remove(wsi)
+            if let exchange = exchanges.removeValue(forKey: wsi) { end(exchange) }
             return 0
 
         case LWS_CALLBACK_CLIENT_CONNECTION_ERROR:
@@ -446,10 +477,12 @@ final class ServiceLoop: @unchecked Sendable {
 
     // MARK: - Keepalive
 
-    /// A connection's keepalive is due at `instant` (service thread): the sweep runs by then.
+    /// A connection's keepalive is due at `instant` (service thread): the sweep runs by then,
+    /// and within a second in any case (it also looks for frames that announce too much).
     func keepAliveDue(at instant: ContinuousClock.Instant) {
-        if let sweepAt, sweepAt <= instant { return }
-        scheduleSweep(at: instant)
+        let due = min(instant, .now + .seconds(1))
+        if let sweepAt, sweepAt <= due { return }
+        scheduleSweep(at: due)
     }
 
     private func scheduleSweep(at instant: ContinuousClock.Instant) {
@@ -493,6 +526,10 @@ final class ServiceLoop: @unchecked Sendable {
         var earliest: ContinuousClock.Instant?
         for connection in registry.values {
             guard let wsi = connection.wsi else { continue }
+            if acceptDelegate != nil && connection.announcesTooMuch(wsi) {
+                connection.closeTooBig(wsi)
+                continue
+            }
             if connection.nextKeepAlive <= now && connection.keepAlive(wsi, now: now) {
                 // Closed from its own timer's callback, the one place libwebsockets allows it.
                 lws_set_timer_usecs(wsi, 1)
@@ -543,9 +580,15 @@ final class ServiceLoop: @unchecked Sendable {
 
     // MARK: - HTTP
 
-    /// A plain HTTP request arrived (service thread): a GET goes to the handler now, a POST
-    /// once its body is in.
+    /// A plain HTTP request's headers arrived (service thread). It is judged from them alone
+    /// (``HTTPAdmission``: access, the path, the body it may have), and its `Content-Length`
+    /// against the path's limit and the loop's budget for bodies, before any of its body is
+    /// read: a refusal is answered at once and the body never held. A request with no body
+    /// goes to the handler now; one with a body, once it is in.
     private func startHTTP(_ wsi: OpaquePointer, _ input: UnsafeMutableRawPointer?) -> Int32 {
+        handshaking.remove(wsi)
+        // A keep-alive connection's earlier request is over.
+        if let earlier = exchanges.removeValue(forKey: wsi) { end(earlier) }
         let path = input.map { String(cString: $0.assumingMemoryBound(to: CChar.self)) } ?? "/"
         let method: String
         if lws_hdr_total_length(wsi, WSI_TOKEN_POST_URI) > 0 {
@@ -561,17 +604,93 @@ final class ServiceLoop: @unchecked Sendable {
             origin: Self.header(wsi, WSI_TOKEN_ORIGIN), body: [], peer: Self.peerAddress(wsi))
         let exchange = HTTPExchange(wsi: wsi, request: request)
         exchanges[wsi] = exchange
+        let maxBody: Int
+        switch httpAdmission?(request) ?? .accept(maxBodyBytes: configuration.maxHTTPBodyBytes) {
+        case .refuse(let response):
+            refuse(exchange, response)
+            return 0
+        case .accept(let limit):
+            maxBody = limit
+        }
+        let declared = Self.header(wsi, WSI_TOKEN_HTTP_CONTENT_LENGTH)
+        if Self.header(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING) != nil {
+            // libwebsockets 4.1 does not decode chunked bodies.
+            refuse(exchange, .error(411, "length-required", "send the body with a Content-Length, not chunked"))
+            return 0
+        }
+        guard let length = declared.map({ Int($0) }) ?? 0, length >= 0 else {
+            refuse(exchange, .error(400, "bad-request", "Content-Length '\(declared ?? "")' is not a length"))
+            return 0
+        }
+        guard length <= maxBody else {
+            refuse(
+                exchange,
+                .error(
+                    413, "too-large",
+                    "the request body is \(length) bytes; \(request.method) \(request.path) takes at most \(maxBody)"))
+            return 0
+        }
+        guard length <= configuration.maxHTTPBodyBytesInFlight - bodyBytesInFlight else {
+            var busy = HTTPResponse.error(
+                503, "busy", "the server holds as many request bodies as it may; send this again in a moment")
+            busy.headers = [("Retry-After", "1")]
+            refuse(exchange, busy)
+            return 0
+        }
         // A POST's body arrives in LWS_CALLBACK_HTTP_BODY, and LWS_CALLBACK_HTTP_BODY_COMPLETION
-        // hands it on. A POST with an empty body is handed on now, and only once (`dispatched`):
+        // hands it on. A request with no body is handed on now, and only once (`dispatched`):
         // libwebsockets may still call the completion for it.
-        let length = Self.header(wsi, WSI_TOKEN_HTTP_CONTENT_LENGTH).flatMap { Int($0) } ?? 0
-        if method != "POST" || length == 0 { dispatch(exchange) }
+        guard length > 0 else {
+            dispatch(exchange)
+            return 0
+        }
+        exchange.reservedBytes = length
+        bodyBytesInFlight += length
+        exchange.request.body.reserveCapacity(length)
+        exchange.bodyDeadline = .now + configuration.httpBodyTimeout
+        lws_set_timer_usecs(wsi, Self.microseconds(configuration.httpBodyTimeout))
         return 0
+    }
+
+    /// Answers a request from its headers alone: what arrives of its body is dropped, and the
+    /// connection closes after the answer (``HTTPExchange/finished``).
+    private func refuse(_ exchange: HTTPExchange, _ response: HTTPResponse) {
+        exchange.refused = true
+        exchange.dispatched = true
+        releaseBody(of: exchange)
+        answer(exchange, response)
+    }
+
+    /// The exchange's timer (service thread): a refused one's answer is out, and its connection
+    /// closes; one whose body is not in by its deadline is answered 408. (libwebsockets 4.1
+    /// cannot cancel a timer, so one that comes early or for a request since handed on is let
+    /// be.)
+    private func exchangeTimer(_ exchange: HTTPExchange) -> Int32 {
+        if exchange.closing { return -1 }
+        if !exchange.dispatched, let deadline = exchange.bodyDeadline, ContinuousClock.now >= deadline {
+            exchange.request.body = []
+            refuse(
+                exchange,
+                .error(408, "timeout", "the request body did not arrive within \(configuration.httpBodyTimeout)"))
+        }
+        return 0
+    }
+
+    /// The exchange is over: its body's reservation goes back to the budget.
+    private func end(_ exchange: HTTPExchange) {
+        exchange.wsi = nil
+        releaseBody(of: exchange)
+    }
+
+    private func releaseBody(of exchange: HTTPExchange) {
+        bodyBytesInFlight -= exchange.reservedBytes
+        exchange.reservedBytes = 0
     }
 
     private func dispatch(_ exchange: HTTPExchange) {
         guard !exchange.dispatched else { return }
         exchange.dispatched = true
+        // The body is in; what it holds stays until the exchange ends.
         guard let httpHandler else {
             answer(exchange, .notFound(exchange.request.path))
             return

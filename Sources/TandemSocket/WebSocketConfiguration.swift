@@ -60,8 +60,24 @@ public struct WebSocketConfiguration: Sendable {
     /// to no socket; docs/BENCHMARKS.md). Default: true.
     public var ownClientFraming = true
 
-    /// The largest body of a plain HTTP request (a POST to the server's port). Default: 64 MiB.
+    /// The largest body of a plain HTTP request (a POST to the server's port), when the
+    /// server's ``HTTPAdmission`` does not say otherwise. Default: 64 MiB.
     public var maxHTTPBodyBytes: Int = 64 << 20
+
+    /// The most bytes the bodies of all HTTP requests under way may hold together. A request
+    /// whose `Content-Length` does not fit beside the others is answered 503 with
+    /// `Retry-After: 1`, unread. Default: 128 MiB.
+    public var maxHTTPBodyBytesInFlight: Int = 128 << 20
+
+    /// How long an HTTP request's body may take to arrive, from its headers. Later, the
+    /// request is answered 408 and the connection closes. Default: 60 s.
+    public var httpBodyTimeout: Duration = .seconds(60)
+
+    /// The most connections a server holds at once that have not finished their HTTP request
+    /// line and headers (a WebSocket upgrade, or a plain request); more are closed as they are
+    /// accepted. Each may take 10 s for its headers (libwebsockets' `timeout_secs_ah_idle`).
+    /// Default: 1,024.
+    public var maxHandshakes: Int = 1024
 
     public init() {}
 }

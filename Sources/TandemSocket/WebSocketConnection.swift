@@ -315,16 +315,15 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
             return
         }
         writeCloseFrame(wsi, request.code, request.reason)
-        // At most 256 KiB: a peer that keeps sending gets its RST, and the thread moves on.
-        let socket = lws_get_socket_fd(wsi)
-        var drain = [UInt8](repeating: 0, count: 16 << 10)
-        var reads = 0
-        while reads < 16,
-            drain.withUnsafeMutableBytes({ recv(socket, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }) > 0
-        {
-            reads += 1
-        }
-        lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_ASYNC)
+        // Then the connection lingers for two seconds, reading and dropping what the peer still
+        // sends, so that it gets the close and a FIN rather than a reset (which would also
+        // throw away what it has not read yet): on plain TCP the write side is shut now, so
+        // that a peer reading finds the end after the close frame; reading goes on whatever
+        // paused it. A peer that goes on sending past that gets its reset.
+        discardingInput = true
+        if lws_is_ssl(wsi) == 0 { shutdown(lws_get_socket_fd(wsi), Int32(SHUT_WR)) }
+        lws_rx_flow_control(wsi, 1 | Int32(LWS_RXFLOW_REASON_FLAG_PROCESS_NOW))
+        lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_ACK, 2)
     }
 
     /// Writes a close frame now: libwebsockets' own (`lws_write` with `LWS_WRITE_CLOSE`, whose
@@ -487,6 +486,11 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
                 closeCause = WebSocketCloseEvent(code: request.code, reason: request.reason)
                 setCloseReason(wsi, request.code, request.reason)
                 closeHanded = true
+                // libwebsockets reads (and drops) what the peer sends until its answer to the close
+                // comes, for up to 5 s, but only when reading is on: a connection paused for having
+                // too much unhandled input would leave it unread, and the kernel would answer the
+                // close with a reset. PROCESS_NOW applies it though the callback returns -1.
+                lws_rx_flow_control(wsi, 1 | Int32(LWS_RXFLOW_REASON_FLAG_PROCESS_NOW))
                 return -1
             case .idle:
                 if drained { delegate?.webSocketDidDrain(self) }
@@ -548,6 +552,8 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     /// byte breaks RFC 6455 (§5.5.1: none, or a status of two bytes): that is answered with
     /// 1002, not echoed.
     func peerInitiatedClose(_ wsi: OpaquePointer, _ input: UnsafeMutableRawPointer?, _ length: Int) -> Int32 {
+        // The peer's answer to a close of ours: the cause stays ours.
+        if closeHanded && closeCause != nil { return 0 }
         if length == 1 {
             let reason = "protocol error: a close frame's body is a 2-byte status and a reason, not 1 byte"
             closeCause = WebSocketCloseEvent(code: .protocolError, reason: reason)
@@ -638,6 +644,24 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
         }
         nextKeepAlive = now + next
         return false
+    }
+
+    /// Whether the frame being read announces more than a message may hold (service thread,
+    /// from the loop's sweep): libwebsockets calls no one at a frame's header, only once a
+    /// payload byte arrives, so a header alone would otherwise wait for the idle timeout.
+    func announcesTooMuch(_ wsi: OpaquePointer) -> Bool {
+        guard rawClient == nil, !discardingInput, !closeHanded, state.withLock({ $0.phase == .open }) else {
+            return false
+        }
+        return receiveBuffer.count + Int(lws_remaining_packet_payload(wsi)) > maxMessageBytes
+    }
+
+    /// Closes with 1009 a connection whose frame announced too much (``announcesTooMuch(_:)``).
+    func closeTooBig(_ wsi: OpaquePointer) {
+        receiveBuffer = []
+        let reason = "message larger than \(maxMessageBytes) bytes"
+        closeCause = WebSocketCloseEvent(code: .messageTooBig, reason: reason)
+        closeFromReading(wsi, .messageTooBig, reason)
     }
 
     /// Closes (1008) a connection whose peer took nothing of the backlog waiting for it for

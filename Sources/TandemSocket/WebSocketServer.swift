@@ -28,11 +28,14 @@ public final class WebSocketServer: Sendable {
     ///   - delegate: Receives the events of every accepted connection.
     ///   - httpHandler: Answers plain HTTP requests on the same port (health, metrics, …);
     ///     without one they get 404.
+    ///   - httpAdmission: Judges each plain HTTP request from its headers, before its body is
+    ///     read; without one every request is taken, with a body up to
+    ///     ``WebSocketConfiguration/maxHTTPBodyBytes``.
     ///   - logger: Where libwebsockets' warnings and errors go.
     /// - Throws: ``WebSocketError`` `.contextCreationFailed` when the address cannot be bound.
     public init(
         host: String = "127.0.0.1", port: Int = 0, configuration: WebSocketConfiguration = .init(),
-        delegate: any WebSocketDelegate, httpHandler: HTTPHandler? = nil,
+        delegate: any WebSocketDelegate, httpHandler: HTTPHandler? = nil, httpAdmission: HTTPAdmission? = nil,
         logger: Logger = Logger(label: "tandem.socket")
     ) throws(WebSocketError) {
         guard (0...65535).contains(port) else {
@@ -40,6 +43,7 @@ public final class WebSocketServer: Sendable {
         }
         loop = try ServiceLoop(
             name: "server", listen: (host, port), acceptDelegate: delegate, httpHandler: httpHandler,
+            httpAdmission: httpAdmission,
             configuration: configuration, logger: logger)
         self.host = host
         self.port = loop.listenPort

@@ -57,6 +57,45 @@ struct CloseCodeTests {
     }
 
     @Test(
+        "a frame header announcing more than the limit, with no payload after it, is closed with 1009, not left to idle"
+    )
+    func announcedLengthAlone() async throws {
+        // The idle close far off: only the header's own check can close it in time.
+        let server = try await Self.server(pingInterval: 100, idleTimeout: 200)
+        let raw = try await Self.session(server)
+        // FIN + text, masked, 64-bit length of 2 MiB (the limit is 1 MiB), the mask; no payload.
+        try await raw.write([0x81, 0x80 | 127, 0, 0, 0, 0, 0, 0x20, 0, 0, 1, 2, 3, 4])
+        let close = try await raw.readClose(timeout: .seconds(60))
+        #expect(close.closeCode == 1009, "\(close.closeReason)")
+    }
+
+    @Test("a client still sending when its token is refused gets the 1008 close frame, not a reset")
+    func refusedWhileSending() async throws {
+        let folder = try TemporaryDirectory()
+        let tokens = folder.url.appendingPathComponent("tokens.json")
+        try #"{"tokens": {"t-alice": "alice"}}"#.write(to: tokens, atomically: true, encoding: .utf8)
+        let access = try AccessControl.load(tokensFile: tokens, rulesFile: nil)
+        let server = try await TestServer { $0.access = access }
+        let raw = try await RawWebSocket.open(port: server.port)
+        // The hello with a wrong token and, right behind it, thousands of messages: more than the
+        // server reads before it handles them, so that it stops reading, then closes.
+        try raw.send(text: #"{"type":"hello","protocol":1,"clientId":"c","token":"wrong"}"#)
+        var gets: [UInt8] = []
+        for _ in 0..<100 {
+            gets += RawWebSocket.frame(
+                opcode: .text, payload: Array(#"{"type":"get","request":"r","collection":"notes","id":"a"}"#.utf8))
+        }
+        let sending = Thread { [gets] in
+            // Sends for three seconds, whatever happens to the connection meanwhile.
+            let end = ContinuousClock.now + .seconds(3)
+            while ContinuousClock.now < end { try? raw.sendRaw(gets) }
+        }
+        sending.start()
+        let close = try await raw.readClose(timeout: .seconds(60))
+        #expect(close.closeCode == 1008, "\(close.closeReason)")
+    }
+
+    @Test(
         "a message over the limit, in fragments of any size, is closed with 1009 every time",
         arguments: [4096, 50_000, 65_536])
     func oversizeFragments(fragment: Int) async throws {

@@ -18,6 +18,10 @@ let badSettings = [
         $0.snapshotPageBytes = 100
     },
     BadSetting(testDescription: "snapshot page size", mentioning: "snapshotPageSize 0") { $0.snapshotPageSize = 0 },
+    BadSetting(testDescription: "body budget", mentioning: "must hold at least one import") {
+        $0.maxHTTPBodyBytesInFlight = 1 << 20
+    },
+    BadSetting(testDescription: "handshakes", mentioning: "maxHandshakes must be at least 1") { $0.maxHandshakes = 0 },
     BadSetting(testDescription: "stall timeout", mentioning: "stallTimeout must be at least 1") { $0.stallTimeout = 0 },
     BadSetting(testDescription: "commit outcome timeout", mentioning: "commitOutcomeTimeout must not be negative") {
         $0.commitOutcomeTimeout = .seconds(-1)

@@ -60,6 +60,27 @@ extension ServerCore {
         }
     }
 
+    /// Judges a plain HTTP request from its request line and headers (service thread), before
+    /// a byte of its body is read: the admin API's access first, then whether the path takes a
+    /// body and how large. Unknown paths and pages without bodies take none, so that no peer,
+    /// judged or not, can make the server hold more than a request line and its headers,
+    /// except an admin's import (``ServerConfiguration/maxImportBytes``).
+    func admit(_ request: HTTPRequest) -> HTTPVerdict {
+        let path = request.path
+        guard path == "/admin" || path.hasPrefix("/admin/") else {
+            return Self.pages.contains(path) ? .accept(maxBodyBytes: 0) : .refuse(.notFound(path))
+        }
+        if let refusal = Self.refuseAdmin(request, token: configuration.adminToken) { return .refuse(refusal) }
+        switch (request.method, path) {
+        case ("POST", "/admin/import"): return .accept(maxBodyBytes: configuration.maxImportBytes)
+        case ("POST", _): return .accept(maxBodyBytes: 64 << 10)
+        default: return .accept(maxBodyBytes: 0)
+        }
+    }
+
+    /// The paths ``http(_:_:)`` answers besides the admin API's.
+    private static let pages: Set<String> = ["/healthz", "/metrics", "/", "/console", "/console.js", "/console.css"]
+
     /// Nil when the request may use the admin API: it carries the admin token, or, on a
     /// server without one, it comes from a loopback address and names one as its `Host`.
     ///
