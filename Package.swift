@@ -1,18 +1,30 @@
 // swift-tools-version: 6.0
 import PackageDescription
 
-// libwebsockets is the client's default transport on Linux and macOS. An Apple app on another
-// platform brings its own transport (README, "Bringing your own transport") and links no
-// libwebsockets; TANDEM_WITHOUT_LIBWEBSOCKETS=1 builds the client that way here, so that
-// scripts/check-layers can check it builds and links without it.
+// The client's transports: SwiftNIO's WebSocket on every platform (over Network.framework on
+// Apple's, NIOPosix and NIOSSL on Linux), and libwebsockets on Linux, where the server links it
+// anyway. An Apple app links no libwebsockets; TANDEM_WITHOUT_LIBWEBSOCKETS=1 builds the client
+// that way here, so that scripts/check-layers checks it builds, links and syncs without it.
+let applePlatforms: [Platform] = [.macOS, .iOS, .tvOS, .watchOS, .visionOS]
 let clientTransport: [Target.Dependency] =
-    Context.environment["TANDEM_WITHOUT_LIBWEBSOCKETS"] == "1"
-    ? [] : [.target(name: "TandemSocket", condition: .when(platforms: [.linux, .macOS]))]
+    (Context.environment["TANDEM_WITHOUT_LIBWEBSOCKETS"] == "1"
+        ? [] : [.target(name: "TandemSocket", condition: .when(platforms: [.linux]))])
+    + [
+        .product(name: "NIOCore", package: "swift-nio"),
+        .product(name: "NIOPosix", package: "swift-nio"),
+        .product(name: "NIOHTTP1", package: "swift-nio"),
+        .product(name: "NIOWebSocket", package: "swift-nio"),
+        .product(name: "NIOSSL", package: "swift-nio-ssl", condition: .when(platforms: [.linux])),
+        .product(
+            name: "NIOTransportServices", package: "swift-nio-transport-services",
+            condition: .when(platforms: applePlatforms)),
+    ]
 
 let package = Package(
     name: "Tandem",
-    // Mutex, Atomic and String(validating:) need macOS 15 and iOS 18. On iOS the client links
-    // no libwebsockets and the app brings its transport (README, "Platforms").
+    // Mutex, Atomic and String(validating:) need macOS 15 and iOS 18. On Apple platforms the
+    // client syncs over SwiftNIO and Network.framework and links no libwebsockets (README,
+    // "Platforms").
     platforms: [.macOS(.v15), .iOS(.v18)],
     products: [
         .library(name: "Tandem", targets: ["Tandem"]),
@@ -29,6 +41,9 @@ let package = Package(
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.2.0"),
         .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
+        .package(url: "https://github.com/apple/swift-nio", from: "2.101.3"),
+        .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.37.6"),
+        .package(url: "https://github.com/apple/swift-nio-transport-services", from: "1.28.0"),
     ],
     targets: [
         .systemLibrary(

@@ -1,5 +1,7 @@
-// Where no target links libwebsockets (an Apple app that brings its own transport, see
-// Package.swift), this file is empty and a transport must be given.
+// Where the client links no libwebsockets (Apple platforms, see Package.swift), this file holds
+// only the choice of the default transport.
+import Foundation
+
 #if canImport(TandemSocket)
     import Synchronization
     import TandemSocket
@@ -104,13 +106,15 @@
     }
 #endif
 
-/// The transport used when none is given: libwebsockets where a target links it.
+/// The transport used when none is given: libwebsockets where the client links it (Linux),
+/// SwiftNIO's elsewhere (Apple platforms, and builds without libwebsockets).
+/// `TANDEM_CLIENT_TRANSPORT=nio` (or `libwebsockets`) in the environment chooses one, for a run
+/// of the tests over each.
 func defaultTransport(trustedCertificates: String?) throws(TransportError) -> any WebSocketTransport {
     #if canImport(TandemSocket)
-        try LibWebSocketsTransport(trustedCertificates: trustedCertificates)
-    #else
-        throw TransportError(
-            .unavailable,
-            "no WebSocket transport: this build links no libwebsockets, so pass one (see WebSocketTransport)")
+        if ProcessInfo.processInfo.environment["TANDEM_CLIENT_TRANSPORT"] != "nio" {
+            return try LibWebSocketsTransport(trustedCertificates: trustedCertificates)
+        }
     #endif
+    return try NIOWebSocketTransport(trustedCertificates: trustedCertificates)
 }

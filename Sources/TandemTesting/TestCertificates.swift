@@ -19,25 +19,38 @@ public struct TestCertificates: Sendable {
     public var privateKey: URL { folder.appendingPathComponent("server.key") }
     private let keep: TemporaryDirectory
 
-    public init() throws {
+    /// - Parameters:
+    ///   - names: The server certificate's subject alternative names, in openssl's form.
+    ///   - authority: Another set whose authority signs this server certificate (its
+    ///     ``authority`` is then this one's too); nil for an authority of its own.
+    public init(names: String = "DNS:localhost,IP:127.0.0.1", signedBy authority: TestCertificates? = nil) throws {
         keep = try TemporaryDirectory(prefix: "tandem-tls")
         folder = keep.url
         let subjectNames = folder.appendingPathComponent("names.cnf")
-        try "subjectAltName=DNS:localhost,IP:127.0.0.1\n".write(to: subjectNames, atomically: true, encoding: .utf8)
-        let steps: [[String]] = [
+        try "subjectAltName=\(names)\n".write(to: subjectNames, atomically: true, encoding: .utf8)
+        if let authority {
+            for file in ["ca.pem", "ca.key"] {
+                try FileManager.default.copyItem(
+                    at: authority.folder.appendingPathComponent(file), to: folder.appendingPathComponent(file))
+            }
+        }
+        let makeAuthority: [[String]] = [
             [
                 "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
                 "-subj", "/CN=Tandem Test Authority",
-            ],
-            [
-                "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
-                "-subj", "/CN=localhost",
-            ],
-            [
-                "x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                "-out", "server.pem", "-days", "2", "-extfile", "names.cnf",
-            ],
+            ]
         ]
+        let steps: [[String]] =
+            (authority == nil ? makeAuthority : []) + [
+                [
+                    "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+                    "-subj", "/CN=localhost",
+                ],
+                [
+                    "x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                    "-out", "server.pem", "-days", "2", "-extfile", "names.cnf",
+                ],
+            ]
         for arguments in steps {
             let process = ChildProcess()
             process.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")

@@ -25,11 +25,12 @@ public enum TransportConformance {
 
         public var description: String { name }
 
-        /// Runs the check against `transport`, with a server of its own.
+        /// Runs the check against `transport`, with a server of its own: over `wss://` with
+        /// `tls` (the transport must trust `tls.authority`), else `ws://`.
         ///
         /// - Throws: ``TransportConformanceFailure`` saying what the transport did wrong.
-        public func run(on transport: any WebSocketTransport) async throws {
-            let peer = try Peer()
+        public func run(on transport: any WebSocketTransport, tls: TestCertificates? = nil) async throws {
+            let peer = try Peer(tls: tls)
             do {
                 try await body(transport, peer)
             } catch {
@@ -42,10 +43,10 @@ public enum TransportConformance {
 
     public static let checks: [Check] = [
         Check(name: "a refused port is one closed event with failedToConnect, and a bad URL throws invalid-url") {
-            transport, _ in
+            transport, peer in
             let refused = try RefusingPort()
             let events = Events()
-            _ = try transport.connect(to: "ws://127.0.0.1:\(refused.port)", handler: events.handler)
+            _ = try transport.connect(to: "\(peer.scheme)://127.0.0.1:\(refused.port)", handler: events.handler)
             let close = try await events.closed()
             try expect(close.failedToConnect, "a refused connection reports failedToConnect, got \(close)")
             do {
@@ -182,6 +183,45 @@ public enum TransportConformance {
         },
     ]
 
+    /// What a `wss://` transport must refuse, run with the certificates it trusts (`tls`): a
+    /// server whose certificate another authority signed, and one whose certificate names
+    /// another host. A transport that checks nothing passes every other check.
+    public static let tlsChecks: [Check] = [
+        Check(name: "a server certificate from an authority it does not trust is refused") { transport, _ in
+            let close = try await firstClose(of: transport, at: try Peer(tls: try TestCertificates()))
+            try expect(close.failedToConnect, "a server of an untrusted authority was not refused: \(close)")
+        },
+        Check(name: "a server certificate for another name is refused") { transport, peer in
+            let trusted = try require_(peer.certificates, "run the TLS checks with certificates")
+            let impostor = try Peer(tls: try TestCertificates(names: "DNS:elsewhere.example", signedBy: trusted))
+            let close = try await firstClose(of: transport, at: impostor)
+            try expect(close.failedToConnect, "a certificate for elsewhere.example was taken for 127.0.0.1: \(close)")
+        },
+    ]
+
+    /// Connects to `peer`, sends a message, and returns how the connection ended (the peer is
+    /// stopped then).
+    private static func firstClose(of transport: any WebSocketTransport, at peer: Peer) async throws
+        -> TransportClose
+    {
+        let events = Events()
+        do {
+            let connection = try transport.connect(to: peer.url, handler: events.handler)
+            try? connection.send(text: Array("echo secret".utf8))
+            try await waitUntil("the connection ended or carried a message", timeout: .seconds(60)) {
+                events.closeEvent != nil || !events.texts.isEmpty || !peer.received.isEmpty
+            }
+            try expect(events.texts.isEmpty && peer.received.isEmpty, "messages crossed a connection it should refuse")
+            connection.abort()
+            let close = try await events.closed()
+            await peer.stop()
+            return close
+        } catch {
+            await peer.stop()
+            throw error
+        }
+    }
+
     // MARK: - The server the checks talk to
 
     /// A WebSocket server with a small command language: `echo TEXT` answers `echo TEXT`,
@@ -191,13 +231,19 @@ public enum TransportConformance {
         private let server: WebSocketServer
         private let commands = Commands()
 
-        init() throws {
+        let certificates: TestCertificates?
+
+        init(tls: TestCertificates? = nil) throws {
             var configuration = WebSocketConfiguration()
             configuration.maxMessageBytes = 4 << 20
+            configuration.tlsCertificate = tls?.certificate.path
+            configuration.tlsPrivateKey = tls?.privateKey.path
+            certificates = tls
             server = try WebSocketServer(port: 0, configuration: configuration, delegate: commands)
         }
 
-        var url: String { "ws://127.0.0.1:\(server.port)" }
+        var scheme: String { certificates == nil ? "ws" : "wss" }
+        var url: String { "\(scheme)://127.0.0.1:\(server.port)" }
         var received: [String] { commands.state.withLock { $0.received } }
         var closes: [WebSocketCloseEvent] { commands.state.withLock { $0.closes } }
 
@@ -302,4 +348,9 @@ public struct TransportConformanceFailure: Error, CustomStringConvertible {
 
 private func expect(_ condition: Bool, _ message: @autoclosure () -> String) throws {
     if !condition { throw TransportConformanceFailure(message()) }
+}
+
+private func require_<T>(_ value: T?, _ message: @autoclosure () -> String) throws -> T {
+    guard let value else { throw TransportConformanceFailure(message()) }
+    return value
 }
