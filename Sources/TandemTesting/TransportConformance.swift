@@ -188,12 +188,16 @@ public enum TransportConformance {
     /// another host. A transport that checks nothing passes every other check.
     public static let tlsChecks: [Check] = [
         Check(name: "a server certificate from an authority it does not trust is refused") { transport, _ in
-            let close = try await firstClose(of: transport, at: try Peer(tls: try TestCertificates()))
+            let stranger = try await onOwnThread { try TestCertificates() }
+            let close = try await firstClose(of: transport, at: try Peer(tls: stranger))
             try expect(close.failedToConnect, "a server of an untrusted authority was not refused: \(close)")
         },
         Check(name: "a server certificate for another name is refused") { transport, peer in
             let trusted = try require_(peer.certificates, "run the TLS checks with certificates")
-            let impostor = try Peer(tls: try TestCertificates(names: "DNS:elsewhere.example", signedBy: trusted))
+            let elsewhere = try await onOwnThread {
+                try TestCertificates(names: "DNS:elsewhere.example", signedBy: trusted)
+            }
+            let impostor = try Peer(tls: elsewhere)
             let close = try await firstClose(of: transport, at: impostor)
             try expect(close.failedToConnect, "a certificate for elsewhere.example was taken for 127.0.0.1: \(close)")
         },

@@ -244,7 +244,7 @@ struct CommandLineTests {
         #expect(
             scenarios == [
                 "propagation", "throughput", "snapshot", "fanout", "fanout-10k", "server", "apply", "connections",
-                "cluster", "queries", "query-limit",
+                "cluster", "queries", "query-limit", "transports",
             ])
         for result in results {
             let value = try #require(result["value"] as? Double)

@@ -13,7 +13,7 @@ struct NIOTransportTests {
 
     @Test(arguments: TransportConformance.checks + TransportConformance.tlsChecks)
     func overTLS(_ check: TransportConformance.Check) async throws {
-        let certificates = try TestCertificates()
+        let certificates = try await onOwnThread { try TestCertificates() }
         let transport = try NIOWebSocketTransport(trustedCertificates: certificates.authority.path)
         try await check.run(on: transport, tls: certificates)
     }

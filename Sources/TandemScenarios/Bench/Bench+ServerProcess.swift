@@ -123,7 +123,7 @@ extension Bench {
     /// sharing the cores with the server, would be what is measured.
     static func fanoutLatencies(
         url: String, listeners: Int, writes: Int, scenario: String, swarm: Bool = false,
-        progress: @escaping Progress
+        transport: (any WebSocketTransport)? = nil, progress: @escaping Progress
     ) async throws -> Latencies {
         let items = try CollectionPath("items")
         /// Arrivals per document, in shards by listener: thousands of listeners' queues
@@ -189,7 +189,7 @@ extension Bench {
                 for index in first..<min(listeners, first + 100) {
                     group.addTask {
                         let connection = try await ServerConnection.connect(
-                            to: url, clientId: "listener-\(index)", timeout: .seconds(60),
+                            to: url, clientId: "listener-\(index)", transport: transport, timeout: .seconds(60),
                             queue: lanes[index % lanes.count])
                         connection.listen(to: items) { event in
                             guard case .snapshot(let snapshot) = event else { return }
@@ -213,7 +213,7 @@ extension Bench {
         if !swarm {
             try await poll("every listener is current") { tally.current.load(ordering: .relaxed) >= listeners }
         }
-        let writer = try await ServerConnection.connect(to: url, clientId: "writer")
+        let writer = try await ServerConnection.connect(to: url, clientId: "writer", transport: transport)
         defer { writer.close() }
         // The writes go from a thread of their own, which sleeps until the last arrival wakes
         // it: a loop polling the tally every 100 µs took CPU from the listeners and the server

@@ -45,6 +45,7 @@ struct BenchCommand: AsyncParsableCommand {
         case wideFanout = "fanout-10k"
         case server, apply, connections, cluster, queries
         case queryLimit = "query-limit"
+        case transports
     }
 
     func validate() throws {
@@ -82,6 +83,7 @@ struct BenchCommand: AsyncParsableCommand {
             case .cluster: result = try await Bench.cluster(quick: quick, postgres: postgres, progress: progress.show)
             case .queries: result = try await Bench.queries(quick: quick, progress: progress.show)
             case .queryLimit: result = try await Bench.queryLimit(quick: quick, progress: progress.show)
+            case .transports: result = try await Bench.transports(quick: quick, progress: progress.show)
             }
             await Bench.settle()
             progress.finish()
