@@ -1,3 +1,4 @@
+import CLibWebSockets
 import Foundation
 import TandemWire
 
@@ -11,39 +12,43 @@ import TandemWire
 /// downloaded. Here the payload is copied and masked in bulk. libwebsockets still owns the
 /// socket, the event loop and its timers: the connection is a raw one (`"RAW"` method), and
 /// these types turn its bytes into messages. `wss://` stays on libwebsockets' own client.
-enum ClientFraming {
+///
+/// The package's one client framer: the raw-socket test client (`RawWebSocket`) and the
+/// bench's listener swarm frame and read with it too.
+package enum ClientFraming {
     /// Opcodes (RFC 6455 §5.2).
-    static let text: UInt8 = 1
-    static let binary: UInt8 = 2
-    static let close: UInt8 = 8
-    static let ping: UInt8 = 9
-    static let pong: UInt8 = 10
+    package static let text: UInt8 = 1
+    package static let binary: UInt8 = 2
+    package static let close: UInt8 = 8
+    package static let ping: UInt8 = 9
+    package static let pong: UInt8 = 10
 
     /// The GUID of RFC 6455 §1.3, appended to the key for `Sec-WebSocket-Accept`.
     static let acceptGUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
     /// A new `Sec-WebSocket-Key`: 16 random bytes in base 64.
-    static func newKey() -> String {
+    package static func newKey() -> String {
         var generator = SystemRandomNumberGenerator()
         let bytes = (0..<16).map { _ in UInt8.random(in: 0...255, using: &generator) }
         return base64(bytes)
     }
 
-    /// The upgrade request, as libwebsockets' client sent it (Host and Origin alike).
-    static func upgradeRequest(path: String, host: String, key: String) -> [UInt8] {
+    /// The upgrade request, as libwebsockets' client sent it (Host and Origin alike, unless
+    /// `sendsOrigin` is false: Chromium's DevTools refuses a connection that names one).
+    package static func upgradeRequest(path: String, host: String, key: String, sendsOrigin: Bool = true) -> [UInt8] {
         Array(
-            ("GET \(path) HTTP/1.1\r\nHost: \(host)\r\nOrigin: \(host)\r\nUpgrade: websocket\r\n"
+            ("GET \(path) HTTP/1.1\r\nHost: \(host)\r\n\(sendsOrigin ? "Origin: \(host)\r\n" : "")Upgrade: websocket\r\n"
                 + "Connection: Upgrade\r\nSec-WebSocket-Key: \(key)\r\nSec-WebSocket-Version: 13\r\n\r\n").utf8)
     }
 
     /// The `Sec-WebSocket-Accept` a server must answer `key` with.
     static func expectedAccept(for key: String) -> String {
-        base64(SHA1.digest(Array((key + acceptGUID).utf8)))
+        base64(sha1(Array((key + acceptGUID).utf8)))
     }
 
     /// Checks the head of the server's answer to the upgrade (up to and without the blank
     /// line): nil when it accepted, else what was wrong.
-    static func problem(withAnswer head: String, key: String) -> String? {
+    package static func problem(withAnswer head: String, key: String) -> String? {
         let lines = head.split(separator: "\r\n", omittingEmptySubsequences: false)
         guard let status = lines.first else { return "the server's answer to the upgrade was empty" }
         let parts = status.split(separator: " ", maxSplits: 2)
@@ -83,15 +88,34 @@ enum ClientFraming {
 
     // MARK: - Sending
 
+    /// The most a client frame's header takes: 2 bytes, an 8-byte length, a 4-byte key.
+    package static let maxHeaderBytes = 14
+
+    /// One masked client frame of `payload`, in a new array.
+    ///
+    /// - Parameters:
+    ///   - fin: False for a fragment that more follow.
+    ///   - maskKey: The key as it lies in memory; nil for a fresh random one, as RFC 6455
+    ///     §5.3 asks (tests and fuzzers give one, to write the same bytes every time).
+    package static func frame(opcode: UInt8, payload: [UInt8], fin: Bool = true, maskKey: UInt32? = nil) -> [UInt8] {
+        var storage = [UInt8](repeating: 0, count: maxHeaderBytes)
+        storage.reserveCapacity(maxHeaderBytes + payload.count)
+        storage += payload
+        let start = frame(&storage, headroom: maxHeaderBytes, opcode: opcode, fin: fin, maskKey: maskKey)
+        return Array(storage[start...])
+    }
+
     /// Makes `storage[headroom...]` (the payload) a whole masked client frame: the header goes
     /// into the headroom, the payload is masked in place. Returns where the frame starts.
-    static func frame(_ storage: inout [UInt8], headroom: Int, opcode: UInt8) -> Int {
+    static func frame(
+        _ storage: inout [UInt8], headroom: Int, opcode: UInt8, fin: Bool = true, maskKey: UInt32? = nil
+    ) -> Int {
         let count = storage.count - headroom
         var header: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) =
             (0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
         var headerCount = 0
         withUnsafeMutableBytes(of: &header) { bytes in
-            bytes[0] = 0x80 | opcode
+            bytes[0] = (fin ? 0x80 : 0) | opcode
             if count < 126 {
                 bytes[1] = 0x80 | UInt8(count)
                 headerCount = 2
@@ -109,7 +133,7 @@ enum ClientFraming {
         // The key of RFC 6455 §5.3: fresh and unpredictable for every frame. It comes from the
         // system's cryptographic generator through the pool, not one system call per frame.
         var generator = RandomPool()
-        let key = UInt32.random(in: 0...UInt32.max, using: &generator)
+        let key = maskKey ?? UInt32.random(in: 0...UInt32.max, using: &generator)
         let start = headroom - headerCount - 4
         precondition(start >= 0, "the buffer's headroom is too small for a frame header")
         storage.withUnsafeMutableBytes { buffer in
@@ -142,56 +166,54 @@ enum ClientFraming {
         }
     }
 
-    // MARK: - Base 64 (Foundation's) and SHA-1 (for the handshake alone)
+    // MARK: - Reading a header
+
+    /// A frame's header, as the bytes at the start of a buffer give it, unchecked: for readers
+    /// of frames that look at them as they come (tests of bad input, the bench). What a server
+    /// sends is read and checked by ``ServerFrameReader``.
+    package struct FrameHeader: Sendable, Equatable {
+        package var fin: Bool
+        package var opcode: UInt8
+        package var masked: Bool
+        /// The header's bytes, the mask key included.
+        package var headerLength: Int
+        package var payloadLength: Int
+
+        /// The header at the start of `bytes`; nil until it is all there.
+        package static func parse(_ bytes: some Collection<UInt8>) -> FrameHeader? {
+            guard bytes.count >= 2 else { return nil }
+            let first = bytes[bytes.startIndex], second = bytes[bytes.index(after: bytes.startIndex)]
+            let masked = second & 0x80 != 0
+            var length = Int(second & 0x7F)
+            var headerLength = 2
+            if length >= 126 {
+                let extra = length == 126 ? 2 : 8
+                guard bytes.count >= 2 + extra else { return nil }
+                length = bytes.dropFirst(2).prefix(extra).reduce(0) { $0 << 8 | Int($1) }
+                headerLength += extra
+            }
+            if masked { headerLength += 4 }
+            guard bytes.count >= headerLength else { return nil }
+            return FrameHeader(
+                fin: first & 0x80 != 0, opcode: first & 0x0F, masked: masked, headerLength: headerLength,
+                payloadLength: length)
+        }
+    }
+
+    // MARK: - Base 64 (Foundation's) and SHA-1 (libwebsockets')
 
     static func base64(_ bytes: [UInt8]) -> String {
         Data(bytes).base64EncodedString()
     }
 
-    /// SHA-1 (FIPS 180-4), which the handshake's accept value needs and nothing else.
-    enum SHA1 {
-        static func digest(_ message: [UInt8]) -> [UInt8] {
-            var h: [UInt32] = [0x6745_2301, 0xEFCD_AB89, 0x98BA_DCFE, 0x1032_5476, 0xC3D2_E1F0]
-            var padded = message
-            padded.append(0x80)
-            while padded.count % 64 != 56 { padded.append(0) }
-            let bits = UInt64(message.count) * 8
-            for shift in stride(from: 56, through: 0, by: -8) { padded.append(UInt8((bits >> UInt64(shift)) & 0xFF)) }
-            var w = [UInt32](repeating: 0, count: 80)
-            for chunk in stride(from: 0, to: padded.count, by: 64) {
-                for t in 0..<16 {
-                    let i = chunk + 4 * t
-                    w[t] =
-                        UInt32(padded[i]) << 24 | UInt32(padded[i + 1]) << 16 | UInt32(padded[i + 2]) << 8
-                        | UInt32(padded[i + 3])
-                }
-                for t in 16..<80 { w[t] = rotate(w[t - 3] ^ w[t - 8] ^ w[t - 14] ^ w[t - 16], 1) }
-                var (a, b, c, d, e) = (h[0], h[1], h[2], h[3], h[4])
-                for t in 0..<80 {
-                    let (f, k): (UInt32, UInt32)
-                    switch t {
-                    case 0..<20: (f, k) = ((b & c) | (~b & d), 0x5A82_7999)
-                    case 20..<40: (f, k) = (b ^ c ^ d, 0x6ED9_EBA1)
-                    case 40..<60: (f, k) = ((b & c) | (b & d) | (c & d), 0x8F1B_BCDC)
-                    default: (f, k) = (b ^ c ^ d, 0xCA62_C1D6)
-                    }
-                    let temp = rotate(a, 5) &+ f &+ e &+ k &+ w[t]
-                    (e, d, c, b, a) = (d, c, rotate(b, 30), a, temp)
-                }
-                h[0] &+= a
-                h[1] &+= b
-                h[2] &+= c
-                h[3] &+= d
-                h[4] &+= e
-            }
-            return h.flatMap { word in
-                [UInt8(word >> 24), UInt8((word >> 16) & 0xFF), UInt8((word >> 8) & 0xFF), UInt8(word & 0xFF)]
-            }
+    /// SHA-1, which the handshake's accept value needs and nothing else: libwebsockets' own
+    /// (`lws_SHA1`, over its TLS library's where it has one).
+    static func sha1(_ message: [UInt8]) -> [UInt8] {
+        var digest = [UInt8](repeating: 0, count: 20)
+        _ = message.withUnsafeBufferPointer { bytes in
+            digest.withUnsafeMutableBufferPointer { lws_SHA1(bytes.baseAddress, bytes.count, $0.baseAddress) }
         }
-
-        private static func rotate(_ value: UInt32, _ count: UInt32) -> UInt32 {
-            value << count | value >> (32 - count)
-        }
+        return digest
     }
 }
 

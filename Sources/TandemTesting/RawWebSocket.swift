@@ -1,5 +1,6 @@
 import Foundation
 import TandemClient
+import TandemSocket
 import TandemWire
 
 #if canImport(Glibc)
@@ -89,16 +90,14 @@ public final class RawWebSocket: @unchecked Sendable {
         } catch {
             throw Failure(description: "\(error)")
         }
-        let request =
-            "GET \(path) HTTP/1.1\r\nHost: \(host):\(port)\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-        try writeAll(Array(request.utf8))
+        let key = ClientFraming.newKey()
+        try writeAll(ClientFraming.upgradeRequest(path: path, host: "\(host):\(port)", key: key, sendsOrigin: false))
         let head = try readHTTPHead(timeout: 30)
-        guard head.hasPrefix("HTTP/1.1 101") else {
+        if let problem = ClientFraming.problem(withAnswer: head, key: key) {
             // No close here: once every property is set, a throwing initializer still runs
             // deinit, which closes the socket; a second close would close whatever socket of
             // the process got the number meanwhile (another test's connection).
-            throw Failure(description: "upgrade refused: \(head.prefix(80))")
+            throw Failure(description: "upgrade refused: \(problem)")
         }
     }
 
@@ -141,25 +140,10 @@ public final class RawWebSocket: @unchecked Sendable {
         try await onOwnThread { try self.writeAll(bytes) }
     }
 
-    /// Encodes one masked client frame.
+    /// Encodes one masked client frame (with the same key each time: the bytes a test sends are
+    /// the same on every run).
     public static func frame(opcode: Opcode, payload: [UInt8], fin: Bool = true) -> [UInt8] {
-        var frame: [UInt8] = [(fin ? 0x80 : 0) | opcode.rawValue]
-        let count = payload.count
-        if count < 126 {
-            frame.append(0x80 | UInt8(count))
-        } else if count <= 0xFFFF {
-            frame.append(0x80 | 126)
-            frame.append(UInt8(count >> 8))
-            frame.append(UInt8(count & 0xFF))
-        } else {
-            frame.append(0x80 | 127)
-            for shift in stride(from: 56, through: 0, by: -8) { frame.append(UInt8((count >> shift) & 0xFF)) }
-        }
-        let mask: [UInt8] = [0x12, 0x34, 0x56, 0x78]
-        frame.append(contentsOf: mask)
-        frame.reserveCapacity(frame.count + count)
-        for (index, byte) in payload.enumerated() { frame.append(byte ^ mask[index & 3]) }
-        return frame
+        ClientFraming.frame(opcode: opcode.rawValue, payload: payload, fin: fin, maskKey: 0x7856_3412)
     }
 
     /// Reads the next frame, answering nothing (pings are returned like any frame).
@@ -269,24 +253,13 @@ public final class RawWebSocket: @unchecked Sendable {
     }
 
     private func parseFrame() -> Frame? {
-        guard buffer.count >= 2 else { return nil }
-        let fin = buffer[0] & 0x80 != 0
-        let opcode = Opcode(rawValue: buffer[0] & 0x0F) ?? .binary
-        var length = Int(buffer[1] & 0x7F)
-        var offset = 2
-        if length == 126 {
-            guard buffer.count >= 4 else { return nil }
-            length = Int(buffer[2]) << 8 | Int(buffer[3])
-            offset = 4
-        } else if length == 127 {
-            guard buffer.count >= 10 else { return nil }
-            length = (2..<10).reduce(0) { $0 << 8 | Int(buffer[$1]) }
-            offset = 10
-        }
-        guard buffer.count >= offset + length else { return nil }
-        let payload = Array(buffer[offset..<(offset + length)])
-        buffer.removeFirst(offset + length)
-        return Frame(opcode: opcode, fin: fin, payload: payload)
+        guard let header = ClientFraming.FrameHeader.parse(buffer),
+            buffer.count >= header.headerLength + header.payloadLength
+        else { return nil }
+        let end = header.headerLength + header.payloadLength
+        let payload = Array(buffer[header.headerLength..<end])
+        buffer.removeFirst(end)
+        return Frame(opcode: Opcode(rawValue: header.opcode) ?? .binary, fin: header.fin, payload: payload)
     }
 
     private func fill(until deadline: ContinuousClock.Instant) throws {

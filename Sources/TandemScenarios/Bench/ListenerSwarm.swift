@@ -1,5 +1,6 @@
 import Foundation
 import TandemClient
+import TandemSocket
 import TandemWire
 
 #if canImport(Glibc)
@@ -98,10 +99,8 @@ import TandemWire
             let fd = try PlainSocket.connect(host: host, port: port)
             PlainSocket.resetOnClose(fd)
             do {
-                let request =
-                    "GET / HTTP/1.1\r\nHost: \(host):\(port)\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                    + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-                try PlainSocket.sendAll(fd, Array(request.utf8))
+                let key = ClientFraming.newKey()
+                try PlainSocket.sendAll(fd, ClientFraming.upgradeRequest(path: "/", host: "\(host):\(port)", key: key))
                 // The server says nothing after its 101 until the hello: what arrives before
                 // then is the head alone.
                 var head: [UInt8] = []
@@ -116,8 +115,10 @@ import TandemWire
                     }
                     head += chunk[0..<count]
                 }
-                guard head.starts(with: Array("HTTP/1.1 101".utf8)) else {
-                    throw ScenarioError("listener \(index): upgrade refused: \(String(decoding: head, as: UTF8.self))")
+                if let problem = ClientFraming.problem(
+                    withAnswer: String(decoding: head.dropLast(4), as: UTF8.self), key: key)
+                {
+                    throw ScenarioError("listener \(index): upgrade refused: \(problem)")
                 }
                 let hello = ClientMessage.hello(.init(clientId: try ClientName("listener-\(index)")))
                 let listen = ClientMessage.listen(.init(target: "items", collection: collection))
@@ -134,21 +135,7 @@ import TandemWire
 
         /// A client's frame: masked, as RFC 6455 requires.
         private static func frame(_ opcode: Opcode, _ payload: [UInt8]) -> [UInt8] {
-            var frame: [UInt8] = [0x80 | opcode.rawValue]
-            if payload.count < 126 {
-                frame.append(0x80 | UInt8(payload.count))
-            } else if payload.count <= 0xFFFF {
-                frame += [0x80 | 126, UInt8(payload.count >> 8), UInt8(payload.count & 0xFF)]
-            } else {
-                frame.append(0x80 | 127)
-                for shift in stride(from: 56, through: 0, by: -8) {
-                    frame.append(UInt8((payload.count >> shift) & 0xFF))
-                }
-            }
-            let mask: [UInt8] = [0x5A, 0x17, 0xC3, 0x08]
-            frame += mask
-            for (offset, byte) in payload.enumerated() { frame.append(byte ^ mask[offset & 3]) }
-            return frame
+            ClientFraming.frame(opcode: opcode.rawValue, payload: payload)
         }
 
         /// Writes all of `bytes` to a non-blocking socket, waiting while its buffer is full.
@@ -208,11 +195,15 @@ import TandemWire
             var start = 0
             let bytes = pending[index]
             pending[index] = []
-            while let (header, length) = try Self.frameHeader(bytes[start...]), bytes.count - start >= header + length {
-                let opcode = bytes[start] & 0x0F
-                let fin = bytes[start] & 0x80 != 0
-                let payload = bytes[(start + header)..<(start + header + length)]
-                start += header + length
+            while let frame = ClientFraming.FrameHeader.parse(bytes[start...]),
+                bytes.count - start >= frame.headerLength + frame.payloadLength
+            {
+                guard frame.payloadLength >= 0, frame.payloadLength <= 1 << 31 else {
+                    throw ScenarioError("a frame of \(frame.payloadLength) bytes")
+                }
+                let (opcode, fin) = (frame.opcode, frame.fin)
+                let payload = bytes[(start + frame.headerLength)..<(start + frame.headerLength + frame.payloadLength)]
+                start += frame.headerLength + frame.payloadLength
                 switch Opcode(rawValue: opcode) {
                 case .text, .continuation:
                     fragments[index] += payload
@@ -229,26 +220,6 @@ import TandemWire
                 }
             }
             pending[index] = Array(bytes[start...])
-        }
-
-        /// The header's size and the payload's length of the frame at the start of `bytes`, once
-        /// the header is whole. Server frames are not masked.
-        private static func frameHeader(_ bytes: ArraySlice<UInt8>) throws -> (header: Int, length: Int)? {
-            guard bytes.count >= 2 else { return nil }
-            let first = bytes.startIndex
-            let short = Int(bytes[first + 1] & 0x7F)
-            switch short {
-            case 126:
-                guard bytes.count >= 4 else { return nil }
-                return (4, Int(bytes[first + 2]) << 8 | Int(bytes[first + 3]))
-            case 127:
-                guard bytes.count >= 10 else { return nil }
-                let length = (2..<10).reduce(UInt64(0)) { $0 << 8 | UInt64(bytes[first + $1]) }
-                guard length <= 1 << 31 else { throw ScenarioError("a frame of \(length) bytes") }
-                return (10, Int(length))
-            default:
-                return (2, short)
-            }
         }
 
         /// A whole message: its changes count as arrived once it is decoded, as a
