@@ -19,7 +19,9 @@ import TandemWire
 /// sees a collection's changes in sequence order, which is commit order, whichever node wrote
 /// them.
 ///
-/// The socket delegate methods run on the socket's service thread; each hops to `queue`.
+/// The socket delegate methods run on the socket's service thread; each hops to `queue`. The
+/// entry points of the state's users check, in debug builds, that they run there
+/// (``Confinement``).
 final class ServerCore: WebSocketDelegate, @unchecked Sendable {
     let queue = DispatchQueue(label: "tandem.server.core")
     let store: any DocumentStore
@@ -87,6 +89,7 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
     /// Purges expired tombstones and idempotency keys (on `queue`).
     @discardableResult
     func runMaintenance() -> (tombstones: Int, keys: Int) {
+        Confinement.check(queue)
         let now = configuration.clock()
         do {
             let purged = try store.purge(
@@ -107,6 +110,7 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
     /// Applies the writes still waiting, stops timers, forgets sessions and closes the
     /// database (on `queue`).
     func stop() {
+        Confinement.check(queue)
         guard !isStopped else { return }
         flushWrites()
         isStopped = true
@@ -214,6 +218,7 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
 
     /// Handles one decoded message and counts it off the session's pending messages.
     private func handle(_ decoded: Result<ClientMessage, WireError>, from session: Session) {
+        Confinement.check(queue)
         if !session.isClosed && !isStopped { respond(to: decoded, from: session) }
         if session.pendingMessages.subtract(1, ordering: .relaxed).newValue <= Self.pendingLowMark {
             session.connection.resumeReceiving()
@@ -333,6 +338,7 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
     /// Another node committed to these collections (nil: read every followed feed, after the
     /// store's connection came back or on its periodic check).
     func storeNews(_ collections: Set<CollectionPath>?) {
+        Confinement.check(queue)
         guard !isStopped, storeReachable else { return }
         if let collections {
             scheduleFeedRound(collections.filter { followed[$0] != nil })
@@ -343,6 +349,7 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
 
     /// The store stopped or started answering.
     func storeReachability(_ reachable: Bool) {
+        Confinement.check(queue)
         guard !isStopped, reachable != storeReachable else { return }
         storeReachable = reachable
         health.update { $0.storeReachable = reachable }
@@ -364,11 +371,13 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
 
     /// Holds the deliveries of every connection until ``releaseDeliveries()``.
     func holdDeliveries() {
+        Confinement.check(queue)
         flushWrites()
         holdsDeliveries = true
     }
 
     func releaseDeliveries() {
+        Confinement.check(queue)
         holdsDeliveries = false
         for session in sessions.values { session.release() }
     }

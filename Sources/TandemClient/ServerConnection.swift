@@ -364,6 +364,7 @@ public final class ServerConnection: Sendable {
     }
 
     fileprivate func received(_ bytes: [UInt8]) {
+        Confinement.check(inbox)
         messagesReceived.add(1, ordering: .relaxed)
         guard !unreadable.load(ordering: .relaxed) else { return }
         let message: ServerMessage
@@ -450,6 +451,7 @@ public final class ServerConnection: Sendable {
     }
 
     fileprivate func closed(_ event: TransportClose) {
+        Confinement.check(inbox)
         let (handshake, pending, onClose) = state.withLock { state in
             state.closeEvent = event
             defer {

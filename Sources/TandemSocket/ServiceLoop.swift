@@ -226,6 +226,13 @@ final class ServiceLoop: @unchecked Sendable {
         }
     }
 
+    /// Stops a debug build unless called on the service thread, which owns the loop's state
+    /// (the registry, the HTTP exchanges, the budgets) and every libwebsockets call.
+    @inline(__always)
+    func assertServiceThread(file: StaticString = #fileID, line: UInt = #line) {
+        Confinement.check(isServiceThread, "called off the libwebsockets service thread", file: file, line: line)
+    }
+
     /// True when called from inside a callback of this loop.
     var isServiceThread: Bool {
         pending.withLock { p in p.serviceThread.map { pthread_equal($0, pthread_self()) != 0 } ?? false }
@@ -517,6 +524,7 @@ final class ServiceLoop: @unchecked Sendable {
     /// they had run once. The sweep runs at least every second, so a stall goes unseen for at
     /// most that long.
     func sweepKeepAlive() {
+        assertServiceThread()
         let now = ContinuousClock.now
         if let sweepAt, now - sweepAt > Self.stallAllowance {
             let stall = now - sweepAt - Self.stallAllowance
@@ -549,6 +557,7 @@ final class ServiceLoop: @unchecked Sendable {
     }
 
     private func register(_ connection: WebSocketConnection, _ wsi: OpaquePointer) {
+        assertServiceThread()
         registry[ObjectIdentifier(connection)] = connection
         lws_set_opaque_user_data(wsi, Unmanaged.passUnretained(connection).toOpaque())
     }
@@ -559,6 +568,7 @@ final class ServiceLoop: @unchecked Sendable {
     }
 
     private func serviceAttentionList() {
+        assertServiceThread()
         let (list, answered) = pending.withLock { p -> ([WebSocketConnection], [HTTPExchange]) in
             defer {
                 p.attention = []
@@ -586,6 +596,7 @@ final class ServiceLoop: @unchecked Sendable {
     /// read: a refusal is answered at once and the body never held. A request with no body
     /// goes to the handler now; one with a body, once it is in.
     private func startHTTP(_ wsi: OpaquePointer, _ input: UnsafeMutableRawPointer?) -> Int32 {
+        assertServiceThread()
         handshaking.remove(wsi)
         // A keep-alive connection's earlier request is over.
         if let earlier = exchanges.removeValue(forKey: wsi) { end(earlier) }
@@ -666,6 +677,7 @@ final class ServiceLoop: @unchecked Sendable {
     /// cannot cancel a timer, so one that comes early or for a request since handed on is let
     /// be.)
     private func exchangeTimer(_ exchange: HTTPExchange) -> Int32 {
+        assertServiceThread()
         if exchange.closing { return -1 }
         if !exchange.dispatched, let deadline = exchange.bodyDeadline, ContinuousClock.now >= deadline {
             exchange.request.body = []
@@ -688,6 +700,7 @@ final class ServiceLoop: @unchecked Sendable {
     }
 
     private func dispatch(_ exchange: HTTPExchange) {
+        assertServiceThread()
         guard !exchange.dispatched else { return }
         exchange.dispatched = true
         // The body is in; what it holds stays until the exchange ends.
@@ -738,6 +751,7 @@ final class ServiceLoop: @unchecked Sendable {
 
     /// Starts a client connection (service thread only, like every lws call).
     private func startConnect(_ connection: WebSocketConnection, _ target: WebSocketConnection.ConnectTarget) {
+        assertServiceThread()
         guard let context = pending.withLock({ $0.context })?.pointer else {
             connection.didClose(failure: "the event loop was shut down")
             return

@@ -275,6 +275,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     /// The attention flag is cleared even before the handshake completes: what was asked for
     /// then is applied by ``didOpen(_:)``, and a later request must be able to wake the loop.
     func attend() {
+        loop.assertServiceThread()
         let wsi = self.wsi
         let (flow, wantsWrite, immediateClose) = state.withLock { s -> (Bool?, Bool, CloseRequest?) in
             s.awaitingAttention = false
@@ -398,6 +399,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     /// close the connection (after a requested close frame was set up); a raw client's close
     /// returns 0 and waits for the server's answer (``closeRaw(_:_:)``).
     func writable() -> Int32 {
+        loop.assertServiceThread()
         guard let wsi else { return -1 }
         // Waiting for the peer's answer to our close: libwebsockets still calls, nothing may go.
         if closeHanded { return 0 }
@@ -605,6 +607,7 @@ public final class WebSocketConnection: @unchecked Sendable, Hashable, CustomStr
     ///   closes a connection only from one of its callbacks, so the loop then fires the
     ///   connection's timer, and ``closeIdle(_:)`` closes it there.
     func keepAlive(_ wsi: OpaquePointer, now: ContinuousClock.Instant) -> Bool {
+        loop.assertServiceThread()
         guard !closeHanded else {
             nextKeepAlive = now + pingInterval
             return false

@@ -6,6 +6,7 @@ extension ServerCore {
     /// Starts a listener: checks its resume token and the user's right to read, then catches
     /// it up page by page.
     func listen(_ session: Session, _ listen: ClientMessage.Listen) {
+        Confinement.check(queue)
         let target = listen.target
         guard session.listeners[target] == nil else {
             session.send(
@@ -112,11 +113,13 @@ extension ServerCore {
     }
 
     func unlisten(_ session: Session, _ target: String) {
+        Confinement.check(queue)
         guard let listener = session.listeners.removeValue(forKey: target) else { return }
         remove(listener)
     }
 
     func remove(_ listener: Listener) {
+        Confinement.check(queue)
         listener.isCancelled = true
         _ = try? track(listener, dependencies: [])
         followed[listener.collection]?.remove(listener)
@@ -149,6 +152,7 @@ extension ServerCore {
     /// reading of the feed (its follower's head) is not ahead of it; from then on every feed
     /// round sends it what comes after its position, so nothing falls between the two.
     func advance(_ listener: Listener) {
+        Confinement.check(queue)
         guard !listener.isCancelled, !listener.isLive, !listener.session.isClosed else { return }
         if let view = listener.view {
             catchUp(listener, view)
@@ -404,6 +408,7 @@ extension ServerCore {
     /// - Parameter measuring: Whether the round's deliveries count in the delivery latency
     ///   (not for an import, whose documents keep the times they were written at elsewhere).
     func runFeedRound(_ collections: Set<CollectionPath>?, measuring: Bool = true) {
+        Confinement.check(queue)
         let targets = collections.map { $0.filter { followed[$0] != nil } } ?? Set(followed.keys)
         guard !targets.isEmpty else { return }
         let positions = Dictionary(uniqueKeysWithValues: targets.map { ($0, followed[$0]!.head) })
