@@ -30,6 +30,7 @@ let package = Package(
         .library(name: "Tandem", targets: ["Tandem"]),
         .library(name: "TandemClient", targets: ["TandemClient"]),
         .library(name: "TandemServer", targets: ["TandemServer"]),
+        .library(name: "TandemServerPostgres", targets: ["TandemServerPostgres"]),
         .library(name: "TandemTesting", targets: ["TandemTesting"]),
         .library(name: "TandemWire", targets: ["TandemWire"]),
         .executable(name: "tandem", targets: ["tandem"]),
@@ -65,10 +66,16 @@ let package = Package(
         //   TandemSQLite     values bound straight to GRDB statements, for per-document paths;
         //                    SQLite's process-wide settings (through CTandemSQLite)
         //   Tandem           the client sync library (GRDB), on TandemClient
-        //   TandemServer     the companion server (SQLite or PostgreSQL)
+        //   TandemServer     the companion server (its SQLite store)
+        //   TandemServerPostgres  its PostgreSQL store (libpq), for many nodes
+        //   TandemHarness    threads, temporary folders, ports, child processes, waiting
+        //   TandemLocal      servers and devices in this process or as child processes, throwaway
+        //                    PostgreSQL clusters: what the demo, soak and bench run
         //   TandemScenarios  what the command runs besides serving: demo, soak, bench
-        //   TandemTesting    the test product: scenarios plus checkpoints, raw sockets, certificates
-        //   tandem           the command; it depends on no testing product
+        //   TandemSocketTesting  a raw WebSocket client, for bad input (no GRDB, no server)
+        //   TandemTesting    the test fixtures: test servers and devices configured from the
+        //                    environment, checkpoints, certificates, the conformance suite
+        //   tandem           the command; it links no test fixture
         .target(name: "TandemWire"),
         .target(
             name: "TandemSocket",
@@ -106,18 +113,41 @@ let package = Package(
                 "TandemSQLite",
                 "TandemWire",
                 "TandemSocket",
-                "CLibPQ",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
             ],
-            path: "Server/TandemServer"
+            path: "Server/TandemServer",
+            // The live console's page, style and script, embedded in the binary.
+            resources: [
+                .embedInCode("Console/console.html"), .embedInCode("Console/console.css"),
+                .embedInCode("Console/console.js"),
+            ]
+        ),
+        // The PostgreSQL store, for many nodes: libpq, which an app embedding the SQLite server
+        // does not link.
+        .target(
+            name: "TandemServerPostgres",
+            dependencies: [
+                "TandemServer", "TandemWire", "CLibPQ", .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Server/TandemServerPostgres"
+        ),
+        .target(name: "TandemHarness", dependencies: ["TandemWire"]),
+        .target(
+            name: "TandemLocal",
+            dependencies: [
+                "TandemHarness", "Tandem", "TandemClient", "TandemServer", "TandemServerPostgres", "TandemWire",
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
         ),
         .target(
             name: "TandemScenarios",
             dependencies: [
-                "Tandem", "TandemClient", "TandemServer", "TandemSocket", "TandemWire", "CLibPQ",
+                "TandemLocal", "TandemHarness", "Tandem", "TandemClient", "TandemServer", "TandemServerPostgres",
+                "TandemSocket", "TandemWire",
                 .target(name: "CEpoll", condition: .when(platforms: [.linux])),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
@@ -125,10 +155,13 @@ let package = Package(
             ]
         ),
         .target(
+            name: "TandemSocketTesting", dependencies: ["TandemHarness", "TandemClient", "TandemSocket", "TandemWire"]),
+        .target(
             name: "TandemTesting",
             dependencies: [
-                "TandemScenarios", "Tandem", "TandemClient", "TandemServer", "TandemSocket", "TandemWire",
-                "CTandemFailingDisk", .product(name: "GRDB", package: "GRDB.swift"),
+                "TandemLocal", "TandemHarness", "TandemSocketTesting", "Tandem", "TandemClient", "TandemServer",
+                "TandemServerPostgres", "TandemSocket", "TandemWire", "CTandemFailingDisk",
+                .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -136,8 +169,11 @@ let package = Package(
             name: "tandem",
             dependencies: [
                 "TandemClient",
+                "TandemHarness",
+                "TandemLocal",
                 "TandemScenarios",
                 "TandemServer",
+                "TandemServerPostgres",
                 "TandemSocket",
                 "TandemSQLite",
                 "TandemWire",
@@ -160,12 +196,13 @@ let package = Package(
             path: "Examples/GettingStarted"
         ),
         .testTarget(name: "TandemWireTests", dependencies: ["TandemWire"]),
-        .testTarget(name: "TandemSocketTests", dependencies: ["TandemSocket", "TandemTesting"]),
+        .testTarget(
+            name: "TandemSocketTests", dependencies: ["TandemSocket", "TandemSocketTesting", "TandemHarness"]),
         .testTarget(
             name: "TandemServerTests",
             dependencies: [
-                "TandemServer", "TandemWire", "TandemSocket", "TandemClient", "TandemTesting", "TandemFuzzing",
-                .product(name: "GRDB", package: "GRDB.swift"),
+                "TandemServer", "TandemServerPostgres", "TandemWire", "TandemSocket", "TandemClient", "TandemTesting",
+                "TandemFuzzing", .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
             ]
         ),
@@ -178,7 +215,9 @@ let package = Package(
         ),
         .testTarget(
             name: "SyncIntegrationTests",
-            dependencies: ["Tandem", "TandemServer", "TandemTesting", "TandemWire"],
+            dependencies: [
+                "Tandem", "TandemServer", "TandemServerPostgres", "TandemScenarios", "TandemTesting", "TandemWire",
+            ],
             exclude: ["Fixtures"]
         ),
     ],

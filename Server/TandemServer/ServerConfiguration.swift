@@ -96,9 +96,9 @@ public struct ServerConfiguration: Sendable {
     public enum Storage: Sendable, CustomStringConvertible {
         /// `tandem.sqlite` in this folder, for one server process.
         case sqlite(directory: URL)
-        /// A PostgreSQL database, shared by every server node given the same URL, like
-        /// `postgresql://tandem@/tandem?host=/run/postgresql&port=5432`.
-        case postgres(url: String)
+        /// A store another target provides: PostgreSQL's, shared by every server node given the
+        /// same URL, is `.postgres(url:)` from `TandemServerPostgres`.
+        case external(StoreFactory)
         /// SQLite in memory, gone when the server stops: for tests that need no files.
         /// Nothing is durable, whatever an `ack` says.
         case memory
@@ -107,12 +107,12 @@ public struct ServerConfiguration: Sendable {
             switch self {
             case .memory: "SQLite in memory (gone on exit)"
             case .sqlite(let directory): "SQLite in \(directory.path)"
-            case .postgres(let url): "PostgreSQL at \(Self.withoutPassword(url))"
+            case .external(let factory): factory.summary
             }
         }
 
         /// A URL with any password replaced, for logs.
-        static func withoutPassword(_ url: String) -> String {
+        package static func withoutPassword(_ url: String) -> String {
             guard var components = URLComponents(string: url), components.password != nil else { return url }
             components.password = "***"
             return components.string ?? url

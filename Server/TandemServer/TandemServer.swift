@@ -104,11 +104,11 @@ public final class TandemServer: Sendable {
                 store = try SQLiteStore(directory: directory, logger: configuration.logger)
             case .memory:
                 store = try SQLiteStore(inMemoryWith: configuration.logger)
-            case .postgres(let url):
-                store = try PostgresStore(
-                    url: url, logger: configuration.logger, timeout: configuration.postgresTimeout,
-                    onNews: { relay.news($0) },
-                    onReachability: { relay.reachability($0) })
+            case .external(let factory):
+                store = try factory.open(
+                    StoreContext(
+                        logger: configuration.logger, timeout: configuration.postgresTimeout,
+                        onNews: { relay.news($0) }, onReachability: { relay.reachability($0) }))
             }
         } catch {
             throw ServerError(.storage, "cannot open the store (\(configuration.storage)): \(error)")
@@ -118,7 +118,7 @@ public final class TandemServer: Sendable {
         do {
             socket = try WebSocketServer(
                 host: configuration.host, port: configuration.port, configuration: configuration.socketConfiguration,
-                delegate: core, httpHandler: { [core] request, respond in core.http(request, respond) },
+                delegate: core, httpHandler: { [core] request, respond in core.serveHTTP(request, respond: respond) },
                 httpAdmission: { [core] request in core.admit(request) },
                 logger: configuration.logger)
         } catch {

@@ -25,9 +25,10 @@ import Foundation
 /// Statements are prepared once per connection (`PQsendPrepare`) and run by name after.
 /// Parameters and results travel as text.
 ///
-/// Not thread-safe: one thread (or serial queue) uses a connection at a time.
-final class PostgresConnection {
-    let url: String
+/// Not thread-safe: one thread (or serial queue) uses a connection at a time. Package-wide, so
+/// that the bench's PostgreSQL floors measure the same client code the store runs.
+package final class PostgresConnection {
+    package let url: String
     /// How long each call waits for the database (see the type's comment).
     var timeout: Duration
     private var connection: OpaquePointer?
@@ -52,7 +53,7 @@ final class PostgresConnection {
     ///   - timeout: How long to wait for the connection, and later for each statement's answer.
     /// - Throws: ``PostgresError`` (a connection failure) when the server cannot be reached or
     ///   refuses the connection.
-    init(url: String, timeout: Duration = defaultTimeout) throws(PostgresError) {
+    package init(url: String, timeout: Duration = defaultTimeout) throws(PostgresError) {
         self.url = url
         self.timeout = timeout
         let connectTimeout = min(timeout, Self.maxConnectTimeout)
@@ -164,6 +165,19 @@ final class PostgresConnection {
         return try results(deadline)
     }
 
+    /// Runs statements separated by semicolons in one round trip (libpq's simple query
+    /// protocol, `PQsendQuery`), without parameters: `BEGIN; …; COMMIT` as one message.
+    ///
+    /// - Throws: ``PostgresError``: the first statement's error, or a connection failure.
+    package func script(_ sql: String) throws(PostgresError) {
+        guard let connection, PQstatus(connection) == CONNECTION_OK else {
+            throw PostgresError(connectionFailure: "the connection to PostgreSQL is closed")
+        }
+        let deadline = ContinuousClock.now + timeout
+        try finishSending(PQsendQuery(connection, sql), deadline)
+        _ = try results(deadline)
+    }
+
     /// Cuts the connection as a network failure would, while libpq still takes it for open:
     /// what was sent before goes out first (TCP sends its FIN after the data), and from now on
     /// libpq's socket number reads end of file and cannot be written, whatever PostgreSQL
@@ -180,7 +194,7 @@ final class PostgresConnection {
     }
 
     /// Notifications received so far (`LISTEN`), without waiting.
-    func notifications() throws(PostgresError) -> [(channel: String, payload: String)] {
+    package func notifications() throws(PostgresError) -> [(channel: String, payload: String)] {
         guard let connection, PQconsumeInput(connection) == 1 else {
             let message = connection.map(Self.message) ?? "closed"
             close()
@@ -196,7 +210,7 @@ final class PostgresConnection {
     }
 
     /// Waits until the socket has something to read, at most `duration`.
-    func waitForInput(_ duration: Duration) -> Bool {
+    package func waitForInput(_ duration: Duration) -> Bool {
         wait(for: Int16(POLLIN), until: ContinuousClock.now + duration)
     }
 
@@ -314,7 +328,7 @@ struct PostgresRows {
 }
 
 /// An error from PostgreSQL, or a failed connection to it.
-struct PostgresError: Error, CustomStringConvertible {
+package struct PostgresError: Error, CustomStringConvertible {
     /// The SQLSTATE (`23505` for a unique violation); empty for a connection failure.
     var state: String
     var message: String
@@ -333,7 +347,7 @@ struct PostgresError: Error, CustomStringConvertible {
         isConnectionFailure = true
     }
 
-    var description: String { state.isEmpty ? message : "\(message) (SQLSTATE \(state))" }
+    package var description: String { state.isEmpty ? message : "\(message) (SQLSTATE \(state))" }
 
     /// A unique violation or a deadlock: running the transaction again may succeed.
     var isRetryable: Bool { state == "23505" || state == "40P01" || state == "40001" }

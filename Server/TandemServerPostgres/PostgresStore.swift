@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import Synchronization
+import TandemServer
 import TandemWire
 
 /// The store for many server nodes: one PostgreSQL database shared by every `tandem serve
@@ -21,10 +22,10 @@ import TandemWire
 ///
 /// The core queue uses one connection; a thread of the store's own listens for
 /// notifications on another, and checks that the database answers.
-final class PostgresStore: DocumentStore {
+package final class PostgresStore: DocumentStore {
     let url: String
-    let epoch: String
-    var kind: String { "postgres" }
+    package let epoch: String
+    package var kind: String { "postgres" }
     private let logger: Logger
     let timeout: Duration
     /// The core queue's connection; nil while it is down.
@@ -35,7 +36,9 @@ final class PostgresStore: DocumentStore {
     private let listener: FeedListener
     /// Where to cut the connection at the next commit, for tests of a commit whose answer is
     /// lost (``ServerHooks/cutsStoreAtCommit``, which the core asks before each group commit).
-    var nextCommitCut: StoreCut?
+    private var nextCommitCut: StoreCut?
+
+    package func cutNextCommit(_ cut: StoreCut?) { nextCommitCut = cut }
 
     /// Connects, creates Tandem's tables if they are missing, and starts listening for
     /// notifications.
@@ -45,7 +48,7 @@ final class PostgresStore: DocumentStore {
     ///     wrote, or nil when everything must be read again (after a lost connection).
     ///   - onReachability: Called (on the store's own thread) when the database stops or
     ///     starts answering.
-    init(
+    package init(
         url: String, logger: Logger, timeout: Duration = PostgresConnection.defaultTimeout,
         onNews: @escaping @Sendable (Set<CollectionPath>?) -> Void,
         onReachability: @escaping @Sendable (Bool) -> Void
@@ -61,7 +64,7 @@ final class PostgresStore: DocumentStore {
         logger.debug("opened store", metadata: ["tandem.store": "postgres", "tandem.epoch": "\(epoch)"])
     }
 
-    func close() throws {
+    package func close() throws {
         listener.stop()
         connection?.close()
         connection = nil
@@ -70,7 +73,7 @@ final class PostgresStore: DocumentStore {
     /// Whether the database answers, as the listening thread last found.
     var isReachable: Bool { listener.isReachable }
 
-    func setting(_ name: String) throws -> String? {
+    package func setting(_ name: String) throws -> String? {
         guard name.allSatisfy({ $0.isLetter || $0 == "_" }) else { return nil }
         return try read { try $0.query("SHOW \(name)").rows.first?.first ?? nil }
     }
@@ -212,7 +215,7 @@ final class PostgresStore: DocumentStore {
 
     // MARK: - Reading
 
-    func document(in collection: CollectionPath, id: DocumentID) throws -> StoredDocument? {
+    package func document(in collection: CollectionPath, id: DocumentID) throws -> StoredDocument? {
         try read { connection in
             try connection.query(
                 "SELECT \(Self.columns) FROM tandem_document WHERE collection = $1 AND id = $2",
@@ -221,7 +224,7 @@ final class PostgresStore: DocumentStore {
         }
     }
 
-    func documents(in collection: CollectionPath) throws -> [Document] {
+    package func documents(in collection: CollectionPath) throws -> [Document] {
         try read { connection in
             try connection.query(
                 "SELECT \(Self.columns) FROM tandem_document WHERE collection = $1 AND NOT deleted ORDER BY sequence",
@@ -230,7 +233,7 @@ final class PostgresStore: DocumentStore {
         }
     }
 
-    func forEachDocument(_ body: (StoredDocument) throws -> Void) throws {
+    package func forEachDocument(_ body: (StoredDocument) throws -> Void) throws {
         // Pages of 1,000 by (collection, sequence), so that a large store is never in memory
         // whole.
         var after: (collection: String, sequence: Int64) = ("", -1)
@@ -252,7 +255,7 @@ final class PostgresStore: DocumentStore {
         }
     }
 
-    func collections() throws -> [(path: CollectionPath, documents: Int)] {
+    package func collections() throws -> [(path: CollectionPath, documents: Int)] {
         try read { connection in
             try connection.query(
                 "SELECT collection, count(*) FROM tandem_document WHERE NOT deleted GROUP BY collection ORDER BY collection"
@@ -262,7 +265,7 @@ final class PostgresStore: DocumentStore {
         }
     }
 
-    func feedBounds(of collection: CollectionPath) throws -> FeedBounds {
+    package func feedBounds(of collection: CollectionPath) throws -> FeedBounds {
         try read { connection in
             let row = try connection.query(
                 "SELECT last_sequence, horizon_sequence FROM tandem_collection WHERE path = $1",
@@ -285,7 +288,9 @@ final class PostgresStore: DocumentStore {
         ORDER BY d.sequence
         """
 
-    func page(of collection: CollectionPath, after position: Int64, limit: Int, maxBytes: Int) throws -> FeedPage {
+    package func page(of collection: CollectionPath, after position: Int64, limit: Int, maxBytes: Int) throws
+        -> FeedPage
+    {
         try read { connection in
             let rows = try connection.query(
                 Self.pageSQL, [collection.rawValue, String(position), String(limit), String(maxBytes)], prepare: true
@@ -306,7 +311,7 @@ final class PostgresStore: DocumentStore {
         ORDER BY p.path, d.sequence
         """
 
-    func readFeeds(after positions: [CollectionPath: Int64], limit: Int, maxBytes: Int) throws
+    package func readFeeds(after positions: [CollectionPath: Int64], limit: Int, maxBytes: Int) throws
         -> [CollectionPath: FeedPage]
     {
         guard !positions.isEmpty else { return [:] }
@@ -364,7 +369,8 @@ final class PostgresStore: DocumentStore {
         RETURNING path, last_sequence
         """
 
-    func write<T>(locking collections: [CollectionPath], _ body: (any StoreTransaction) throws -> T) throws -> T {
+    package func write<T>(locking collections: [CollectionPath], _ body: (any StoreTransaction) throws -> T) throws -> T
+    {
         var attempt = 0
         while true {
             attempt += 1
@@ -412,12 +418,13 @@ final class PostgresStore: DocumentStore {
         }
     }
 
-    func recordedResult(user: String, client: String, key: String) throws -> WriteResult? {
+    package func recordedResult(user: String, client: String, key: String) throws -> WriteResult? {
         try read { connection in
             try connection.query(Self.recordedResultsSQL, [user, client, PostgresText.array([key])], prepare: true)
                 .rows.first.map { row in
-                    try SQLiteStore.writeResult(
-                        id: row[1] ?? "", version: PostgresText.int(row[2]), updateTime: PostgresText.int(row[3]),
+                    try WriteResult(
+                        recordedID: row[1] ?? "", version: PostgresText.int(row[2]),
+                        updateTime: PostgresText.int(row[3]),
                         document: row[4])
                 }
         }
@@ -430,7 +437,7 @@ final class PostgresStore: DocumentStore {
     /// of them the client's, and a group of 500 keys, 3.3 ms and growing with the records,
     /// against 1.8 ms here whatever their number. `LIMIT 1` keeps the planner from flattening
     /// the subquery into a hash join over the same scan.
-    static let recordedResultsSQL = """
+    package static let recordedResultsSQL = """
         SELECT i.key, i.id, i.version, i.update_time, i.document FROM unnest($3::text[]) AS k(key),
             LATERAL (
                 SELECT key, id, version, update_time, document FROM tandem_idempotency
@@ -446,14 +453,14 @@ final class PostgresStore: DocumentStore {
             self.locked = sequences
         }
 
-        func lastSequence(of collection: CollectionPath) throws -> Int64 {
+        package func lastSequence(of collection: CollectionPath) throws -> Int64 {
             guard let last = locked[collection] else {
                 throw PostgresError(state: "", message: "the collection \(collection) was not locked for this write")
             }
             return last
         }
 
-        func documents(_ keys: [DocumentKey]) throws -> [DocumentKey: StoredDocument] {
+        package func documents(_ keys: [DocumentKey]) throws -> [DocumentKey: StoredDocument] {
             guard !keys.isEmpty else { return [:] }
             let rows = try connection.query(
                 """
@@ -472,15 +479,15 @@ final class PostgresStore: DocumentStore {
             return found
         }
 
-        func recordedResults(user: String, client: String, keys: [String]) throws -> [String: WriteResult] {
+        package func recordedResults(user: String, client: String, keys: [String]) throws -> [String: WriteResult] {
             guard !keys.isEmpty else { return [:] }
             let rows = try connection.query(
                 PostgresStore.recordedResultsSQL, [user, client, PostgresText.array(keys)], prepare: true
             ).rows
             var found: [String: WriteResult] = [:]
             for row in rows {
-                found[row[0] ?? ""] = try SQLiteStore.writeResult(
-                    id: row[1] ?? "", version: PostgresText.int(row[2]), updateTime: PostgresText.int(row[3]),
+                found[row[0] ?? ""] = try WriteResult(
+                    recordedID: row[1] ?? "", version: PostgresText.int(row[2]), updateTime: PostgresText.int(row[3]),
                     document: row[4])
             }
             return found
@@ -520,7 +527,9 @@ final class PostgresStore: DocumentStore {
                 (SELECT count(*) FROM counted)
             """
 
-        func save(_ documents: [StoredDocument], records: [IdempotencyRecord], sequences: [CollectionPath: Int64])
+        package func save(
+            _ documents: [StoredDocument], records: [IdempotencyRecord], sequences: [CollectionPath: Int64]
+        )
             throws
         {
             let new = documents.filter(\.isNew)
@@ -570,7 +579,7 @@ final class PostgresStore: DocumentStore {
 
     // MARK: - Maintenance
 
-    func reset(_ collection: CollectionPath?) throws -> Int {
+    package func reset(_ collection: CollectionPath?) throws -> Int {
         let paths: [CollectionPath] =
             try collection.map { [$0] }
             ?? run { connection in
@@ -600,7 +609,7 @@ final class PostgresStore: DocumentStore {
         }
     }
 
-    func sizeInBytes() throws -> Int64? {
+    package func sizeInBytes() throws -> Int64? {
         try read { connection in
             let row = try connection.query(
                 """
@@ -612,7 +621,7 @@ final class PostgresStore: DocumentStore {
         }
     }
 
-    func purge(tombstonesBefore: Int64, keysBefore: Int64) throws -> (tombstones: Int, keys: Int) {
+    package func purge(tombstonesBefore: Int64, keysBefore: Int64) throws -> (tombstones: Int, keys: Int) {
         let collections = try run { connection in
             try connection.query(
                 "SELECT DISTINCT collection FROM tandem_document WHERE deleted AND update_time < $1",

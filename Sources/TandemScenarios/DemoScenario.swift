@@ -1,3 +1,5 @@
+import TandemHarness
+import TandemLocal
 import Foundation
 import GRDB
 @_spi(Testing) import Tandem
@@ -25,14 +27,14 @@ public enum DemoScenario {
     ) async throws -> DemoResult {
         let started = ContinuousClock.now
         var random = SeededGenerator(seed: options.seed)
-        let server = try await TestServer()
+        let server = try await LocalServer(store: .sqlite)
         defer { server.stopWithoutWaiting() }
 
         let ackDelay = options.ackDelay
         let skew = Int64(options.clockSkew.seconds * 1000)
         let offsets = (1...options.devices).map { _ in skew > 0 ? Int64.random(in: -skew...skew, using: &random) : 0 }
         let devices = try (1...options.devices).map { index in
-            try TestDevice(name: "device-\(index)", serverURL: server.url) { configuration in
+            try LocalDevice(name: "device-\(index)", serverURL: server.url) { configuration in
                 configuration.serialization = options.serialization
                 configuration.conflictPolicy = options.policy
                 configuration.clock = SkewedClock(offset: offsets[index - 1])
@@ -54,7 +56,7 @@ public enum DemoScenario {
     }
 
     private static func run(
-        _ options: DemoOptions, server: TestServer, devices: [TestDevice], random: inout SeededGenerator,
+        _ options: DemoOptions, server: LocalServer, devices: [LocalDevice], random: inout SeededGenerator,
         started: ContinuousClock.Instant, progress: @escaping @Sendable (DemoProgress) -> Void
     ) async throws -> DemoResult {
 
@@ -129,7 +131,7 @@ public enum DemoScenario {
     /// The result of a run: the report, and the entries on the server and the devices, each
     /// counted once per `uid` to find the ones stored twice.
     static func result(
-        _ report: ConvergenceReport, _ server: TestServer, _ devices: [TestDevice],
+        _ report: ConvergenceReport, _ server: LocalServer, _ devices: [LocalDevice],
         conflicts: (resolved: Int, open: Int, byHand: Int), _ counts: [String: Int], _ started: ContinuousClock.Instant,
         _ options: DemoOptions
     ) async throws -> DemoResult {
@@ -151,7 +153,7 @@ public enum DemoScenario {
 
     /// Takes each device offline (stops its service) or back online at random.
     static func takeOffline(
-        _ devices: [TestDevice], _ online: inout [Bool], _ fraction: Double, _ random: inout SeededGenerator,
+        _ devices: [LocalDevice], _ online: inout [Bool], _ fraction: Double, _ random: inout SeededGenerator,
         _ counts: inout [String: Int]
     ) async {
         for (index, device) in devices.enumerated() {
@@ -169,7 +171,7 @@ public enum DemoScenario {
     /// After an editing step: a short pause now and then (the services get to run), and
     /// progress every ten steps.
     static func paceAndReport(
-        _ step: Int, _ options: DemoOptions, _ devices: [TestDevice], _ online: [Bool],
+        _ step: Int, _ options: DemoOptions, _ devices: [LocalDevice], _ online: [Bool],
         _ progress: @Sendable (DemoProgress) -> Void
     ) async throws {
         if step % 5 == 4 { try await Task.sleep(for: .milliseconds(2)) }
@@ -181,20 +183,20 @@ public enum DemoScenario {
     }
 
     /// How many conflicts the devices hold open.
-    static func openConflicts(_ devices: [TestDevice]) async throws -> Int {
+    static func openConflicts(_ devices: [LocalDevice]) async throws -> Int {
         var count = 0
         for device in devices { count += try await device.service.conflicts().count }
         return count
     }
 
-    static func sharedAccounts(_ device: TestDevice) async throws -> [Int64] {
+    static func sharedAccounts(_ device: LocalDevice) async throws -> [Int64] {
         try await device.database.read { db in
             try Int64.fetchAll(db, sql: "SELECT id FROM account WHERE isShared = 1 ORDER BY id")
         }
     }
 
     /// One random local write; returns its kind.
-    static func perform(on device: TestDevice, random: inout SeededGenerator) async throws -> String {
+    static func perform(on device: LocalDevice, random: inout SeededGenerator) async throws -> String {
         let accounts = try await sharedAccounts(device)
         let entries = try await device.database.read { db in
             try Int64.fetchAll(

@@ -1,3 +1,5 @@
+import TandemHarness
+import TandemLocal
 import Foundation
 import GRDB
 @_spi(Testing) import Tandem
@@ -41,11 +43,11 @@ public enum SharedAccountsDemo {
         let started = ContinuousClock.now
         var random = SeededGenerator(seed: options.seed)
         let access = try SharedAccounts.access()
-        let server = try await TestServer { $0.access = access }
+        let server = try await LocalServer(store: .sqlite) { $0.access = access }
         defer { server.stopWithoutWaiting() }
         let devices = try (0..<options.devices).map { index in
             let user = user(ofDevice: index)
-            return try TestDevice(name: "\(user)-\(index + 1)", serverURL: server.url, model: .sharedAccounts) {
+            return try LocalDevice(name: "\(user)-\(index + 1)", serverURL: server.url, model: .sharedAccounts) {
                 configuration in
                 configuration.token = "t-\(user)"
                 configuration.serialization = options.serialization
@@ -64,7 +66,7 @@ public enum SharedAccountsDemo {
     }
 
     private static func run(
-        _ options: DemoOptions, _ server: TestServer, _ devices: [TestDevice], _ random: inout SeededGenerator,
+        _ options: DemoOptions, _ server: LocalServer, _ devices: [LocalDevice], _ random: inout SeededGenerator,
         _ started: ContinuousClock.Instant, _ progress: @escaping @Sendable (DemoProgress) -> Void
     ) async throws -> DemoResult {
         var counts: [String: Int] = [:]
@@ -133,7 +135,8 @@ public enum SharedAccountsDemo {
     /// Brings every device online and waits for quiet; then a member of an account adds or
     /// removes another user, and the scenario waits until every device has heard of it.
     private static func changeMembers(
-        _ devices: [TestDevice], _ online: inout [Bool], _ random: inout SeededGenerator, _ counts: inout [String: Int],
+        _ devices: [LocalDevice], _ online: inout [Bool], _ random: inout SeededGenerator,
+        _ counts: inout [String: Int],
         quiet: (String, Int) async throws -> ConvergenceReport, step: Int
     ) async throws {
         for (index, device) in devices.enumerated() where !online[index] { device.service.start() }
@@ -161,7 +164,7 @@ public enum SharedAccountsDemo {
     }
 
     /// One random local write on the entries of an account the device holds; returns its kind.
-    private static func perform(on device: TestDevice, random: inout SeededGenerator) async throws -> String {
+    private static func perform(on device: LocalDevice, random: inout SeededGenerator) async throws -> String {
         let (accounts, entries) = try await device.database.read { db in
             (
                 try Int64.fetchAll(db, sql: "SELECT id FROM account ORDER BY id"),

@@ -1,8 +1,11 @@
+import TandemHarness
+import TandemLocal
 import Foundation
 import GRDB
 import Synchronization
 @_spi(Testing) import Tandem
 import TandemServer
+import TandemServerPostgres
 import TandemWire
 
 /// The soak: `tandem serve` as a child process and several devices writing at random (the
@@ -32,7 +35,7 @@ public enum SoakScenario {
             let first = (index - 1) % urls.count
             // In the soak's folder, which a failed run keeps.
             let place = try TemporaryDirectory(borrowing: folder.url.appendingPathComponent(name))
-            let device = try TestDevice(name: name, serverURL: urls[first], folder: place) { configuration in
+            let device = try LocalDevice(name: name, serverURL: urls[first], folder: place) { configuration in
                 configuration.serverURLs = Array(urls[(first + 1)...] + urls[..<first])
                 configuration.pushDelay = .milliseconds(2)
                 configuration.pushInterval = .seconds(1)
@@ -82,7 +85,7 @@ public enum SoakScenario {
     }
 
     private static func run(
-        _ options: SoakOptions, servers: SoakServers, devices: [TestDevice], ledger: Ledger,
+        _ options: SoakOptions, servers: SoakServers, devices: [LocalDevice], ledger: Ledger,
         random: inout SeededGenerator, started: ContinuousClock.Instant, progress: @escaping @Sendable (String) -> Void
     ) async throws -> SoakResult {
         progress("opening the book")
@@ -155,7 +158,7 @@ public enum SoakScenario {
     /// the first documents a device misses or holds differently, where they stand in the
     /// server's feed (their sequence, the feed around them, its last sequence and horizon),
     /// every device's resume token for their collection, and what each device heard of them.
-    private static func diagnose(_ report: ConvergenceReport, server: any ServerContents, devices: [TestDevice])
+    private static func diagnose(_ report: ConvergenceReport, server: any ServerContents, devices: [LocalDevice])
         async throws -> [String]
     {
         var documents: [(CollectionPath, DocumentID)] = []
@@ -475,7 +478,7 @@ final class Ledger: Sendable {
     }
 
     func verdict(
-        report: ConvergenceReport, server: any ServerContents, devices: [TestDevice], options: SoakOptions,
+        report: ConvergenceReport, server: any ServerContents, devices: [LocalDevice], options: SoakOptions,
         operations: [String: Int], restarts: Int, postgresRestarts: Int, lostAcksInjected: Int, elapsed: Duration,
         diagnosis: [String]
     ) async throws -> SoakResult {

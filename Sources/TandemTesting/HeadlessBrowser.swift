@@ -57,7 +57,7 @@ public final class HeadlessBrowser: @unchecked Sendable {
             // Chromium writes the port it picked to this file once DevTools listens.
             let portFile = profile.url.appendingPathComponent("DevToolsActivePort")
             var port: Int?
-            try await TandemScenarios.waitUntil("Chromium's DevTools listens", timeout: .seconds(60)) {
+            try await TandemHarness.waitUntil("Chromium's DevTools listens", timeout: .seconds(60)) {
                 port = (try? String(contentsOf: portFile, encoding: .utf8))?.split(separator: "\n").first
                     .flatMap { Int($0) }
                 return port != nil
@@ -80,7 +80,7 @@ public final class HeadlessBrowser: @unchecked Sendable {
     /// The DevTools WebSocket path of the page showing `url` (`/devtools/page/ID`).
     private static func pageSocketPath(port: Int, url: String) async throws -> String {
         var path: String?
-        try await TandemScenarios.waitUntil("the page is listed", timeout: .seconds(30)) {
+        try await TandemHarness.waitUntil("the page is listed", timeout: .seconds(30)) {
             let list = try await HTTPGet.fetch(port: port, path: "/json/list").body
             guard case .array(let targets) = try Wire.parse(Array(list.utf8)) else { return false }
             for case .object(let target) in targets where target["type"] == "page" {
@@ -139,7 +139,7 @@ public final class HeadlessBrowser: @unchecked Sendable {
     /// Waits until `condition` (a JavaScript expression) is true in the page. While the page
     /// is still loading, a condition that throws (an element not there yet) counts as false.
     public func waitUntil(_ what: String, _ condition: String, timeout: Duration = .seconds(60)) async throws {
-        try await TandemScenarios.waitUntil(what, timeout: timeout) {
+        try await TandemHarness.waitUntil(what, timeout: timeout) {
             try await self.evaluate("(() => { try { return Boolean(\(condition)) } catch (e) { return false } })()")
                 == .bool(true)
         }

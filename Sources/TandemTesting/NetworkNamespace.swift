@@ -40,7 +40,7 @@ public final class NetworkNamespace: Sendable {
         do {
             try Self.ip(["netns", "add", name])
         } catch {
-            throw ServerProcessError(
+            throw HarnessError(
                 "cannot make a network namespace (ip netns add needs root or CAP_NET_ADMIN): \(error)")
         }
         do {
@@ -113,7 +113,7 @@ public final class NetworkNamespace: Sendable {
         let text = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         process.waitUntilExit()
         guard process.terminationStatus == 0 else {
-            throw ServerProcessError("ip \(arguments.joined(separator: " ")) failed: \(text)")
+            throw HarnessError("ip \(arguments.joined(separator: " ")) failed: \(text)")
         }
     }
 }

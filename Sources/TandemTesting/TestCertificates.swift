@@ -61,7 +61,7 @@ public struct TestCertificates: Sendable {
             try process.run()
             process.waitUntilExit()
             guard process.terminationStatus == 0 else {
-                throw ServerProcessError(
+                throw HarnessError(
                     "openssl \(arguments.prefix(2).joined(separator: " ")) failed; is openssl installed?")
             }
         }

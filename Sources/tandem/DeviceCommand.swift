@@ -1,3 +1,5 @@
+import TandemHarness
+import TandemLocal
 import ArgumentParser
 import Foundation
 import Logging
@@ -44,7 +46,7 @@ struct DeviceCommand: AsyncParsableCommand {
 
     func run() async throws {
         let holdAt = self.holdAt
-        let device = try TestDevice(
+        let device = try LocalDevice(
             name: name, serverURL: server, folder: try TemporaryDirectory(borrowing: URL(fileURLWithPath: folder))
         ) { configuration in
             configuration.logger.logLevel = .warning

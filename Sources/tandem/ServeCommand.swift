@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import Logging
 import TandemServer
+import TandemServerPostgres
 import TandemSQLite
 import TandemWire
 
@@ -259,7 +260,7 @@ struct ServeCommand: AsyncParsableCommand {
             throw CLIError(error.description)
         }
         emit("listening on \(server.url)")
-        if case .postgres = configuration.storage {
+        if case .external = configuration.storage {
             emit("store: \(configuration.storage)")
         } else {
             // Read from SQLite itself, not from what `main` asked for.

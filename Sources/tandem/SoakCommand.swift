@@ -1,3 +1,5 @@
+import TandemHarness
+import TandemLocal
 import ArgumentParser
 import Foundation
 import Logging

@@ -1,3 +1,4 @@
+import TandemScenarios
 import Foundation
 import GRDB
 import Synchronization

@@ -1,3 +1,4 @@
+import TandemScenarios
 import Foundation
 import Synchronization
 @_spi(Testing) import Tandem

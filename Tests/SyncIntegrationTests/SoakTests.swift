@@ -1,6 +1,8 @@
+import TandemScenarios
 import Foundation
 import TandemClient
 import TandemServer
+import TandemServerPostgres
 import TandemTesting
 import TandemWire
 import Testing

@@ -1,4 +1,4 @@
-import TandemScenarios
+import TandemHarness
 import Testing
 
 @testable import TandemServer

@@ -2,6 +2,7 @@ import Foundation
 import Synchronization
 import TandemClient
 import TandemServer
+import TandemServerPostgres
 import TandemTesting
 import TandemWire
 import Testing

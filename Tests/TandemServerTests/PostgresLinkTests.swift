@@ -3,6 +3,7 @@ import TandemTesting
 import Testing
 
 @testable import TandemServer
+@testable import TandemServerPostgres
 
 /// A cut network link must be found by TCP, in seconds, and a loaded database must not look
 /// like a cut link: the settings that promise it, read back from the socket's options.

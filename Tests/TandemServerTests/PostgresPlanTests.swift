@@ -3,6 +3,7 @@ import TandemTesting
 import Testing
 
 @testable import TandemServer
+@testable import TandemServerPostgres
 
 /// The PostgreSQL store's lookups cost per key asked for, not per row the tables hold: read
 /// from PostgreSQL's own plans, with the parameters' values, as it plans them for a write.

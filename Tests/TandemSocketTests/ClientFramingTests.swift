@@ -1,6 +1,7 @@
 import Foundation
 import Synchronization
-import TandemTesting
+import TandemHarness
+import TandemSocketTesting
 import Testing
 
 @testable import TandemSocket

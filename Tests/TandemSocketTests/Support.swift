@@ -1,7 +1,8 @@
 import Foundation
 import Synchronization
 import TandemSocket
-import TandemTesting
+import TandemHarness
+import TandemSocketTesting
 
 /// Records every event of the connections it is delegate of.
 final class Recorder: WebSocketDelegate {

@@ -1,7 +1,8 @@
 import Foundation
 import Synchronization
 import TandemSocket
-import TandemTesting
+import TandemHarness
+import TandemSocketTesting
 import Testing
 
 @Suite("A WebSocket server and client over libwebsockets")

@@ -33,7 +33,7 @@ extension ServerCore {
     /// - `GET /metrics`: Prometheus's text format (``ServerMetrics``).
     /// - `GET /`, `/console.js`, `/console.css`: the live console (``ConsolePage``).
     /// - `/admin/…`: the admin API (docs/ADMIN.md), for the admin token or loopback only.
-    func http(_ request: HTTPRequest, _ respond: @escaping @Sendable (HTTPResponse) -> Void) {
+    func serveHTTP(_ request: HTTPRequest, respond: @escaping @Sendable (HTTPResponse) -> Void) {
         switch (request.method, request.path) {
         case ("GET", "/healthz"):
             respond(Self.healthResponse(health.current))
@@ -43,11 +43,11 @@ extension ServerCore {
                 respond(HTTPResponse(status: 200, contentType: "text/plain; version=0.0.4", body: metrics.exposition()))
             }
         case ("GET", "/"), ("GET", "/console"):
-            respond(HTTPResponse(status: 200, contentType: "text/html; charset=utf-8", text: ConsolePage.html))
+            respond(HTTPResponse(status: 200, contentType: "text/html; charset=utf-8", body: ConsolePage.html))
         case ("GET", "/console.js"):
-            respond(HTTPResponse(status: 200, contentType: "text/javascript; charset=utf-8", text: ConsolePage.script))
+            respond(HTTPResponse(status: 200, contentType: "text/javascript; charset=utf-8", body: ConsolePage.script))
         case ("GET", "/console.css"):
-            respond(HTTPResponse(status: 200, contentType: "text/css; charset=utf-8", text: ConsolePage.style))
+            respond(HTTPResponse(status: 200, contentType: "text/css; charset=utf-8", body: ConsolePage.style))
         case (_, let path) where path == "/admin" || path.hasPrefix("/admin/"):
             // Access first: nothing about the request is looked at before this.
             if let refusal = Self.refuseAdmin(request, token: configuration.adminToken) {

@@ -1,8 +1,9 @@
+import Logging
 import TandemWire
 
 /// Where the server keeps its documents, change feed and idempotency records: the storage
-/// seam. Two stores implement it, ``SQLiteStore`` (one process, the default) and
-/// ``PostgresStore`` (any number of server nodes over one database).
+/// seam. Two stores implement it, ``SQLiteStore`` (one process, the default) and the
+/// PostgreSQL store of `TandemServerPostgres` (any number of server nodes over one database).
 ///
 /// The store holds data and nothing else: what a write means (access, preconditions, merges,
 /// sequences) is decided once, in ``WriteGroup``, against a ``StoreTransaction``, so that both
@@ -15,7 +16,7 @@ import TandemWire
 /// committed. A document written several times is in the feed once, at its latest sequence.
 ///
 /// Stores are used from the server's core queue only (see ``ServerCore``).
-protocol DocumentStore: AnyObject {
+package protocol DocumentStore: AnyObject {
     /// Names the database in resume tokens: a token from another database is never taken for
     /// a position in this one.
     var epoch: String { get }
@@ -88,20 +89,72 @@ protocol DocumentStore: AnyObject {
 
     /// Closes the store. Nothing may be called afterwards.
     func close() throws
+
+    /// For tests of a commit whose answer is lost: where the store cuts its connection at its
+    /// next commit (``ServerHooks/cutsStoreAtCommit``). A store with no connection to cut
+    /// ignores it.
+    func cutNextCommit(_ cut: StoreCut?)
+}
+
+extension DocumentStore {
+    package func cutNextCommit(_ cut: StoreCut?) {}
+}
+
+extension WriteResult {
+    /// A result as an idempotency record keeps it: the stored document is the JSON of a
+    /// merge's answer.
+    package init(recordedID id: String, version: Int64, updateTime: Int64, document: String?) throws {
+        self.init(
+            id: try DocumentID(id), version: version, updateTime: updateTime,
+            document: try document.map { try Wire.decode(Document.self, from: Array($0.utf8)) })
+    }
+}
+
+/// How a server opens a store that another target provides: PostgreSQL's, from
+/// `TandemServerPostgres` (`ServerConfiguration.Storage.postgres(url:)`), so that an app that
+/// embeds the SQLite server links no libpq.
+public struct StoreFactory: Sendable {
+    /// `postgres`, for health reports and logs.
+    package let kind: String
+    /// What the store is, for logs (a URL without its password).
+    package let summary: String
+    package let open: @Sendable (StoreContext) throws -> any DocumentStore
+
+    package init(
+        kind: String, summary: String, open: @escaping @Sendable (StoreContext) throws -> any DocumentStore
+    ) {
+        self.kind = kind
+        self.summary = summary
+        self.open = open
+    }
+}
+
+/// What a store made by a ``StoreFactory`` is given.
+package struct StoreContext: Sendable {
+    package let logger: Logger
+    /// How long to wait for the database's answer to a statement.
+    package let timeout: Duration
+    /// Called (on the store's own thread) with the collections another node's commit wrote, or
+    /// nil when every followed feed must be read again.
+    package let onNews: @Sendable (Set<CollectionPath>?) -> Void
+    /// Called (on the store's own thread) when the database stops or starts answering.
+    package let onReachability: @Sendable (Bool) -> Void
 }
 
 /// A commit whose result was lost: the store had sent it (PostgreSQL), or was syncing it to
 /// disk (SQLite), when the connection or the disk failed, so it cannot tell whether the
 /// transaction took effect. Nothing may be said about its writes until someone finds out.
-struct CommitOutcomeUnknown: Error, CustomStringConvertible {
-    var cause: any Error
+package struct CommitOutcomeUnknown: Error, CustomStringConvertible {
+    package var cause: any Error
 
-    var description: String { "the commit's outcome is unknown: \(cause)" }
+    package init(cause: any Error) { self.cause = cause }
+
+    package var description: String { "the commit's outcome is unknown: \(cause)" }
 }
 
 /// The inside of one write transaction: reads at the transaction's moment, and the final
 /// writes of a ``WriteGroup``.
-protocol StoreTransaction: AnyObject {
+package protocol StoreTransaction: AnyObject {
     /// The last sequence of a collection this transaction locked.
     func lastSequence(of collection: CollectionPath) throws -> Int64
 
@@ -117,48 +170,66 @@ protocol StoreTransaction: AnyObject {
 }
 
 /// A document's address.
-struct DocumentKey: Hashable, Sendable, CustomStringConvertible {
-    var collection: CollectionPath
-    var id: DocumentID
+package struct DocumentKey: Hashable, Sendable, CustomStringConvertible {
+    package var collection: CollectionPath
+    package var id: DocumentID
 
-    var description: String { "\(collection)/\(id)" }
+    package init(collection: CollectionPath, id: DocumentID) {
+        self.collection = collection
+        self.id = id
+    }
+
+    package var description: String { "\(collection)/\(id)" }
 }
 
 /// The result of one applied op, remembered under its idempotency key.
-struct IdempotencyRecord {
+package struct IdempotencyRecord {
     /// The user of the token that sent it; empty for anonymous clients.
-    var user: String
-    var client: String
-    var key: String
-    var result: WriteResult
+    package var user: String
+    package var client: String
+    package var key: String
+    package var result: WriteResult
     /// When it was recorded (milliseconds since 1970), for its retention.
-    var recordedAt: Int64
+    package var recordedAt: Int64
+
+    package init(user: String, client: String, key: String, result: WriteResult, recordedAt: Int64) {
+        self.user = user
+        self.client = client
+        self.key = key
+        self.result = result
+        self.recordedAt = recordedAt
+    }
 }
 
 /// A collection's feed bounds.
-struct FeedBounds: Equatable {
+package struct FeedBounds: Equatable {
     /// The sequence of the collection's last write (0 when never written).
-    var last: Int64
+    package var last: Int64
     /// Tombstones up to this sequence were purged: a listener behind it could miss a delete.
-    var horizon: Int64
+    package var horizon: Int64
 
-    static let empty = FeedBounds(last: 0, horizon: 0)
+    package init(last: Int64, horizon: Int64) {
+        self.last = last
+        self.horizon = horizon
+    }
+
+    package static let empty = FeedBounds(last: 0, horizon: 0)
 }
 
 /// A page of a collection's change feed.
-struct FeedPage {
-    var rows: [StoredDocument]
+package struct FeedPage {
+    package var rows: [StoredDocument]
     /// The sequence the page reaches: resume after it.
-    var position: Int64
+    package var position: Int64
     /// The collection's last sequence and horizon when the page was read.
-    var bounds: FeedBounds
+    package var bounds: FeedBounds
 
-    var isLast: Bool { position >= bounds.last }
+    package var isLast: Bool { position >= bounds.last }
 
     /// Builds a page from rows read after `position` with `limit` and `maxBytes`, as the stores
     /// read them: fewer rows than asked and no byte cut means the feed is exhausted, so the
     /// page reaches the collection's last sequence even when the rows at its end were purged.
-    init(rows: [StoredDocument], after position: Int64, limit: Int, cutByBytes: Bool, bounds: FeedBounds) {
+    package init(rows: [StoredDocument], after position: Int64, limit: Int, cutByBytes: Bool, bounds: FeedBounds) {
         self.rows = rows
         self.bounds = bounds
         let reached = rows.last?.sequence ?? position
@@ -173,7 +244,7 @@ struct FeedPage {
 /// tail, the listeners' pages), so the row is copied often: its strings, which never change
 /// once the row is made, are kept in one shared box, and a copy retains the box instead of
 /// each string (the copies were 3 % of the CPU of the throughput benchmark).
-struct StoredDocument {
+package struct StoredDocument {
     /// The parts of a row that never change once it is made.
     private final class Text: Sendable {
         let collection: CollectionPath
@@ -197,16 +268,16 @@ struct StoredDocument {
     }
 
     private let text: Text
-    var version: Int64
-    var createTime: Int64
-    var updateTime: Int64
-    var deleted: Bool
-    var sequence: Int64
-    var createSequence: Int64
+    package var version: Int64
+    package var createTime: Int64
+    package var updateTime: Int64
+    package var deleted: Bool
+    package var sequence: Int64
+    package var createSequence: Int64
     /// True for a row that did not exist before this write (inserted, not replaced).
-    var isNew: Bool
+    package var isNew: Bool
 
-    init(
+    package init(
         collection: CollectionPath, id: DocumentID, fieldsJSON: String, version: Int64, createTime: Int64,
         updateTime: Int64, deleted: Bool, sequence: Int64, createSequence: Int64, createKey: String? = nil,
         createClient: String? = nil, fieldTimesJSON: String? = nil, isNew: Bool = false
@@ -223,30 +294,30 @@ struct StoredDocument {
         self.isNew = isNew
     }
 
-    var collection: CollectionPath { text.collection }
-    var id: DocumentID { text.id }
+    package var collection: CollectionPath { text.collection }
+    package var id: DocumentID { text.id }
     /// The canonical JSON of the fields (`{}` for a tombstone), spliced as is into frames.
-    var fieldsJSON: String { text.fieldsJSON }
+    package var fieldsJSON: String { text.fieldsJSON }
     /// The idempotency key and client of the create that made the document.
-    var createKey: String? { text.createKey }
-    var createClient: String? { text.createClient }
+    package var createKey: String? { text.createKey }
+    package var createClient: String? { text.createClient }
     /// For field-level merges: when each field was last written, as canonical JSON.
-    var fieldTimesJSON: String? { text.fieldTimesJSON }
+    package var fieldTimesJSON: String? { text.fieldTimesJSON }
 
-    var key: DocumentKey { DocumentKey(collection: collection, id: id) }
+    package var key: DocumentKey { DocumentKey(collection: collection, id: id) }
 
-    var fieldsBytes: Int { fieldsJSON.utf8.count }
+    package var fieldsBytes: Int { fieldsJSON.utf8.count }
 
-    var fields: JSONObject {
+    package var fields: JSONObject {
         get throws { deleted ? [:] : try Wire.decodeFields(fieldsJSON.utf8) }
     }
 
-    var fieldTimes: [String: Int64]? {
+    package var fieldTimes: [String: Int64]? {
         get throws { try fieldTimesJSON.map { try Wire.decodeTimes(Array($0.utf8)) } }
     }
 
     /// The document as the protocol sends it, field times included.
-    var document: Document {
+    package var document: Document {
         get throws {
             Document(
                 id: id, version: version, fields: try fields, createTime: createTime, updateTime: updateTime,
@@ -260,7 +331,7 @@ struct StoredDocument {
     /// A document created after the position and deleted since is skipped, since the listener
     /// never saw it, unless `client` created it: that client may know it from the
     /// acknowledgement of its create, and must hear of the delete.
-    func changeKind(after position: Int64, for client: String?) -> Change.Kind? {
+    package func changeKind(after position: Int64, for client: String?) -> Change.Kind? {
         if deleted {
             let mayKnowIt = createSequence <= position || (client != nil && createClient == client)
             return mayKnowIt ? .deleted : nil
@@ -270,7 +341,7 @@ struct StoredDocument {
 
     /// Writes the row as a snapshot change, its stored JSON spliced in without parsing it
     /// (with its positions in a query listener's view, when given).
-    func writeChange(_ kind: Change.Kind, indices: (old: Int, new: Int)? = nil, to writer: inout JSONWriter) {
+    package func writeChange(_ kind: Change.Kind, indices: (old: Int, new: Int)? = nil, to writer: inout JSONWriter) {
         writer.beginObject()
         writer.key("kind")
         writer.string(kind.rawValue)

@@ -277,7 +277,7 @@ final class SQLiteStore: DocumentStore {
     }
 
     /// A page's rows, in order, until they reach `maxBytes` (the row that reaches it included):
-    /// each counts its fields and 160 bytes for the rest, as `PostgresStore`'s page query does.
+    /// each counts its fields and 160 bytes for the rest, as the PostgreSQL store's page query does.
     private static func collect(maxBytes: Int, _ next: () throws -> StoredDocument?) rethrows
         -> (rows: [StoredDocument], cutByBytes: Bool)
     {
@@ -372,7 +372,7 @@ final class SQLiteStore: DocumentStore {
                 sql:
                     "SELECT id, version, updateTime, document FROM idempotency WHERE user = ? AND clientId = ? AND key = ?"
             ).firstRow(arguments: [user, client, key]) { row in
-                try Self.writeResult(id: row[0], version: row[1], updateTime: row[2], document: row[3])
+                try WriteResult(recordedID: row[0], version: row[1], updateTime: row[2], document: row[3])
             }
         }
     }
@@ -481,8 +481,8 @@ final class SQLiteStore: DocumentStore {
         private static func results(_ rows: some Sequence<Row>) throws -> [String: WriteResult] {
             var found: [String: WriteResult] = [:]
             for row in rows {
-                found[row[0]] = try SQLiteStore.writeResult(
-                    id: row[1], version: row[2], updateTime: row[3], document: row[4])
+                found[row[0]] = try WriteResult(
+                    recordedID: row[1], version: row[2], updateTime: row[3], document: row[4])
             }
             return found
         }
@@ -599,11 +599,6 @@ final class SQLiteStore: DocumentStore {
             for collection in kept.keys { kept[collection]!.rows.sort { $0.sequence < $1.sequence } }
             saved = kept
         }
-    }
-
-    static func writeResult(id: String, version: Int64, updateTime: Int64, document: String?) throws -> WriteResult {
-        let document = try document.map { try Wire.decode(Document.self, from: Array($0.utf8)) }
-        return WriteResult(id: try DocumentID(id), version: version, updateTime: updateTime, document: document)
     }
 
     // MARK: - Maintenance

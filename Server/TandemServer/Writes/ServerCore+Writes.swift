@@ -49,6 +49,7 @@ extension ServerCore {
     /// Queues a write for the next group commit, which runs once the messages already on the
     /// core queue have been taken in (they may be writes that join the group).
     func enqueue(_ write: ClientMessage.Write, from session: Session, _ clientId: ClientName) {
+        Confinement.check(queue)
         waitingWrites.append(WaitingWrite(session: session, clientId: clientId, write: write))
         waitingOps += write.ops.count
         if waitingOps >= Self.groupCommitOps {
@@ -69,6 +70,7 @@ extension ServerCore {
     /// (``resolveCommitInDoubt()``), and no later group commits before then, so that answers
     /// keep their order.
     func flushWrites() {
+        Confinement.check(queue)
         flushScheduled = false
         guard !waitingWrites.isEmpty, !isStopped, commitInDoubt == nil else { return }
         let waiting = waitingWrites
@@ -88,9 +90,7 @@ extension ServerCore {
 
         let collections = Set(requests.flatMap { $0.request.ops.map(\.collection) }).sorted()
         var commit: GroupCommit?
-        if let cut = configuration.hooks.cutsStoreAtCommit, let postgres = store as? PostgresStore {
-            postgres.nextCommitCut = cut()
-        }
+        if let cut = configuration.hooks.cutsStoreAtCommit { store.cutNextCommit(cut()) }
         do {
             try store.write(locking: collections) { transaction in
                 let group = try WriteGroup(
@@ -171,6 +171,7 @@ extension ServerCore {
     /// answering as resends). While the database cannot be asked, it tries again until
     /// ``ServerConfiguration/commitOutcomeTimeout``, then answers `outcome-unknown`.
     func resolveCommitInDoubt() {
+        Confinement.check(queue)
         guard let doubt = commitInDoubt, !isStopped else { return }
         let witness = doubt.commit.witness!
         let givesUp = ContinuousClock.now >= doubt.deadline || doubt.waiting.allSatisfy(\.session.isClosed)

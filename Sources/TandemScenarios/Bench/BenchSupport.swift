@@ -1,3 +1,5 @@
+import TandemHarness
+import TandemLocal
 import Foundation
 import GRDB
 import Histogram
@@ -185,17 +187,17 @@ extension Bench {
 
 /// A device for the benchmarks: pushes at once, logs nothing.
 func benchDevice(
-    _ name: String, server: TestServer, model: DeviceModel = BenchModel.device,
+    _ name: String, server: LocalServer, model: DeviceModel = BenchModel.device,
     configure: @escaping @Sendable (inout SyncConfiguration) -> Void = { _ in }
-) throws -> TestDevice {
-    try TestDevice(name: name, serverURL: server.url, model: model) { configuration in
+) throws -> LocalDevice {
+    try LocalDevice(name: name, serverURL: server.url, model: model) { configuration in
         configuration.pushDelay = .zero
         configuration.pushInterval = .seconds(3600)
         configure(&configuration)
     }
 }
 
-/// A quiet test server for the benchmarks.
-func benchServer() async throws -> TestServer {
-    try await TestServer { $0.logger.logLevel = .critical }
+/// A quiet local server for the benchmarks.
+func benchServer() async throws -> LocalServer {
+    try await LocalServer(store: .sqlite) { $0.logger.logLevel = .critical }
 }

@@ -1,6 +1,9 @@
+import TandemHarness
+import TandemLocal
 import Foundation
 import Tandem
 import TandemServer
+import TandemServerPostgres
 
 extension Bench {
     /// Three nodes over one PostgreSQL database (a throwaway cluster with `fsync` on, or the
@@ -13,10 +16,10 @@ extension Bench {
         defer { ownCluster?.stop() }
         let url: String
         if let postgres { url = postgres } else { url = try await onOwnThread { try ownCluster!.createDatabase() } }
-        var nodes: [TestServer] = []
+        var nodes: [LocalServer] = []
         for _ in 0..<3 {
             nodes.append(
-                try await TestServer { configuration in
+                try await LocalServer(store: .sqlite) { configuration in
                     configuration.storage = .postgres(url: url)
                     configuration.logger.logLevel = .critical
                 })

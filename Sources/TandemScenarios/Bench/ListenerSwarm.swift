@@ -1,3 +1,5 @@
+import TandemHarness
+import TandemLocal
 import Foundation
 import TandemClient
 import TandemSocket

@@ -1,45 +1,39 @@
-import CLibPQ
+import TandemHarness
+import TandemLocal
+import TandemServerPostgres
 import Foundation
 import Synchronization
 
 /// What PostgreSQL can do through libpq without Tandem, to measure the cluster scenario
 /// against: the same client library, the same database, the same machine, no Tandem.
 enum PostgresFloors {
-    /// A libpq connection for the floors (blocking calls: the floors run alone). Sendable
-    /// because each is used by one thread at a time.
+    /// A connection for the floors: the store's own (``PostgresConnection``), with one
+    /// blocking wait for a notification. The floors run alone, so blocking calls are fine;
+    /// each connection is used by one thread at a time.
     final class Connection: @unchecked Sendable {
-        let handle: OpaquePointer
+        let connection: PostgresConnection
 
         init(url: String) throws {
-            guard let handle = PQconnectdb(url), PQstatus(handle) == CONNECTION_OK else {
-                throw ScenarioError("the floor could not connect to PostgreSQL at \(url)")
+            do {
+                connection = try PostgresConnection(url: url)
+            } catch {
+                throw ScenarioError("the floor could not connect to PostgreSQL at \(url): \(error)")
             }
-            self.handle = handle
         }
 
-        deinit { PQfinish(handle) }
-
         func execute(_ sql: String) throws {
-            let result = PQexec(handle, sql)
-            defer { PQclear(result) }
-            let status = PQresultStatus(result)
-            guard status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK else {
-                throw ScenarioError("the floor's statement failed: \(String(cString: PQerrorMessage(handle)))")
-            }
+            do { try connection.script(sql) } catch { throw ScenarioError("the floor's statement failed: \(error)") }
         }
 
         /// Waits until a notification arrives.
         func awaitNotification() throws {
             while true {
-                guard PQconsumeInput(handle) == 1 else {
-                    throw ScenarioError("the floor's listening connection failed")
+                let received: [(channel: String, payload: String)]
+                do { received = try connection.notifications() } catch {
+                    throw ScenarioError("the floor's listening connection failed: \(error)")
                 }
-                if let notification = PQnotifies(handle) {
-                    PQfreemem(notification)
-                    return
-                }
-                var descriptor = pollfd(fd: PQsocket(handle), events: Int16(POLLIN), revents: 0)
-                _ = poll(&descriptor, 1, 1000)
+                if !received.isEmpty { return }
+                _ = connection.waitForInput(.seconds(1))
             }
         }
     }

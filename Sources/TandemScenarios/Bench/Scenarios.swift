@@ -1,3 +1,5 @@
+import TandemHarness
+import TandemLocal
 import Foundation
 import GRDB
 import Synchronization
@@ -41,7 +43,7 @@ public enum Bench {
     /// The writes run on a thread of their own that sleeps until B's apply hook signals: a
     /// loop polling for the arrival would take CPU from the devices and servers it measures.
     static func propagationLatencies(
-        from serverA: TestServer, to serverB: TestServer, count: Int, transport: (any WebSocketTransport)? = nil,
+        from serverA: LocalServer, to serverB: LocalServer, count: Int, transport: (any WebSocketTransport)? = nil,
         progress: @escaping Progress
     ) async throws -> Propagation {
         /// When each stage of a document was reached, by its title.

@@ -1,5 +1,6 @@
 import Foundation
 import TandemClient
+import TandemHarness
 import TandemSocket
 import TandemWire
 

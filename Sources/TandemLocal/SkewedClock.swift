@@ -1,3 +1,4 @@
+import TandemHarness
 import Tandem
 
 /// The system clock shifted by a fixed offset: a device whose clock is wrong.

@@ -1,3 +1,4 @@
+import TandemHarness
 import TandemServer
 
 /// Access files for tests, for an app of shared accounts (the README's example, with

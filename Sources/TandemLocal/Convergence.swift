@@ -1,3 +1,4 @@
+import TandemHarness
 import Foundation
 import GRDB
 import Tandem
@@ -276,7 +277,7 @@ public enum Convergence {
 }
 
 extension Convergence {
-    public static func waitUntilQuiet(server: TestServer, devices: [TestDevice], timeout: Duration = .seconds(60))
+    public static func waitUntilQuiet(server: LocalServer, devices: [LocalDevice], timeout: Duration = .seconds(60))
         async throws -> ConvergenceReport
     {
         try await waitUntilQuiet(
@@ -284,7 +285,7 @@ extension Convergence {
     }
 
     public static func waitUntilQuiet(
-        server: some ServerContents, devices: [TestDevice], timeout: Duration = .seconds(60),
+        server: some ServerContents, devices: [LocalDevice], timeout: Duration = .seconds(60),
         progress: ((ConvergenceReport) -> Void)? = nil
     ) async throws -> ConvergenceReport {
         try await waitUntilQuiet(

@@ -14,7 +14,7 @@ import Foundation
 ///
 /// ```swift
 /// let offline = try RefusingPort()
-/// let device = try TestDevice(name: "phone", serverURL: offline.url)
+/// let device = try LocalDevice(name: "phone", serverURL: offline.url)
 /// ```
 ///
 /// Not a stopped server's port: the system may hand that port to the next server any test
@@ -41,7 +41,7 @@ public final class RefusingPort: Sendable {
         }
         guard bound else {
             close(socket)
-            throw ServerProcessError("cannot bind loopback port \(port): errno \(errno)")
+            throw HarnessError("cannot bind loopback port \(port): errno \(errno)")
         }
         self.socket = socket
         self.port = Int(UInt16(bigEndian: address.sin_port))

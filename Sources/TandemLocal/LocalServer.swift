@@ -1,25 +1,32 @@
+import TandemHarness
 import Foundation
 import Synchronization
 import TandemServer
+import TandemServerPostgres
 
-/// A companion server for tests: in this process, on a free port, with its data in a
-/// temporary folder (or a fresh PostgreSQL database) that is removed afterwards.
+/// A companion server in this process, on a free port, with its data in a temporary folder
+/// (or a fresh database of a PostgreSQL cluster) that is removed afterwards: the server the
+/// demo, the soak and the benchmarks run, and the one under the tests' `LocalServer`.
 ///
 /// For example:
 ///
 /// ```swift
-/// let server = try await TestServer()
-/// defer { server.stop() }
-/// let device = try TestDevice(name: "phone", serverURL: server.url)
+/// let server = try await LocalServer(store: .sqlite)
+/// defer { server.stopWithoutWaiting() }
+/// let device = try LocalDevice(name: "phone", serverURL: server.url)
 /// ```
-///
-/// The store comes from the environment, so that the same tests run against both:
-/// `TANDEM_TEST_STORE=postgres` puts each test server's documents in a database of its own in
-/// the shared throwaway PostgreSQL cluster (``PostgresCluster/shared()``); otherwise SQLite.
 ///
 /// ``restart()`` stops the server and starts it again on the same port and data, as a
 /// server process restart would, so clients reconnect to the same URL.
-public final class TestServer: Sendable {
+public final class LocalServer: Sendable {
+    /// Where a local server keeps its documents.
+    public enum Store: Sendable {
+        /// A SQLite file in the server's temporary folder.
+        case sqlite
+        /// A database of its own in this cluster, dropped when the server goes.
+        case postgres(PostgresCluster)
+    }
+
     public let directory: TemporaryDirectory
     private let running = Mutex<TandemServer?>(nil)
     /// While stopped, the port is held (bound, not listening): a device trying it is refused,
@@ -28,28 +35,13 @@ public final class TestServer: Sendable {
     private let baseConfiguration: ServerConfiguration
     private let database: (cluster: PostgresCluster, url: String)?
 
-    /// Which store test servers use: `TANDEM_TEST_STORE` (`sqlite`, the default, or `postgres`).
-    public static var storeKind: String {
-        ProcessInfo.processInfo.environment["TANDEM_TEST_STORE"] ?? "sqlite"
-    }
-
-    /// `TANDEM_TEST_TLS_DIR`: a folder with `server.pem` and `server.key` (for 127.0.0.1 and
-    /// localhost, signed by a test authority the run trusts through `SSL_CERT_FILE`): test
-    /// servers then speak `wss://` only. scripts/test runs the protocol suites this way.
-    public static var tlsFolder: URL? {
-        ProcessInfo.processInfo.environment["TANDEM_TEST_TLS_DIR"].map(URL.init(fileURLWithPath:))
-    }
-
-    /// True when test servers speak TLS (tests of raw frames over plain TCP do not run then).
-    public static var usesTLS: Bool { tlsFolder != nil }
-
-    /// - Parameter configure: Adjusts the configuration (limits, retention, clock, storage).
-    public init(configure: (inout ServerConfiguration) -> Void = { _ in }) async throws {
+    /// - Parameter configure: Adjusts the configuration (limits, retention, clock, TLS); it
+    ///   may also set the storage itself, to join other nodes on one database.
+    public init(store: Store, configure: (inout ServerConfiguration) -> Void = { _ in }) async throws {
         directory = try TemporaryDirectory(prefix: "tandem-server")
         var configuration = ServerConfiguration(dataDirectory: directory.url)
         var database: (cluster: PostgresCluster, url: String)?
-        if Self.storeKind == "postgres" {
-            let cluster = try await PostgresCluster.shared()
+        if case .postgres(let cluster) = store {
             let url = try await onOwnThread { try cluster.createDatabase() }
             configuration.storage = .postgres(url: url)
             database = (cluster, url)
@@ -57,15 +49,6 @@ public final class TestServer: Sendable {
         self.database = database
         configuration.port = 0
         configuration.logger.logLevel = .warning
-        // A bound on progress, not speed: on a loaded machine a test's client can take more than
-        // the production 10 s between its handshake and its hello (a CI run closed one with
-        // 1008 this way). Tests of the deadline set their own.
-        configuration.helloTimeout = .seconds(120)
-        if let folder = Self.tlsFolder {
-            configuration.tls = .init(
-                certificate: folder.appendingPathComponent("server.pem"),
-                privateKey: folder.appendingPathComponent("server.key"))
-        }
         configure(&configuration)
         // Starting waits for the socket's service thread and the store: not on a thread of
         // Swift concurrency's pool.
@@ -78,7 +61,7 @@ public final class TestServer: Sendable {
 
     /// The running server. Calling it while the server is stopped is a test bug.
     public var server: TandemServer {
-        guard let server = running.withLock({ $0 }) else { preconditionFailure("the test server is stopped") }
+        guard let server = running.withLock({ $0 }) else { preconditionFailure("the local server is stopped") }
         return server
     }
 
@@ -109,7 +92,7 @@ public final class TestServer: Sendable {
         Thread.detachNewThread { server.shutdown() }
     }
 
-    /// The running server, no longer running as far as this test server is concerned.
+    /// The running server, no longer running as far as this local server is concerned.
     private func takeServer() -> TandemServer? {
         running.withLock { server in
             defer { server = nil }

@@ -1,9 +1,10 @@
+import TandemHarness
 import Foundation
 import Synchronization
 
 /// `tandem device` running as a child process: a device that a test can kill with SIGKILL at
 /// a point it chose (`--hold-at push|apply`), then reopen in-process from the same folder
-/// with ``TestDevice/init(name:serverURL:model:folder:configure:)``.
+/// with ``LocalDevice/init(name:serverURL:model:folder:configure:)``.
 ///
 /// For example:
 ///
@@ -40,7 +41,7 @@ public final class DeviceProcess: Sendable {
 
     /// Waits for a line starting with `prefix` and returns it.
     ///
-    /// - Throws: ``ServerProcessError`` when it does not come within `timeout` or the process
+    /// - Throws: ``HarnessError`` when it does not come within `timeout` or the process
     ///   ends first, with what the device printed to standard error.
     public func waitForLine(prefix: String, timeout: Duration = .seconds(30)) async throws -> String {
         let deadline = ContinuousClock.now + timeout
@@ -48,10 +49,10 @@ public final class DeviceProcess: Sendable {
             if let line = lines.first(where: { $0.hasPrefix(prefix) }) { return line }
             let errors = output.withLock { $0.errors.suffix(5).joined(separator: " | ") }
             guard process.isRunning || lines.contains(where: { $0.hasPrefix(prefix) }) else {
-                throw ServerProcessError("tandem device exited before printing '\(prefix)…'; it said: \(errors)")
+                throw HarnessError("tandem device exited before printing '\(prefix)…'; it said: \(errors)")
             }
             guard ContinuousClock.now < deadline else {
-                throw ServerProcessError(
+                throw HarnessError(
                     "tandem device did not print '\(prefix)…' within \(timeout); it said: \(errors)")
             }
             try await Task.sleep(for: .milliseconds(10))

@@ -1,3 +1,4 @@
+import TandemHarness
 import Foundation
 import Synchronization
 
@@ -173,7 +174,7 @@ public final class PostgresCluster: Sendable {
                 .trimmingCharacters(in: .whitespacesAndNewlines)
         }
         guard !folder.isEmpty else {
-            throw ServerProcessError("PostgreSQL at \(url) did not say where its data is (SHOW data_directory)")
+            throw HarnessError("PostgreSQL at \(url) did not say where its data is (SHOW data_directory)")
         }
         _ = try await onOwnThread {
             try run(binary("pg_ctl"), ["-D", folder, "restart", "-m", "immediate", "-w", "-l", "/dev/null"])
@@ -272,7 +273,7 @@ public final class PostgresCluster: Sendable {
         for folder in folders where FileManager.default.isExecutableFile(atPath: "\(folder)/\(name)") {
             return "\(folder)/\(name)"
         }
-        throw ServerProcessError(
+        throw HarnessError(
             "PostgreSQL's \(name) is not installed: scripts/install-deps installs postgresql (Debian's package)")
     }
 
@@ -296,7 +297,7 @@ public final class PostgresCluster: Sendable {
         process.waitUntilExit()
         let text = String(decoding: data, as: UTF8.self)
         guard process.terminationStatus == 0 else {
-            throw ServerProcessError(
+            throw HarnessError(
                 "\((program as NSString).lastPathComponent) failed (\(process.terminationStatus)): \(text.suffix(500))")
         }
         return text
@@ -306,7 +307,7 @@ public final class PostgresCluster: Sendable {
     private static func giveToPostgresUser(_ folder: URL) throws {
         guard isRoot else { return }
         guard let user = getpwnam("postgres") else {
-            throw ServerProcessError(
+            throw HarnessError(
                 "run as root, the tests need the 'postgres' user to run PostgreSQL: install Debian's postgresql")
         }
         chown(folder.path, user.pointee.pw_uid, user.pointee.pw_gid)
@@ -325,14 +326,14 @@ public final class PostgresCluster: Sendable {
                 return candidate
             }
         }
-        throw ServerProcessError("no free port for PostgreSQL")
+        throw HarnessError("no free port for PostgreSQL")
     }
 }
 
 extension String {
     fileprivate func appendToFile(at path: String) throws {
         guard let handle = FileHandle(forWritingAtPath: path) else {
-            throw ServerProcessError("cannot write \(path)")
+            throw HarnessError("cannot write \(path)")
         }
         defer { try? handle.close() }
         try handle.seekToEnd()

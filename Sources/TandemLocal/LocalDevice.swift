@@ -1,3 +1,4 @@
+import TandemHarness
 import Foundation
 import GRDB
 import Logging
@@ -5,18 +6,19 @@ import Synchronization
 import Tandem
 import TandemWire
 
-/// A device for tests: its own SQLite file in a temporary folder, the app's tables, and a
-/// ``SyncService`` connected to a test server.
+/// A device in this process: its own SQLite file in a temporary folder, the app's tables,
+/// and a ``SyncService`` connected to a server. The demo's devices, the benchmarks' and the
+/// tests' (`LocalDevice`).
 ///
 /// For example:
 ///
 /// ```swift
-/// let server = try await TestServer()
-/// let phone = try TestDevice(name: "phone", serverURL: server.url)   // the cash-flow model
+/// let server = try await LocalServer(store: .sqlite)
+/// let phone = try LocalDevice(name: "phone", serverURL: server.url)   // the cash-flow model
 /// phone.service.start()
 /// try await phone.database.write { db in … }
 /// ```
-public final class TestDevice: Sendable {
+public final class LocalDevice: Sendable {
     public let name: String
     public let folder: TemporaryDirectory
     public let database: DatabaseQueue
@@ -66,8 +68,7 @@ public final class TestDevice: Sendable {
         configuration.pushDelay = .zero
         configuration.reconnectDelay = .milliseconds(50)
         configuration.maxReconnectDelay = .milliseconds(500)
-        configuration.logger.logLevel =
-            ProcessInfo.processInfo.environment["TANDEM_TEST_LOG"].flatMap { Logger.Level(rawValue: $0) } ?? .critical
+        configuration.logger.logLevel = .critical
         configure(&configuration)
         return try SyncService(
             database: database, serverURL: serverURL, clientId: name, tables: tables, configuration: configuration)
@@ -152,7 +153,7 @@ public final class TestDevice: Sendable {
     }
 }
 
-/// An app's tables, as a test device creates them, and what of them syncs.
+/// An app's tables, as a local device creates them, and what of them syncs.
 public struct DeviceModel: Sendable {
     public var tables: [SyncTable]
     public var createTables: @Sendable (Database) throws -> Void

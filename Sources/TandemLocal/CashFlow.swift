@@ -1,3 +1,4 @@
+import TandemHarness
 import GRDB
 import Tandem
 

@@ -1,3 +1,4 @@
+import TandemHarness
 import Foundation
 import TandemClient
 
@@ -61,7 +62,7 @@ public final class ServerProcess: @unchecked Sendable {
                 lastError = error  // most likely the port is taken: try another
             }
         }
-        throw lastError ?? ServerProcessError("no free port in \(range)")
+        throw lastError ?? HarnessError("no free port in \(range)")
     }
 
     /// Starts `tandem` with these arguments, a command that prints `listening on URL` as its
@@ -84,7 +85,7 @@ public final class ServerProcess: @unchecked Sendable {
             if FileManager.default.isExecutableFile(atPath: candidate.path) { return candidate }
             folder = folder.deletingLastPathComponent()
         }
-        throw ServerProcessError(
+        throw HarnessError(
             "cannot find the tandem executable near \(CommandLine.arguments[0]); run `swift build` or set TANDEM_EXECUTABLE"
         )
     }
@@ -148,7 +149,7 @@ public final class ServerProcess: @unchecked Sendable {
         }
         guard let url = line.split(separator: " ").last, line.hasPrefix("listening on ") else {
             process.end(with: SIGTERM)
-            throw ServerProcessError("unexpected first line from tandem \(arguments.first ?? ""): \(line)")
+            throw HarnessError("unexpected first line from tandem \(arguments.first ?? ""): \(line)")
         }
         // Keep draining stdout so the child never blocks on a full pipe.
         readLines(of: output.fileHandleForReading) { [weak self] line in self?.keep(line, in: \.outputLines) }
@@ -203,18 +204,13 @@ public final class ServerProcess: @unchecked Sendable {
         let deadline = ContinuousClock.now + .milliseconds(Int(timeout * 1000))
         while PlainSocket.wait(handle.fileDescriptor, for: Int16(POLLIN), until: deadline) {
             guard let chunk = try handle.read(upToCount: 1), let byte = chunk.first else {
-                throw ServerProcessError("tandem serve exited before listening")
+                throw HarnessError("tandem serve exited before listening")
             }
             if byte == UInt8(ascii: "\n") { return String(decoding: bytes, as: UTF8.self) }
             bytes.append(byte)
         }
-        throw ServerProcessError("tandem serve did not start listening within \(Int(timeout)) s")
+        throw HarnessError("tandem serve did not start listening within \(Int(timeout)) s")
     }
-}
-
-public struct ServerProcessError: Error, CustomStringConvertible {
-    public var description: String
-    package init(_ description: String) { self.description = description }
 }
 
 /// Reads a pipe line by line on a thread of its own until end of file: a blocked read on
