@@ -4,5 +4,5 @@
 import TandemSQLite
 
 /// SQLite's process-wide settings: an app may turn SQLite's memory statistics off before it
-/// opens its first database (docs/BENCHMARKS.md, eleventh session, has why and the figures).
+/// opens its first database (docs/BENCHMARKS.md has why, and the figures).
 public typealias SQLiteProcess = TandemSQLite.SQLiteProcess

@@ -8,7 +8,7 @@ import GRDBSQLite
 /// SQLite's own small-allocation cache (`SQLITE_OMIT_LOOKASIDE`), so every value bound, every
 /// row read and every cursor takes that lock: the server, and in the benchmarks the devices
 /// too, all wait for one another on it. Turned off, the throughput benchmark gains about an
-/// eighth (docs/BENCHMARKS.md, eleventh session, has the figures).
+/// eighth (docs/BENCHMARKS.md has the figures).
 ///
 /// The count serves only `sqlite3_memory_used()`, `sqlite3_memory_highwater()` and the soft
 /// heap limit (`sqlite3_soft_heap_limit64`), which then no longer work. `tandem` turns it off

@@ -10,7 +10,7 @@ import Testing
 /// by hand.
 struct StoreFixture {
     let database: DatabaseQueue
-    let store: LocalStore
+    let store: Reconciler
     let items = try! CollectionPath("items")
 
     /// The models of the tables, as installed.
@@ -32,7 +32,7 @@ struct StoreFixture {
             return try SyncSchema.install(db, tables: tables, defaultPolicy: .lastWriteWins)
         }
         self.models = models
-        store = LocalStore(tables: models, clock: clock)
+        store = Reconciler(tables: models, clock: clock)
     }
 
     /// A row the server has at `version`, as it is after its push was acknowledged (a synced
@@ -106,7 +106,7 @@ struct StoreFixture {
 }
 
 @Suite("The local store")
-struct LocalStoreTests {
+struct ReconcilerTests {
     @Test("a snapshot older than what this device wrote leaves a filed delete at the newer version")
     func olderSnapshotAfterLocalDelete() throws {
         // Found by `tandem soak --seed 2`: the device wrote version 3, deleted the row, and then

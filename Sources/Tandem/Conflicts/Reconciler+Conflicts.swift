@@ -15,7 +15,7 @@ enum Settlement: Equatable {
     case recorded
 }
 
-extension LocalStore {
+extension Reconciler {
     /// Settles a conflict between a row with unpushed changes and a newer server version, with
     /// the table's policy. Both the listener and a push answered with `conflict` come here.
     func settle(

@@ -8,7 +8,7 @@ import TandemWire
 /// see `SyncLedger+Schema.swift`), the triggers that record the app's own writes, and the
 /// sync columns of the app's tables (`serverId`, `isDirty`, `localRevision`, `isDeleted`)
 /// where they change without the row's content. The push, the listener and the conflict code
-/// (`LocalStore`) decide what happens; every change of sync state they make is one of the
+/// (`Reconciler`) decide what happens; every change of sync state they make is one of the
 /// transitions below, made here. Content writes (a server document into a row, a merge) set
 /// `isDirty` and `localRevision` with the content, and then record here what they made.
 ///
@@ -62,7 +62,7 @@ import TandemWire
 ///   A row of a scoped table that its acknowledgement left synced, with its document outside
 ///   the scope or withheld from its user (this device wrote it there), goes quietly, as a row
 ///   that leaves the scope clean does, or, while rows under it wait to be pushed, → out of
-///   scope without a conflict (`LocalStore.recordAcknowledgement`).
+///   scope without a conflict (`Reconciler.recordAcknowledgement`).
 /// - ``recordConflict(_:rowId:serverId:collection:local:server:base:fields:detectedAt:reason:_:)`` (manual
 ///   tables): → in conflict; ``takeConflict(_:rowId:_:)`` when the app resolves it.
 /// - ``markOutOfScope(_:rowId:_:)`` (a scoped table's document left the scope while the row, or

@@ -29,7 +29,7 @@ extension SyncService {
                     state.listening = Listeners()
                     state.resets = ResetWindow()
                     state.listenFailures = [:]
-                    state.reconnectAttempt = state.startsOver
+                    state.reconnectAttempt = state.droppedInARow
                     state.connectedAt = .now
                     state.status.isConnected = true
                     return true
@@ -51,7 +51,7 @@ extension SyncService {
                 // it): a refresh queued earlier, by a local commit to a parent table, would
                 // otherwise start a reset's full snapshot before the push, and its end would
                 // remove the rows the push had just given server ids.
-                queue.addBarrierBlock { [weak self] in
+                queue.addBarrier { [weak self] in
                     guard let self else { return }
                     _ = try? push()
                     state.withLock { state in
@@ -132,12 +132,11 @@ extension SyncService {
             return state.reconnectAttempt
         }
         let delay = backoff.delay(attempt: attempt, random: Double.random(in: 0...1))
-        let task = Task { [weak self] in
-            try? await Task.sleep(for: delay)
-            guard !Task.isCancelled, let self, self.state.withLock({ $0.running }) else { return }
+        let timer = SyncTimer.after(delay) { [weak self] in
+            guard let self, self.state.withLock({ $0.running }) else { return }
             self.connect()
         }
-        state.withLock { $0.reconnect = task }
+        state.withLock { $0.reconnect = timer }
     }
 
     // MARK: - Listeners
@@ -155,8 +154,10 @@ extension SyncService {
     /// Does nothing on a connection whose first push has not run: that push's barrier
     /// refreshes the listeners when it ends (see ``connect()``).
     ///
-    /// Runs on the sync queue.
+    /// Runs on the sync queue (with `Serialization.unserialized`, also where that mode's
+    /// listener work runs, which refreshes the listeners after an apply).
     func refreshListeners() {
+        assertOnSyncQueue(listenerWork: true)
         guard
             let (connection, generation) = state.withLock({ state in
                 state.running && state.pushedOnConnect == state.generation
@@ -169,13 +170,13 @@ extension SyncService {
         do {
             var problems: [TandemError] = []
             let (desired, tokens, views, resetting) = try readState { db in
-                let desired = try store.desiredListeners(db, user: user) { problems.append($0) }
+                let desired = try reconciler.desiredListeners(db, user: user) { problems.append($0) }
                 var tokens: [CollectionPath: String] = [:]
                 var views: [CollectionPath: [DocumentID]] = [:]
                 var resetting: Set<CollectionPath> = []
                 for (path, target) in desired {
-                    tokens[path] = try store.ledger.resumeToken(for: path, db)
-                    if try store.ledger.isResetting(path, db) { resetting.insert(path) }
+                    tokens[path] = try reconciler.ledger.resumeToken(for: path, db)
+                    if try reconciler.ledger.isResetting(path, db) { resetting.insert(path) }
                     // A scoped table resumes with the ids it holds: the server sends only how
                     // they changed.
                     // (Too many to send in one message, they are not: the server then sends a
@@ -186,7 +187,7 @@ extension SyncService {
                     if target.query != nil, tokens[path] != nil,
                         state.withLock({ $0.listening.open[path]?.target != target }), !resetting.contains(path)
                     {
-                        let ids = try store.viewIDs(of: target.table, db)
+                        let ids = try reconciler.viewIDs(of: target.table, db)
                         let bytes = ids.reduce(0) { $0 + $1.rawValue.utf8.count + 3 }
                         if bytes < maxMessageBytes / 2 { views[path] = ids }
                     }
@@ -287,22 +288,21 @@ extension SyncService {
             // One is waiting already for this connection; one of an older connection is moot.
             if let waiting = state.relisten {
                 guard waiting.generation != generation else { return nil }
-                waiting.task.cancel()
+                waiting.timer.cancel()
             }
             let attempt = state.listenFailures[path, default: 0]
             state.listenFailures[path] = attempt + 1
             let delay = backoff.delay(attempt: attempt, random: Double.random(in: 0...1))
             // Made under the lock, so that it is recorded before it can end.
-            let task = Task { [weak self] in
-                try? await Task.sleep(for: delay)
-                guard !Task.isCancelled, let self else { return }
+            let timer = SyncTimer.after(delay) { [weak self] in
+                guard let self else { return }
                 let current = self.state.withLock { state -> Bool in
                     if state.relisten?.generation == generation { state.relisten = nil }
                     return state.running && state.generation == generation
                 }
-                if current { self.queue.addOperation { [weak self] in self?.refreshListeners() } }
+                if current { self.queue.add { [weak self] in self?.refreshListeners() } }
             }
-            state.relisten = (generation, task)
+            state.relisten = (generation, timer)
             return delay
         }
         guard let delay else { return }
@@ -337,16 +337,17 @@ extension SyncService {
             return !deferred.storeScheduled
         }
         guard schedule else { return }
-        DispatchQueue.global().asyncAfter(deadline: .now() + configuration.tokenStoreDelay.dispatchInterval) {
-            [weak self] in
-            self?.queue.addOperation { [weak self] in self?.storeDeferredTokens() }
+        SyncTimer.after(configuration.tokenStoreDelay) { [weak self] in
+            self?.queue.add { [weak self] in self?.storeDeferredTokens() }
         }
     }
 
     /// Stores the tokens that moved alone, whichever connection brought them: each is later
     /// than the one stored for its collection (a later snapshot's apply drops it). Runs on the
-    /// sync queue (with `.unserialized`, where nothing is kept, also on the apply queue).
+    /// sync queue (with `.unserialized`, where nothing is kept, also where that mode's listener
+    /// work runs).
     func storeDeferredTokens() {
+        assertOnSyncQueue(listenerWork: true)
         let waiting = deferredTokens.withLock { deferred in
             defer {
                 deferred.snapshots = [:]
@@ -359,7 +360,7 @@ extension SyncService {
         do {
             try ownWrite { db in
                 for (path, (snapshot, target)) in waiting {
-                    _ = try store.apply(snapshot, collection: path, target: target, isolatingChanges: false, db)
+                    _ = try reconciler.apply(snapshot, collection: path, target: target, isolatingChanges: false, db)
                 }
                 configuration.hooks.beforeApplyCommit?(waiting.map(\.value.0))
             }
@@ -384,7 +385,8 @@ extension SyncService {
     /// Puts an arrival in the inbox and queues an operation to apply what the inbox holds.
     ///
     /// Listener work goes on the sync queue, behind any push barrier, except with
-    /// `Serialization.unserialized`, where it runs on its own queue, concurrently with pushes. When
+    /// `Serialization.unserialized`, where it runs at once on the connection's queue,
+    /// concurrently with pushes. When
     /// snapshots of a collection arrive faster than they are applied, one operation takes
     /// several of them and applies them in one transaction (a commit per snapshot would cost
     /// more than the snapshot); the operations queued for the ones it took find nothing left.
@@ -394,10 +396,11 @@ extension SyncService {
     /// stored resume token.
     private func deliver(_ arrival: Arrival, generation: Int) {
         inbox.withLock { $0.append((arrival, generation)) }
-        let work: @Sendable () -> Void = { [weak self] in self?.applyArrivals() }
         switch configuration.serialization {
-        case .barrier: queue.addOperation(work)
-        case .unserialized: applyQueue.addOperation(work)
+        case .barrier: queue.add { [weak self] in self?.applyArrivals() }
+        // The race the barrier prevents, on demand: applied at once, on the connection's
+        // queue, while a push may be waiting for its answer on the sync queue.
+        case .unserialized: applyArrivals()
         }
     }
 
@@ -407,6 +410,7 @@ extension SyncService {
     /// Applies what waits in the inbox: consecutive snapshots of one collection together, up
     /// to ``changesPerTransaction`` changes; a reset on its own.
     private func applyArrivals() {
+        assertOnSyncQueue(listenerWork: true)
         let batch = inbox.withLock { inbox -> [(Arrival, Int)] in
             var taken = 0
             var count = 0
@@ -432,7 +436,7 @@ extension SyncService {
             // A token from before the reset is no use to the listener (the server could not
             // resume from the one stored), nor to the reset's full snapshot.
             deferredTokens.withLock { _ = $0.snapshots.removeValue(forKey: path) }
-            do { try ownWrite { db in try store.ledger.beginReset(path, db) } } catch {
+            do { try ownWrite { db in try reconciler.ledger.beginReset(path, db) } } catch {
                 noteError(TandemError("cannot reset \(path)", error, otherwise: .database))
                 startOver(generation)
             }
@@ -511,7 +515,7 @@ extension SyncService {
                 }
                 let outcomes = try zip(snapshots, keeping).map { applied, keeping in
                     let (snapshot, path, target) = applied
-                    return try store.apply(
+                    return try reconciler.apply(
                         snapshot, collection: path, target: target, keeping: keeping,
                         isolatingChanges: isolatingChanges, db)
                 }
@@ -523,7 +527,7 @@ extension SyncService {
             let outcomes: [ApplyOutcome]
             do {
                 outcomes = try applyAll(isolatingChanges: false)
-            } catch is LocalStore.ChangeFailed {
+            } catch is Reconciler.ChangeFailed {
                 outcomes = try applyAll(isolatingChanges: true)
             }
             // Their tokens are later than any of theirs waiting to be stored.

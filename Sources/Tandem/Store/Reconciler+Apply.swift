@@ -26,7 +26,7 @@ struct ApplyOutcome: Sendable {
     var finishedReset = false
 }
 
-extension LocalStore {
+extension Reconciler {
     /// A change could not be applied on the first attempt, which has no savepoints: the
     /// caller rolls its transaction back and applies the snapshots again, isolating changes.
     struct ChangeFailed: Error {
@@ -553,7 +553,7 @@ extension LocalStore {
 /// field times or waiting references to record), while nothing waits for a row to arrive. The
 /// rows go in when 64 are kept, before a change of a document kept here is looked up, before
 /// any other insert, and at the end of the snapshot; a failure makes the caller apply the
-/// snapshot again, each change on its own (``LocalStore/ChangeFailed``).
+/// snapshot again, each change on its own (``Reconciler/ChangeFailed``).
 struct SnapshotRows {
     private let model: TableModel
     /// Whether new rows are kept to be inserted many per statement.
@@ -604,7 +604,7 @@ struct SnapshotRows {
     }
 
     mutating func add(_ values: [DatabaseValue], of document: Document, _ db: Database) throws {
-        rows.append((values, document.id.rawValue, LocalStore.updatedAt(of: document), document.version))
+        rows.append((values, document.id.rawValue, Reconciler.updatedAt(of: document), document.version))
         // Only looked for when the rows were not read first (then documents may repeat).
         if found == nil { serverIds.insert(document.id.rawValue) }
         if rows.count == Self.maxPerStatement { try insert(db) }

@@ -34,7 +34,65 @@ struct PushCursor {
     var recovered = false
 }
 
-extension LocalStore {
+/// A batch being prepared: its ops so far, against its bounds.
+struct PushBatch {
+    let maxOps: Int
+    let maxBytes: Int
+    var prepared: [PreparedPush] = []
+    var bytes = 0
+    /// Every filed delete and dirty row there was has been read.
+    var readEverything = true
+    /// Each row's collection by its parent's row, found once per batch.
+    var collections: [String: CollectionPath?] = [:]
+
+    var isFull: Bool { prepared.count >= maxOps || bytes >= maxBytes }
+}
+
+/// A dirty row's columns, as ``SyncLedger/dirtyRows(_:syncs:after:limit:_:)`` reads them
+/// before its fields, named.
+private struct DirtyRow {
+    var rowId: Int64
+    var revision: Int64
+    var updatedAt: Int64
+    var serverId: String?
+    var parentRowId: Int64?
+    var serverVersion: Int64?
+    var recordedKey: String?
+    var recordedCollection: String?
+    var pushedRevision: Int64?
+    var hasEntry: Bool
+
+    init(_ row: Row) {
+        rowId = row[0]
+        revision = row[1]
+        updatedAt = row[2]
+        serverId = row[3]
+        parentRowId = row[4]
+        serverVersion = row[5]
+        recordedKey = row[6]
+        recordedCollection = row[7]
+        pushedRevision = row[8]
+        hasEntry = (row[9] as String?) != nil
+    }
+
+    /// A key stays bound to the revision it was first sent with. If an op went out, was
+    /// applied, and its answer was lost, the resend under the same key gets that first answer
+    /// back: the row must then stay dirty when it changed since, or its newer content would be
+    /// taken for pushed.
+    var keyRevision: Int64 { recordedKey != nil ? (pushedRevision ?? revision) : revision }
+}
+
+/// The creates of one table's rows with no bookkeeping yet, recorded together under one batch
+/// entry, and the keys of the table's other ops, recorded on their rows.
+private struct TableSendings {
+    var perRow: [SyncLedger.Sending] = []
+    /// A row was passed over: its parent or a required reference target had no server id.
+    var passedOver = false
+    var entry: ClientName?
+    var entryCreates: [(rowId: Int64, revision: Int64)] = []
+}
+
+extension Reconciler {
     /// Builds the next batch of ops, after the cursor, and records, before anything is sent,
     /// the idempotency key of each: a resend after a lost answer must carry the same key,
     /// even after a crash. The creates of rows with no bookkeeping yet are recorded together,
@@ -51,11 +109,24 @@ extension LocalStore {
             cursor.recovered = true
             try keepUnansweredSendingPerRow(db)
         }
-        var prepared: [PreparedPush] = []
-        var bytes = 0
-        let deletes = try ledger.filedDeletes(after: cursor.lastDelete, limit: maxOps, db)
+        var batch = PushBatch(maxOps: maxOps, maxBytes: maxBytes)
+        try prepareDeletes(into: &batch, after: &cursor, db)
+        for model in tables {
+            guard !batch.isFull else {
+                batch.readEverything = false
+                break
+            }
+            try prepareRows(of: model, into: &batch, after: &cursor, db)
+        }
+        cursor.reachedEnd = batch.readEverything
+        return batch.prepared
+    }
+
+    /// The filed deletes after the cursor, as many as the batch takes.
+    private func prepareDeletes(into batch: inout PushBatch, after cursor: inout PushCursor, _ db: Database) throws {
+        let deletes = try ledger.filedDeletes(after: cursor.lastDelete, limit: batch.maxOps, db)
         // A query that returned as many rows as its limit may have left some.
-        var reachedEnd = deletes.count < maxOps
+        if deletes.count >= batch.maxOps { batch.readEverything = false }
         for row in deletes {
             let table: String = row[0], rowId: Int64 = row[1]
             cursor.lastDelete = (table, rowId)
@@ -67,135 +138,146 @@ extension LocalStore {
             }
             let key = try key(row[5], table, rowId, db)
             let version: Int64 = row[4]
-            prepared.append(
+            batch.prepared.append(
                 PreparedPush(
                     table: table, rowId: rowId,
                     op: .delete(
                         in: collection, id: serverId, baseVersion: version > 0 ? version : nil, idempotencyKey: key),
                     revision: 0, incomplete: false))
         }
+    }
 
-        var memo: [String: CollectionPath?] = [:]
-        for model in tables {
-            guard prepared.count < maxOps && bytes < maxBytes else {
-                reachedEnd = false
+    /// One table's dirty rows after the cursor, as many as the batch takes, with their keys
+    /// recorded.
+    private func prepareRows(
+        of model: TableModel, into batch: inout PushBatch, after cursor: inout PushCursor, _ db: Database
+    ) throws {
+        let limit = batch.maxOps - batch.prepared.count
+        let rows = try ledger.dirtyRows(
+            model, syncs: syncsCondition(model, alias: "t"), after: cursor.lastRow[model.name] ?? .min,
+            limit: limit, db)
+        var read = 0
+        // The keys are recorded once the rows are read, before the batch is sent.
+        var sendings = TableSendings()
+        while let row = try rows.next() {
+            read += 1
+            if read == limit { batch.readEverything = false }
+            let dirty = DirtyRow(row)
+            cursor.lastRow[model.name] = dirty.rowId
+            guard let push = try preparePush(of: dirty, row, model, into: &batch, &sendings, db) else {
+                continue
+            }
+            if push.incomplete { cursor.passedOver = true }
+            batch.prepared.append(push)
+            batch.bytes += 64
+            if batch.bytes >= batch.maxBytes {
+                batch.readEverything = false
                 break
             }
-            // The row and its bookkeeping in one step.
-            let fieldOffset = SyncLedger.dirtyRowColumns
-            // What the closure below reads, taken out of the model: capturing the model copied
-            // it for each row.
-            let (references, optionalReferences) = (model.references, model.optionalReferences)
-            let limit = maxOps - prepared.count
-            let rows = try ledger.dirtyRows(
-                model, syncs: syncsCondition(model, alias: "t"), after: cursor.lastRow[model.name] ?? .min,
-                limit: limit, db)
-            var read = 0
-            // The keys are recorded once the rows are read, before the batch is sent.
-            var sendings: [SyncLedger.Sending] = []
-            var entry: ClientName?
-            var entryCreates: [(rowId: Int64, revision: Int64)] = []
-            while let row = try rows.next() {
-                read += 1
-                if read == limit { reachedEnd = false }
-                let rowId: Int64 = row[0]
-                cursor.lastRow[model.name] = rowId
-                let revision: Int64 = row[1]
-                let updatedAt: Int64 = row[2]
-                let serverId: String? = row[3]
-                guard let collection = try collection(of: model, parentRowId: row[4], db, memo: &memo) else {
-                    cursor.passedOver = true
-                    continue
-                }
-                var incomplete = false
-                var waitsForTarget = false
-                let fields = try outgoingFieldsJSON(
-                    model, of: row, from: fieldOffset, rowId: rowId, updatedAt: updatedAt, db
-                ) { column, targetId in
-                    // The target has no server id yet. An optional reference goes out as null
-                    // and again once it has one; a required one makes the row wait.
-                    let pending = try targetWillSync(references[column]!, targetId, db)
-                    if pending && !optionalReferences.contains(column) { waitsForTarget = true }
-                    incomplete = incomplete || pending
-                }
-                bytes += fields.count
-                if waitsForTarget {
-                    cursor.passedOver = true
-                    continue
-                }
-                let serverVersion: Int64? = row[5]
-                let recordedKey: String? = row[6]
-                let hasEntry = (row[9] as String?) != nil
-                if let serverId, let known: String = row[7], known != collection.rawValue {
-                    try ledger.fail(
-                        model.name, rowId,
-                        TandemError(
-                            .invalidArgument,
-                            "the row moved to another parent (\(known) → \(collection)); Tandem cannot move documents: "
-                                + "delete the row and insert a new one"), db)
-                    _ = serverId
-                    continue
-                }
-                // The key is recorded with the op below, before anything is sent.
-                let recorded = recordedKey.flatMap { try? ClientName($0) }
-                // A key stays bound to the revision it was first sent with. If an op went out,
-                // was applied, and its answer was lost, the resend under the same key gets that
-                // first answer back: the row must then stay dirty when it changed since, or its
-                // newer content would be taken for pushed.
-                let keyRevision: Int64 = recordedKey != nil ? (row[8] ?? revision) : revision
-                var op: WriteOp
-                var sendingEntry: ClientName?
-                if let serverId, let id = try? DocumentID(serverId) {
-                    op = WriteOp(
-                        kind: .update, collection: collection, id: id, canonicalFields: fields,
-                        baseVersion: serverVersion, idempotencyKey: recorded ?? newKey())
-                } else {
-                    let key: ClientName
-                    if let recorded {
-                        key = recorded
-                    } else if serverId == nil, !hasEntry {
-                        // A new row with no bookkeeping: its create goes in the table's batch entry.
-                        let batchKey = entry ?? newKey()
-                        entry = batchKey
-                        sendingEntry = batchKey
-                        entryCreates.append((rowId, keyRevision))
-                        key = try SyncLedger.sendingKey(batchKey, rowId: rowId)
-                    } else {
-                        key = newKey()
-                    }
-                    op = WriteOp(
-                        kind: .create, collection: collection, id: nil, canonicalFields: fields, baseVersion: nil,
-                        idempotencyKey: key)
-                }
-                let key = op.idempotencyKey
-                if model.mergesFields {
-                    // Field-level tables merge on the server, field by field, with no precondition.
-                    op.baseVersion = nil
-                    op.fieldTimes = try ledger.localFieldTimes(model, rowId: rowId, updatedAt: updatedAt, db)
-                        .filter { time in model.pushedKeys.contains { $0.key == time.key } }
-                }
-                if sendingEntry == nil {
-                    sendings.append(
-                        SyncLedger.Sending(
-                            rowId: rowId, serverId: serverId, collection: collection, kind: op.kind, key: key,
-                            revision: keyRevision))
-                }
-                if incomplete { cursor.passedOver = true }
-                prepared.append(
-                    PreparedPush(
-                        table: model.name, rowId: rowId, op: op, revision: keyRevision, incomplete: incomplete,
-                        sendingEntry: sendingEntry))
-                bytes += 64
-                if bytes >= maxBytes {
-                    reachedEnd = false
-                    break
-                }
-            }
-            try ledger.recordSending(model, sendings, db)
-            if let entry { try ledger.recordSending(model, under: entry, entryCreates, db) }
         }
-        cursor.reachedEnd = reachedEnd
-        return prepared
+        // A row passed over without an op waits for its parent's or target's server id.
+        if sendings.passedOver { cursor.passedOver = true }
+        try ledger.recordSending(model, sendings.perRow, db)
+        if let entry = sendings.entry { try ledger.recordSending(model, under: entry, sendings.entryCreates, db) }
+    }
+
+    /// The op of one dirty row, its key noted in `sendings`; nil for a row that cannot go yet
+    /// (no parent server id, a required reference target without one) or never (it moved to
+    /// another parent: failed).
+    private func preparePush(
+        of dirty: DirtyRow, _ row: Row, _ model: TableModel, into batch: inout PushBatch,
+        _ sendings: inout TableSendings, _ db: Database
+    ) throws -> PreparedPush? {
+        guard let collection = try collection(of: model, parentRowId: dirty.parentRowId, db, memo: &batch.collections)
+        else {
+            sendings.passedOver = true
+            return nil
+        }
+        let (fields, incomplete, waitsForTarget) = try outgoingFields(of: row, dirty, model, db)
+        batch.bytes += fields.count
+        if waitsForTarget {
+            sendings.passedOver = true
+            return nil
+        }
+        if dirty.serverId != nil, let known = dirty.recordedCollection, known != collection.rawValue {
+            try ledger.fail(
+                model.name, dirty.rowId,
+                TandemError(
+                    .invalidArgument,
+                    "the row moved to another parent (\(known) → \(collection)); Tandem cannot move documents: "
+                        + "delete the row and insert a new one"), db)
+            return nil
+        }
+        var (op, sendingEntry) = try makeOp(dirty, collection, fields, &sendings)
+        if model.mergesFields {
+            // Field-level tables merge on the server, field by field, with no precondition.
+            op.baseVersion = nil
+            op.fieldTimes = try ledger.localFieldTimes(model, rowId: dirty.rowId, updatedAt: dirty.updatedAt, db)
+                .filter { time in model.pushedKeys.contains { $0.key == time.key } }
+        }
+        if sendingEntry == nil {
+            sendings.perRow.append(
+                SyncLedger.Sending(
+                    rowId: dirty.rowId, serverId: dirty.serverId, collection: collection, kind: op.kind,
+                    key: op.idempotencyKey, revision: dirty.keyRevision))
+        }
+        return PreparedPush(
+            table: model.name, rowId: dirty.rowId, op: op, revision: dirty.keyRevision, incomplete: incomplete,
+            sendingEntry: sendingEntry)
+    }
+
+    /// A row's fields as they go out, and what its references say: `incomplete` when an
+    /// optional reference went out as null for a target without a server id yet (it goes again
+    /// once it has one), `waitsForTarget` when a required one has none (the row waits).
+    private func outgoingFields(of row: Row, _ dirty: DirtyRow, _ model: TableModel, _ db: Database) throws
+        -> (fields: [UInt8], incomplete: Bool, waitsForTarget: Bool)
+    {
+        // What the closure below reads, taken out of the model: capturing the model copied it
+        // for each row.
+        let (references, optionalReferences) = (model.references, model.optionalReferences)
+        var incomplete = false
+        var waitsForTarget = false
+        let fields = try outgoingFieldsJSON(
+            model, of: row, from: SyncLedger.dirtyRowColumns, rowId: dirty.rowId, updatedAt: dirty.updatedAt, db
+        ) { column, targetId in
+            let pending = try targetWillSync(references[column]!, targetId, db)
+            if pending && !optionalReferences.contains(column) { waitsForTarget = true }
+            incomplete = incomplete || pending
+        }
+        return (fields, incomplete, waitsForTarget)
+    }
+
+    /// The update or create a dirty row sends, under the key recorded for it or a new one; a
+    /// new row with no bookkeeping gets its key from the table's batch entry (returned, with
+    /// its create noted in `sendings`).
+    private func makeOp(
+        _ dirty: DirtyRow, _ collection: CollectionPath, _ fields: [UInt8], _ sendings: inout TableSendings
+    ) throws -> (WriteOp, sendingEntry: ClientName?) {
+        let recorded = dirty.recordedKey.flatMap { try? ClientName($0) }
+        if let serverId = dirty.serverId, let id = try? DocumentID(serverId) {
+            let op = WriteOp(
+                kind: .update, collection: collection, id: id, canonicalFields: fields,
+                baseVersion: dirty.serverVersion, idempotencyKey: recorded ?? newKey())
+            return (op, nil)
+        }
+        let key: ClientName
+        var sendingEntry: ClientName?
+        if let recorded {
+            key = recorded
+        } else if dirty.serverId == nil, !dirty.hasEntry {
+            // A new row with no bookkeeping: its create goes in the table's batch entry.
+            let batchKey = sendings.entry ?? newKey()
+            sendings.entry = batchKey
+            sendingEntry = batchKey
+            sendings.entryCreates.append((dirty.rowId, dirty.keyRevision))
+            key = try SyncLedger.sendingKey(batchKey, rowId: dirty.rowId)
+        } else {
+            key = newKey()
+        }
+        let op = WriteOp(
+            kind: .create, collection: collection, id: nil, canonicalFields: fields, baseVersion: nil,
+            idempotencyKey: key)
+        return (op, sendingEntry)
     }
 
     /// Whether a referenced row without a server id is about to get one (it syncs and its push
@@ -258,12 +340,8 @@ extension LocalStore {
         for index in pushes.indices {
             if let entry = pushes[index].sendingEntry, !recorded.contains(entry) { pushes[index].sendingEntry = nil }
         }
-        var duplicates: [String] = []
-        var conflicts = 0
-        var outsideScope: [(TableModel, Int64)] = []
-        let waiting = try ledger.anythingWaits(db)
-        var latest: Int64 = 0
-        defer { clock.receive(HybridLogicalClock.timestamp(milliseconds: latest)) }
+        var answer = Acknowledgement(waiting: try ledger.anythingWaits(db))
+        defer { clock.receive(HybridLogicalClock.timestamp(milliseconds: answer.latest)) }
         // Read in place, by index: a push copied is its op's strings and fields retained.
         let answeredCount = min(pushes.count, results.count)
         var start = 0
@@ -274,7 +352,7 @@ extension LocalStore {
             }
             if pushes[start].op.kind == .delete {
                 let result = results[start]
-                latest = max(latest, result.updateTime)
+                answer.received(result)
                 if let stored = result.document { receiveTimes(of: stored) }
                 try ledger.forget(pushes[start].table, pushes[start].rowId, db)
                 try ledger.rememberGone(pushes[start].op.collection, result.id, version: result.version, db)
@@ -292,51 +370,11 @@ extension LocalStore {
             let outcomes = try ledger.acknowledge(model, pushes[run], results[run], db)
             let scope = scopes.isEmpty ? nil : scopes[model.name]
             for (index, outcome) in zip(run, outcomes) {
-                let result = results[index]
-                latest = max(latest, result.updateTime)
-                if let stored = result.document { receiveTimes(of: stored) }
-                let clean: Bool
-                switch outcome {
-                case .row(let isClean):
-                    clean = isClean
-                case .deletedMeanwhile:
-                    // Deleted while its push was in flight: the document exists now, so it is deleted next.
-                    continue
-                case .duplicate(let other):
-                    let message =
-                        "duplicate: the server's document \(result.id) was already inserted as row "
-                        + "\(other.map(String.init) ?? "?") by the listener before this push's write-back"
-                    try ledger.fail(model.name, pushes[index].rowId, TandemError(.database, message), db)
-                    duplicates.append("\(model.name) row \(pushes[index].rowId): \(message)")
-                    continue
-                }
-                if pushes[index].op.kind == .create, waiting {
-                    try resolveWaiting(model, serverId: result.id.rawValue, localId: pushes[index].rowId, db)
-                }
-                // A merge's answer to a user who may not read the result carries nothing of it.
-                let withheld = result.document?.isWithheld == true
-                // A field-level merge kept fields of other writers that were newer than ours.
-                if let stored = result.document, !withheld, stored.fields != pushes[index].op.fields {
-                    let push = pushes[index]
-                    if clean {
-                        try overwrite(model, rowId: push.rowId, with: stored, collection: push.op.collection, db)
-                    } else if try settle(model, rowId: push.rowId, remote: stored, collection: push.op.collection, db)
-                        != .recorded
-                    {
-                        conflicts += 1
-                    }
-                }
-                // Matched against what the server stored, as its view did: the merged document,
-                // or the fields sent (the row's values read back from SQLite may differ in type).
-                if clean, let scope,
-                    withheld || !scope.matches(result.document?.fields ?? pushes[index].op.fields ?? [:])
-                {
-                    outsideScope.append((model, pushes[index].rowId))
-                }
+                try settleAcknowledged(pushes[index], results[index], outcome, model, scope: scope, &answer, db)
             }
         }
         var leftScope = 0
-        for (model, rowId) in outsideScope {
+        for (model, rowId) in answer.outsideScope {
             let removed = try removeQuietly(model, rowId: rowId, db)
             leftScope += removed
             // Rows under it wait to be pushed (they could not go before it had its server id):
@@ -344,7 +382,53 @@ extension LocalStore {
             if removed == 0 { try ledger.markOutOfScope(model, rowId: rowId, db) }
         }
         leftScope += try removeRowsOutOfScope(db)
-        return (duplicates, conflicts, leftScope)
+        return (answer.duplicates, answer.conflicts, leftScope)
+    }
+
+    /// One create or update the server acknowledged, after the ledger wrote its server id and
+    /// version back: a duplicate is failed, rows waiting for it are resolved, a merge's newer
+    /// fields are taken, and a row its scope does not select is noted to go.
+    private func settleAcknowledged(
+        _ push: PreparedPush, _ result: WriteResult, _ outcome: SyncLedger.Acknowledged, _ model: TableModel,
+        scope: Query?, _ answer: inout Acknowledgement, _ db: Database
+    ) throws {
+        answer.received(result)
+        if let stored = result.document { receiveTimes(of: stored) }
+        let clean: Bool
+        switch outcome {
+        case .row(let isClean):
+            clean = isClean
+        case .deletedMeanwhile:
+            // Deleted while its push was in flight: the document exists now, so it is deleted next.
+            return
+        case .duplicate(let other):
+            let message =
+                "duplicate: the server's document \(result.id) was already inserted as row "
+                + "\(other.map(String.init) ?? "?") by the listener before this push's write-back"
+            try ledger.fail(model.name, push.rowId, TandemError(.database, message), db)
+            answer.duplicates.append("\(model.name) row \(push.rowId): \(message)")
+            return
+        }
+        if push.op.kind == .create, answer.waiting {
+            try resolveWaiting(model, serverId: result.id.rawValue, localId: push.rowId, db)
+        }
+        // A merge's answer to a user who may not read the result carries nothing of it.
+        let withheld = result.document?.isWithheld == true
+        // A field-level merge kept fields of other writers that were newer than ours.
+        if let stored = result.document, !withheld, stored.fields != push.op.fields {
+            if clean {
+                try overwrite(model, rowId: push.rowId, with: stored, collection: push.op.collection, db)
+            } else if try settle(model, rowId: push.rowId, remote: stored, collection: push.op.collection, db)
+                != .recorded
+            {
+                answer.conflicts += 1
+            }
+        }
+        // Matched against what the server stored, as its view did: the merged document, or the
+        // fields sent (the row's values read back from SQLite may differ in type).
+        if clean, let scope, withheld || !scope.matches(result.document?.fields ?? push.op.fields ?? [:]) {
+            answer.outsideScope.append((model, push.rowId))
+        }
     }
 
     /// Batch entries left when no batch is on its way (at the start of a push; the listener's
@@ -435,4 +519,19 @@ extension Document {
     /// A document withheld from a user the read rules keep from it: its id, version and
     /// whether it is deleted, no fields, times 0 (no stored document was created at time 0).
     var isWithheld: Bool { createTime == 0 && updateTime == 0 }
+}
+
+/// What writing one acknowledgement back found, row by row.
+private struct Acknowledgement {
+    /// Rows wait for a server id (``SyncLedger/anythingWaits(_:)``).
+    let waiting: Bool
+    var duplicates: [String] = []
+    var conflicts = 0
+    var outsideScope: [(TableModel, Int64)] = []
+    /// The latest update time the answer carries, for the device's clock.
+    var latest: Int64 = 0
+
+    init(waiting: Bool) { self.waiting = waiting }
+
+    mutating func received(_ result: WriteResult) { latest = max(latest, result.updateTime) }
 }

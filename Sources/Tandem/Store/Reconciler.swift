@@ -8,7 +8,7 @@ import TandemWire
 ///
 /// Every method runs inside a transaction its caller opened (one per push answer, one per
 /// snapshot), so that a change and its bookkeeping commit together.
-struct LocalStore: Sendable {
+struct Reconciler: Sendable {
     /// In push order: parents before children.
     let tables: [TableModel]
     let byName: [String: TableModel]
@@ -183,7 +183,7 @@ struct ListenerTarget: Hashable, Sendable {
     var query: Query?
 }
 
-extension LocalStore {
+extension Reconciler {
     /// Every synced row with a server id, as the document a push would send.
     func localDocuments(_ db: Database) throws -> [CollectionPath: [DocumentID: JSONObject]] {
         var result: [CollectionPath: [DocumentID: JSONObject]] = [:]
@@ -226,7 +226,7 @@ extension LocalStore {
     }
 }
 
-extension LocalStore {
+extension Reconciler {
     /// Adds the row's field columns to `fields` as they go to the server: values as JSON,
     /// references as what ``outgoingReferenceValue(_:rowId:column:target:value:_:)`` says.
     /// The columns are read from `row` at `offset` on, in `model.fieldColumns`' order.

@@ -86,9 +86,10 @@ public struct SyncConfiguration: Sendable {
     /// for. The server's echo of a create is applied after the create's server id is stored,
     /// so it is recognized. This is Tandem's design.
     case barrier
-    /// Listener changes run on their own queue, concurrently with pushes, and documents are
-    /// not matched to this device's unanswered creates by their key. Only for showing the
-    /// race Tandem prevents: the echo of a create can be inserted as a second row. Spelled
-    /// `none` on the command line (`tandem demo --serialization none`).
+    /// Listener changes are applied as they arrive, on their connection's queue, concurrently
+    /// with pushes, and documents are not matched to this device's unanswered creates by their
+    /// key: no second queue, only the barrier left out. Only for showing the race Tandem
+    /// prevents: the echo of a create can be inserted as a second row. Spelled `none` on the
+    /// command line (`tandem demo --serialization none`).
     case unserialized = "none"
 }

@@ -60,7 +60,7 @@ extension SyncService {
             reconnect()
             run.error = TandemError(.timedOut, "the deadline came before the push ended; the rest goes out next time")
         }
-        if let counts = try? await readState({ [store] db in try store.counts(db) }) {
+        if let counts = try? await readState({ [reconciler] db in try reconciler.counts(db) }) {
             run.pending = counts.pending
             run.failed = counts.failed
             if counts.pending > 0 { run.finished = false }
@@ -71,7 +71,7 @@ extension SyncService {
     /// Returns once every operation queued on the sync queue before this call has run.
     private func queuedWorkDone() async {
         await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
-            queue.addOperation { done.resume() }
+            queue.add { done.resume() }
         }
     }
 
@@ -89,10 +89,7 @@ extension SyncService {
         return await withCheckedContinuation { continuation in
             first.continuation = continuation
             Task { first.offer(.done(await Result { try await work() })) }
-            Task {
-                try? await Task.sleep(until: deadline, clock: .continuous)
-                first.offer(.deadline)
-            }
+            SyncTimer.after(deadline - .now) { first.offer(.deadline) }
         }
     }
 }

@@ -6,9 +6,9 @@ extension SyncService {
     /// in order. Runs inside a barrier block of the sync queue.
     ///
     /// Up to ``SyncConfiguration/writesInFlight`` batches are on their way at once: the next
-    /// is prepared and sent while the server applies the one before. A batch that creates rows
-    /// others depend on (parents, reference targets) is answered before the next is prepared,
-    /// since the next may need the server ids it brings.
+    /// is prepared and sent while the server applies the one before. ``PushCycle`` decides
+    /// each step (when to prepare, when to wait, what an answer means, whether another push
+    /// must follow); this performs them.
     ///
     /// Each batch starts after the rows of the batches before it (``PushCursor``), so a row goes
     /// out at most once per push. Rows passed over (their parent or target had no server id
@@ -19,190 +19,157 @@ extension SyncService {
     ///   (the rows stay pending, their idempotency keys kept for the resend).
     @discardableResult
     func push() throws -> SyncReport {
+        assertOnSyncQueue()
         state.withLock { $0.pushDue = nil }
         // A push that ends early shows what it left; one that ends normally reads the counts
         // once, for its report and the status.
         var countsShown = false
         defer { if !countsShown { refreshStatus() } }
-        guard
-            let (connection, generation) = state.withLock({ state in
-                state.running ? state.connection.map { ($0, state.generation) } : nil
-            }), connection.isOpen
-        else {
-            throw TandemError(.disconnected, "not connected to \(serverURL)")
-        }
-        let limits = connection.welcome.limits
-        let maxOps = max(1, min(configuration.maxBatchSize, limits.maxOpsPerWrite))
-        let maxBytes = max(16 << 10, min(limits.maxMessageBytes / 2, 512 << 10))
-        let depth = max(1, configuration.writesInFlight)
-        let scopes = store.scopes(user: connection.welcome.user)
-        var report = SyncReport()
-        var newParents = false
-        defer { if newParents { refreshListeners() } }
-
+        var run = try PushRun(self)
+        var cycle = PushCycle(depth: configuration.writesInFlight)
+        defer { if cycle.leavesAnswersUnread { dropConnection(run.connection) } }
+        defer { if run.newParents { refreshListeners() } }
         var cursor = PushCursor()
-        // Each batch on its way, with whether it creates rows others depend on (worked out once:
-        // the loop below asks after every answer).
-        var inFlight: [(batch: [PreparedPush], createsDependedOn: Bool, answer: ServerConnection.PendingWrite)] = []
-        var exhausted = false
-        // The last batch read every row there was when it was taken.
-        var endReached = false
-        var batches = 0
-        var createsAcknowledged = 0
-        // Ops of a refused or conflicting batch that were not applied, and must go out again.
-        var leftBehind = false
-        // An answer taken off `inFlight` and not yet written back.
-        var answering = false
-        // A push that stops with answers unread or not written back (a timeout, batches still
-        // on their way, a write-back that failed): the server counts those writes as known to
-        // this connection, and its listeners leave them out. A new connection hears them again,
-        // and the recorded keys settle the rest.
-        var finished = false
-        defer { if !finished && (answering || !inFlight.isEmpty) { dropConnection(connection) } }
-        while true {
-            answering = false
-            // A local commit since then queued another push, which waits behind this one: what
-            // it filed goes out in this push instead, while it runs.
-            if endReached, state.withLock({ $0.pushDue != nil }) {
-                exhausted = false
-                endReached = false
-            }
-            while !exhausted, inFlight.count < depth, inFlight.last?.createsDependedOn != true {
-                if batches == 64 {
-                    // Long enough: listener work waits behind this barrier. Another push is
-                    // queued for the rest.
-                    leftBehind = true
-                    exhausted = true
-                    break
-                }
+        var onTheirWay: [(batch: [PreparedPush], answer: ServerConnection.PendingWrite)] = []
+        steps: while true {
+            switch cycle.next(localCommitQueued: state.withLock { $0.pushDue != nil }) {
+            case .prepare:
                 let batch = try ownWrite { db in
-                    try store.preparePush(maxOps: maxOps, maxBytes: maxBytes, after: &cursor, db)
+                    try reconciler.preparePush(maxOps: run.maxOps, maxBytes: run.maxBytes, after: &cursor, db)
                 }
-                if batch.isEmpty {
-                    exhausted = true
-                    break
-                }
-                // Nothing was left after this batch when it was taken: no need to look again
-                // unless a local commit says so (above). Rows under or referring to the rows
-                // this batch creates were not read at all (they wait for their server ids):
-                // after its answer, the push looks again.
-                let createsDependedOn = creates(dependedOn: batch)
-                endReached = cursor.reachedEnd && !createsDependedOn
-                exhausted = endReached
-                batches += 1
+                let shape = PushCycle.Batch(
+                    createsDependedOn: creates(dependedOn: batch), reachedEnd: cursor.reachedEnd)
+                guard cycle.prepared(batch.isEmpty ? nil : shape, passedOver: cursor.passedOver) else { continue }
                 configuration.hooks.beforeSend?(batch.map(\.op))
-                inFlight.append(
-                    (
-                        batch, createsDependedOn,
-                        connection.startWrite(batch.map(\.op), timeout: configuration.requestTimeout)
-                    ))
-            }
-            guard !inFlight.isEmpty else { break }
-            let (batch, _, answer) = inFlight.removeFirst()
-            answering = true
-
-            switch answer.wait() {
-            case .success(.ack(let results)):
-                if configuration.hooks.dropAcknowledgement?() == true {
-                    // As if the network failed before the answer: nothing that came after it on
-                    // this connection (the listener's echo included) is seen either.
-                    dropConnection(connection)
-                    let error = TandemError(
-                        .disconnected, "the connection dropped before the acknowledgement arrived")
-                    try ownWrite { db in
-                        try store.answeredOtherwise(batch, db)
-                        try store.ledger.countFailedAttempt(
-                            batch, error, maxAttempts: configuration.maxAttempts, db)
-                    }
-                    noteError(error)
-                    throw error
-                }
-                configuration.hooks.afterAck?(results)
-                let (duplicates, merged, leftScope) = try ownWrite { db in
-                    // Noted before the write-back commits, so that an apply that runs beside
-                    // it (`Serialization.unserialized`) and sees the rows written back sees
-                    // them noted too.
-                    noteAcknowledged(batch, arrival: answer.arrival, generation: generation)
-                    return try store.recordAcknowledgement(batch, results, scopes: scopes, db)
-                }
-                configuration.hooks.afterWriteBack?(batch.map(\.op), results)
-                for duplicate in duplicates { noteError(TandemError(.database, duplicate)) }
-                report.conflicts += merged
-                report.pushed += results.count
-                // Rows that went may have had nested listeners open.
-                newParents = newParents || (leftScope > 0 && !parentTables.isEmpty)
-                for index in batch.indices where batch[index].op.kind == .create {
-                    createsAcknowledged += 1
-                    newParents = newParents || parentTables.contains(batch[index].table)
-                }
-
-            case .success(.conflict(let index, let server)):
-                if try ownWrite({ db in
-                    try store.answeredOtherwise(batch, db)
-                    return try store.resolvePushConflict(batch[index], server: server, db)
-                }) {
-                    report.conflicts += 1
-                }
-                leftBehind = true
-
-            case .failure(let error):
-                let serverError = (error as? TandemError)?.serverError
-                // The server's own answer: nothing of this batch was applied.
-                if serverError != nil { answering = false }
-                if let serverError, let index = serverError.op, batch.indices.contains(index) {
-                    // One op was refused; the others were not applied and go out again.
-                    let push = batch[index]
-                    let refusal = TandemError(
-                        .server, "\(push.table) row \(push.rowId): \(serverError.message)", serverError: serverError
-                    )
-                    try ownWrite { db in
-                        try store.answeredOtherwise(batch, db)
-                        if serverError.code == .notFound {
-                            try store.recordNotFound(push, db)
-                        } else if serverError.code.isRejection {
-                            try store.ledger.fail(push.table, push.rowId, refusal, db)
-                        } else {
-                            try store.ledger.countFailedAttempt(
-                                [push], refusal, maxAttempts: configuration.maxAttempts, db)
-                        }
-                    }
-                    noteError(refusal)
-                    leftBehind = true
-                    continue
-                }
-                if let serverError, serverError.code.isRejection {
-                    let refusal = TandemError(server: serverError)
-                    try ownWrite { db in
-                        try store.answeredOtherwise(batch, db)
-                        for push in batch { try store.ledger.fail(push.table, push.rowId, refusal, db) }
-                    }
-                    noteError(refusal)
-                    continue
-                }
-                let failure = TandemError("push failed", error, otherwise: .database)
-                try ownWrite { db in
-                    try store.answeredOtherwise(batch, db)
-                    // Perhaps applied: the resend, under the same keys, is what finds out. It is
-                    // not a failed attempt of the rows.
-                    guard serverError?.code != .outcomeUnknown else { return }
-                    try store.ledger.countFailedAttempt(batch, failure, maxAttempts: configuration.maxAttempts, db)
-                }
-                noteError(failure)
-                // The server asks for the resend that finds out; it need not wait for the next
-                // periodic push.
-                if serverError?.code == .outcomeUnknown { schedulePush(after: configuration.reconnectDelay) }
-                // The batches still on their way keep their keys; the next push sends them again.
-                throw error
+                onTheirWay.append(
+                    (batch, run.connection.startWrite(batch.map(\.op), timeout: configuration.requestTimeout)))
+            case .awaitOldest:
+                let (batch, answer) = onTheirWay.removeFirst()
+                try settle(answer, of: batch, in: &cycle, &run)
+            case .finish(let pushAgain):
+                if pushAgain { schedulePush(after: .zero) }
+                break steps
             }
         }
-        finished = true
-        if leftBehind || (cursor.passedOver && createsAcknowledged > 0) { schedulePush(after: .zero) }
-        if report.conflicts > 0 { updateStatus { $0.resolvedConflicts += report.conflicts } }
+        if run.report.conflicts > 0 { updateStatus { $0.resolvedConflicts += run.report.conflicts } }
         let counts = try showCurrentCounts()
         countsShown = true
-        report.pending = counts.pending
-        report.failed = counts.failed
-        return report
+        run.report.pending = counts.pending
+        run.report.failed = counts.failed
+        return run.report
+    }
+
+    /// Waits for a batch's answer and settles it as the cycle says: writes the acknowledgement
+    /// back, resolves a conflict, fails or retries what was refused, or throws.
+    private func settle(
+        _ answer: ServerConnection.PendingWrite, of batch: [PreparedPush], in cycle: inout PushCycle,
+        _ run: inout PushRun
+    ) throws {
+        let result = answer.wait()
+        let settlement = cycle.answered(Self.classify(result, of: batch), batchSize: batch.count)
+        switch (settlement, result) {
+        case (.writeBack, .success(.ack(let results))):
+            try writeBack(batch, results, arrival: answer.arrival, &run)
+        case (.resolveConflict(let index), .success(.conflict(_, let server))):
+            if try ownWrite({ db in
+                try reconciler.answeredOtherwise(batch, db)
+                return try reconciler.resolvePushConflict(batch[index], server: server, db)
+            }) {
+                run.report.conflicts += 1
+            }
+        case (.refuseOne(let index, let refusal), .failure(let error)):
+            let push = batch[index]
+            let serverError = (error as? TandemError)?.serverError
+            let failure = TandemError(
+                .server, "\(push.table) row \(push.rowId): \(serverError?.message ?? "\(error)")",
+                serverError: serverError)
+            try ownWrite { db in
+                try reconciler.answeredOtherwise(batch, db)
+                switch refusal {
+                case .notFound: try reconciler.recordNotFound(push, db)
+                case .reject: try reconciler.ledger.fail(push.table, push.rowId, failure, db)
+                case .countAttempt:
+                    try reconciler.ledger.countFailedAttempt(
+                        [push], failure, maxAttempts: configuration.maxAttempts, db)
+                }
+            }
+            noteError(failure)
+        case (.rejectAll, .failure(let error)):
+            let refusal =
+                (error as? TandemError)?.serverError.map { TandemError(server: $0) }
+                ?? TandemError("push refused", error, otherwise: .server)
+            try ownWrite { db in
+                try reconciler.answeredOtherwise(batch, db)
+                for push in batch { try reconciler.ledger.fail(push.table, push.rowId, refusal, db) }
+            }
+            noteError(refusal)
+        case (.stop(let countsAttempt, let resendSoon), .failure(let error)):
+            let failure = TandemError("push failed", error, otherwise: .database)
+            try ownWrite { db in
+                try reconciler.answeredOtherwise(batch, db)
+                if countsAttempt {
+                    try reconciler.ledger.countFailedAttempt(batch, failure, maxAttempts: configuration.maxAttempts, db)
+                }
+            }
+            noteError(failure)
+            // The server asks for the resend that finds out; it need not wait for the next
+            // periodic push.
+            if resendSoon { schedulePush(after: configuration.reconnectDelay) }
+            // The batches still on their way keep their keys; the next push sends them again.
+            throw error
+        default:
+            preconditionFailure("the push cycle settled \(settlement) for an answer it does not fit")
+        }
+    }
+
+    /// What an answer means to the cycle.
+    private static func classify(_ result: Result<ServerConnection.WriteReply, any Error>, of batch: [PreparedPush])
+        -> PushCycle.Answer
+    {
+        switch result {
+        case .success(.ack):
+            return .acknowledged(creates: batch.indices.count { batch[$0].op.kind == .create })
+        case .success(.conflict(let index, _)):
+            return .conflict(op: index)
+        case .failure(let error):
+            guard let serverError = (error as? TandemError)?.serverError else { return .lost }
+            return .refused(serverError.code, op: serverError.op)
+        }
+    }
+
+    /// Writes an acknowledgement back (or, under the test hook that drops it, treats it as lost
+    /// with the connection).
+    private func writeBack(_ batch: [PreparedPush], _ results: [WriteResult], arrival: Int, _ run: inout PushRun)
+        throws
+    {
+        if configuration.hooks.dropAcknowledgement?() == true {
+            // As if the network failed before the answer: nothing that came after it on this
+            // connection (the listener's echo included) is seen either.
+            dropConnection(run.connection)
+            let error = TandemError(.disconnected, "the connection dropped before the acknowledgement arrived")
+            try ownWrite { db in
+                try reconciler.answeredOtherwise(batch, db)
+                try reconciler.ledger.countFailedAttempt(batch, error, maxAttempts: configuration.maxAttempts, db)
+            }
+            noteError(error)
+            throw error
+        }
+        configuration.hooks.afterAck?(results)
+        let generation = run.generation, scopes = run.scopes
+        let (duplicates, merged, leftScope) = try ownWrite { db in
+            // Noted before the write-back commits, so that an apply that runs beside it
+            // (`Serialization.unserialized`) and sees the rows written back sees them noted too.
+            noteAcknowledged(batch, arrival: arrival, generation: generation)
+            return try reconciler.recordAcknowledgement(batch, results, scopes: scopes, db)
+        }
+        configuration.hooks.afterWriteBack?(batch.map(\.op), results)
+        for duplicate in duplicates { noteError(TandemError(.database, duplicate)) }
+        run.report.conflicts += merged
+        run.report.pushed += results.count
+        // Rows that went may have had nested listeners open; new parents open new ones.
+        run.newParents =
+            run.newParents || (leftScope > 0 && !parentTables.isEmpty)
+            || batch.contains { $0.op.kind == .create && parentTables.contains($0.table) }
     }
 
     /// Notes the rows an acknowledgement wrote back, while a reset's full snapshot may still
@@ -223,5 +190,37 @@ extension SyncService {
     /// copy of each push, its op's strings and fields retained and released.
     private func creates(dependedOn batch: [PreparedPush]) -> Bool {
         batch.indices.contains { batch[$0].op.kind == .create && dependedOnTables.contains(batch[$0].table) }
+    }
+}
+
+/// What one push works with and what it has done so far.
+struct PushRun {
+    let connection: ServerConnection
+    /// The connection's generation: an acknowledgement noted for a reset window must belong
+    /// to the connection that opened it.
+    let generation: Int
+    let maxOps: Int
+    let maxBytes: Int
+    /// The scope of each scoped table, as its listener asks for it.
+    let scopes: [String: Query]
+    var report = SyncReport()
+    /// Rows of parent tables were created, or rows left their scope: the listeners change.
+    var newParents = false
+
+    /// - Throws: ``TandemError`` (`disconnected`) when the service has no open connection.
+    init(_ service: SyncService) throws {
+        guard
+            let (connection, generation) = service.state.withLock({ state in
+                state.running ? state.connection.map { ($0, state.generation) } : nil
+            }), connection.isOpen
+        else {
+            throw TandemError(.disconnected, "not connected to \(service.serverURL)")
+        }
+        self.connection = connection
+        self.generation = generation
+        let limits = connection.welcome.limits
+        maxOps = max(1, min(service.configuration.maxBatchSize, limits.maxOpsPerWrite))
+        maxBytes = max(16 << 10, min(limits.maxMessageBytes / 2, 512 << 10))
+        scopes = service.reconciler.scopes(user: connection.welcome.user)
     }
 }

@@ -31,8 +31,9 @@ import TandemWire
 ///   and writes sockets only; each connection hands what arrives to its own serial
 ///   `DispatchQueue`, which decodes it, answers waiting requests and passes snapshots to the
 ///   sync queue.
-/// - **Timers** (reconnect backoff, request timeouts) are `DispatchQueue.asyncAfter` blocks
-///   that only enqueue work.
+/// - **Timers** (the periodic push, a delayed push, reconnect and relisten backoff, deferred
+///   resume tokens, a bounded sync's deadline) are ``SyncTimer``s: libdispatch timers that
+///   only enqueue work. A request's timeout is the connection's own.
 /// - **Tasks**: a connection attempt is a task, and async callers (``syncNow(connectionWait:)``)
 ///   wait on a continuation that the sync queue resumes. No task blocks its thread: hooks
 ///   run on the thread of the point they mark (the sync queue's, a connection's queue), and
@@ -58,13 +59,10 @@ public final class SyncService: Sendable {
     public let serverURLs: [String]
     public let configuration: SyncConfiguration
     let database: any DatabaseWriter
-    let store: LocalStore
+    let reconciler: Reconciler
     /// The clock's value as last committed by ``ownWrite(_:file:line:)`` (0 until then).
     private let storedClock = Atomic<Int64>(0)
-    let queue: OperationQueue
-    /// Where listener snapshots are applied with `Serialization.unserialized`; unused otherwise.
-    let applyQueue: OperationQueue
-    private let applyDispatchQueue: DispatchQueue
+    let queue: SyncQueue
     let observer: LocalChangeObserver
     let state = Mutex(State())
     /// Listener arrivals waiting for the sync queue, with the connection generation of each.
@@ -88,7 +86,7 @@ public final class SyncService: Sendable {
     /// Waits until the work queued on the sync queue so far has run: a hook can let an
     /// operation a commit queued run before the engine goes on. Not from the sync queue.
     @_spi(Testing) public func waitForQueuedWork() {
-        queue.addOperations([BlockOperation {}], waitUntilFinished: true)
+        queue.waitForQueuedWork()
     }
 
     let logger: Logger
@@ -113,7 +111,7 @@ public final class SyncService: Sendable {
         /// could not be read or stored: the next connection's backoff goes on from there, so
         /// a lasting fault (a full disk) is tried again ever more slowly, not several times a
         /// second.
-        var startsOver = 0
+        var droppedInARow = 0
         /// When the current connection was made.
         var connectedAt: ContinuousClock.Instant?
         /// Which of ``serverURLs`` the next connection goes to.
@@ -139,26 +137,26 @@ public final class SyncService: Sendable {
         var status = SyncStatus()
         var watchers: [Int: AsyncStream<SyncStatus>.Continuation] = [:]
         var nextWatcher = 0
-        var periodicPush: Task<Void, Never>?
-        var reconnect: Task<Void, Never>?
+        var periodicPush: SyncTimer?
+        var reconnect: SyncTimer?
         /// Listeners the server failed (`internal`, `rate-limited`), by how many times in a
         /// row; each is listened to again after a backoff, on the same connection.
         var listenFailures: [CollectionPath: Int] = [:]
-        var relisten: (generation: Int, task: Task<Void, Never>)?
+        var relisten: (generation: Int, timer: SyncTimer)?
 
         /// The current connection is dropped because what it delivered could not be read or
         /// stored. One that lived longer than the longest backoff without trouble starts a
         /// new streak.
         mutating func countStartOver(afterQuiet quiet: Duration) {
-            if livedLonger(than: quiet) { startsOver = 0 }
-            startsOver += 1
+            if livedLonger(than: quiet) { droppedInARow = 0 }
+            droppedInARow += 1
         }
 
         /// The current connection ended for the network's reasons: one that lived longer than
         /// the longest backoff ends any streak, and the next attempt waits the shortest time.
         mutating func noteConnectionLost(afterQuiet quiet: Duration) {
             guard livedLonger(than: quiet) else { return }
-            startsOver = 0
+            droppedInARow = 0
             reconnectAttempt = 0
         }
 
@@ -203,7 +201,7 @@ public final class SyncService: Sendable {
                     return .commit
                 }
                 // Never below a time this database has seen, whatever the wall clock says now.
-                clock.receive(try LocalStore(tables: models, clock: clock).latestTime(db))
+                clock.receive(try Reconciler(tables: models, clock: clock).latestTime(db))
                 return models
             }
         } catch let error as TandemError {
@@ -211,25 +209,12 @@ public final class SyncService: Sendable {
         } catch {
             throw TandemError(.database, "cannot prepare the database for syncing: \(error)")
         }
-        store = LocalStore(
+        reconciler = Reconciler(
             tables: models, clock: clock, recognizesOwnCreates: configuration.serialization == .barrier)
         parentTables = Set(models.compactMap(\.parentTable))
         dependedOnTables = parentTables.union(models.flatMap(\.references.values))
         observer = LocalChangeObserver(tables: Set(models.map(\.name)), parents: parentTables)
-        queue = OperationQueue()
-        queue.name = "tandem.sync.\(clientId)"
-        queue.maxConcurrentOperationCount = 1
-        // No underlying queue here: swift-corelibs-foundation runs a barrier block added to an
-        // empty queue on the operation queue's own backing queue, not on the underlying one,
-        // so with an underlying queue set, later operations would not wait for the barrier.
-        applyQueue = OperationQueue()
-        applyQueue.name = "tandem.apply.\(clientId)"
-        applyQueue.maxConcurrentOperationCount = 1
-        // Listener work of `Serialization.unserialized` gets a private serial queue, which libdispatch
-        // serves with a thread of its own: it must run while a push holds its thread waiting.
-        // (`underlyingQueue` is unowned: the service keeps the dispatch queue alive.)
-        applyDispatchQueue = DispatchQueue(label: "tandem.apply.\(clientId)")
-        applyQueue.underlyingQueue = applyDispatchQueue
+        queue = SyncQueue(label: "tandem.sync.\(clientId)")
         let observer = self.observer
         observer.setOnCommit { [weak self] parentsChanged in self?.localChangesCommitted(parentsChanged: parentsChanged)
         }
@@ -238,9 +223,9 @@ public final class SyncService: Sendable {
         // before any refresh a later commit starts (whose read is newer, and wins).
         let read = nextCountRead()
         do {
-            let counts = try database.writeWithoutTransaction { [store] db in
+            let counts = try database.writeWithoutTransaction { [reconciler] db in
                 db.add(transactionObserver: observer, extent: .observerLifetime)
-                return try store.counts(db)
+                return try reconciler.counts(db)
             }
             showCounts(counts, read: read)
         } catch {
@@ -259,8 +244,10 @@ public final class SyncService: Sendable {
     }
 
     deinit {
-        let (tasks, connection) = state.withLock { ($0.running ? [$0.periodicPush, $0.reconnect] : [], $0.connection) }
-        tasks.forEach { $0?.cancel() }
+        let (timers, connection) = state.withLock {
+            ($0.running ? [$0.periodicPush, $0.reconnect, $0.relisten?.timer] : [], $0.connection)
+        }
+        timers.forEach { $0?.cancel() }
         connection?.close()
     }
 
@@ -278,13 +265,12 @@ public final class SyncService: Sendable {
         guard started else { return }
         connect()
         let interval = configuration.pushInterval
-        let task = Task { [weak self] in
-            while !Task.isCancelled {
-                try? await Task.sleep(for: interval)
-                self?.schedulePush(after: .zero)
-            }
+        let timer = SyncTimer.every(interval) { [weak self] in
+            guard let self else { return false }
+            schedulePush(after: .zero)
+            return true
         }
-        state.withLock { $0.periodicPush = task }
+        state.withLock { $0.periodicPush = timer }
     }
 
     /// Disconnects and stops pushing. Waits for the operation running now; listener changes
@@ -293,8 +279,8 @@ public final class SyncService: Sendable {
     /// within about a second, are stored now, unless `discardingQueuedWork`, which drops them
     /// and the queued operations (pushes included) as a crash would.
     public func stop(discardingQueuedWork: Bool = false) async {
-        let (connection, tasks) = state.withLock { state -> (ServerConnection?, [Task<Void, Never>?]) in
-            let result = (state.connection, [state.periodicPush, state.reconnect, state.relisten?.task])
+        let (connection, timers) = state.withLock { state -> (ServerConnection?, [SyncTimer?]) in
+            let result = (state.connection, [state.periodicPush, state.reconnect, state.relisten?.timer])
             state.running = false
             state.generation += 1
             state.connecting = false
@@ -308,14 +294,13 @@ public final class SyncService: Sendable {
             state.status.isConnected = false
             return result
         }
-        tasks.forEach { $0?.cancel() }
+        timers.forEach { $0?.cancel() }
         connection?.close()
         if discardingQueuedWork {
-            queue.cancelAllOperations()
-            applyQueue.cancelAllOperations()
+            queue.cancelAll()
         }
         await withCheckedContinuation { continuation in
-            queue.addBarrierBlock { [self] in
+            queue.addBarrier { [self] in
                 if discardingQueuedWork {
                     // Its timer's store may have been cancelled with the queue: none is scheduled.
                     deferredTokens.withLock { $0 = DeferredTokens() }
@@ -324,9 +309,6 @@ public final class SyncService: Sendable {
                 }
                 continuation.resume()
             }
-        }
-        await withCheckedContinuation { continuation in
-            applyQueue.addOperation { continuation.resume() }
         }
         // What is left came from the connection just closed: the next one brings it again.
         inbox.withLock { $0.removeAll() }
@@ -356,7 +338,7 @@ public final class SyncService: Sendable {
             try await Task.sleep(for: .milliseconds(10))
         }
         return try await withCheckedThrowingContinuation { continuation in
-            queue.addBarrierBlock { [self] in
+            queue.addBarrier { [self] in
                 continuation.resume(with: Result { try push() })
             }
         }
@@ -387,11 +369,11 @@ public final class SyncService: Sendable {
 
     /// Rows whose push failed for good, with the reason.
     public func failedRecords() throws -> [FailedRecord] {
-        try readState { db in try store.ledger.failedRecords(db) }
+        try readState { db in try reconciler.ledger.failedRecords(db) }
     }
 
     public func failedRecords() async throws -> [FailedRecord] {
-        try await readState { [store] db in try store.ledger.failedRecords(db) }
+        try await readState { [reconciler] db in try reconciler.ledger.failedRecords(db) }
     }
 
     // MARK: - Conflicts
@@ -399,11 +381,11 @@ public final class SyncService: Sendable {
     /// Open conflicts of tables with the ``ConflictPolicy/manual`` policy. Their rows do not
     /// sync until resolved.
     public func conflicts() throws -> [ConflictRecord] {
-        try readState { db in try store.ledger.conflicts(db) }
+        try readState { db in try reconciler.ledger.conflicts(db) }
     }
 
     public func conflicts() async throws -> [ConflictRecord] {
-        try await readState { [store] db in try store.ledger.conflicts(db) }
+        try await readState { [reconciler] db in try reconciler.ledger.conflicts(db) }
     }
 
     /// Resolves an open conflict: ``ConflictResolution/keepLocal`` pushes the local row over the
@@ -413,12 +395,12 @@ public final class SyncService: Sendable {
     ///
     /// - Throws: ``TandemError`` `.invalidArgument` when the conflict is no longer open.
     public func resolve(_ conflict: ConflictRecord, with resolution: ConflictResolution) throws {
-        try ownWrite { db in try store.resolve(conflict, with: resolution, db) }
+        try ownWrite { db in try reconciler.resolve(conflict, with: resolution, db) }
         resolved()
     }
 
     public func resolve(_ conflict: ConflictRecord, with resolution: ConflictResolution) async throws {
-        try await ownWrite { [store] db in try store.resolve(conflict, with: resolution, db) }
+        try await ownWrite { [reconciler] db in try reconciler.resolve(conflict, with: resolution, db) }
         updateStatus { $0.resolvedConflicts += 1 }
         await refreshStatus()
         schedulePush(after: .zero)
@@ -451,13 +433,13 @@ public final class SyncService: Sendable {
 
     /// Makes failed rows pending again and pushes them.
     public func retryFailed() throws {
-        try ownWrite { db in try store.ledger.retryFailed(db) }
+        try ownWrite { db in try reconciler.ledger.retryFailed(db) }
         refreshStatus()
         schedulePush(after: .zero)
     }
 
     public func retryFailed() async throws {
-        try await ownWrite { [store] db in try store.ledger.retryFailed(db) }
+        try await ownWrite { [reconciler] db in try reconciler.ledger.retryFailed(db) }
         await refreshStatus()
         schedulePush(after: .zero)
     }
@@ -501,7 +483,7 @@ public final class SyncService: Sendable {
     /// report and the status both.
     func showCurrentCounts() throws -> (pending: Int, failed: Int, conflicts: Int) {
         let read = nextCountRead()
-        let counts = try readState { [store] db in try store.counts(db) }
+        let counts = try readState { [reconciler] db in try reconciler.counts(db) }
         showCounts(counts, read: read)
         return counts
     }
@@ -510,7 +492,7 @@ public final class SyncService: Sendable {
     func refreshStatus() async {
         let read = nextCountRead()
         do {
-            showCounts(try await readState { [store] db in try store.counts(db) }, read: read)
+            showCounts(try await readState { [reconciler] db in try reconciler.counts(db) }, read: read)
         } catch {
             logger.error("reading the sync status failed", metadata: ["tandem.error": "\(error)"])
         }
@@ -626,21 +608,30 @@ public final class SyncService: Sendable {
     /// stored; the caller notes it once the transaction has committed (a value noted before
     /// a rollback would leave the clock unstored).
     private func storeClockIfMoved(_ db: Database) throws -> Int64? {
-        let latest = store.clock.latest
+        let latest = reconciler.clock.latest
         guard latest > storedClock.load(ordering: .relaxed) else { return nil }
-        try store.ledger.storeClock(latest, db)
+        try reconciler.ledger.storeClock(latest, db)
         return latest
     }
 
     private func localChangesCommitted(parentsChanged: Bool) {
         let pushDue = schedulePush(after: configuration.pushDelay)
         if parentsChanged {
-            queue.addOperation { [weak self] in self?.refreshListeners() }
+            queue.add { [weak self] in self?.refreshListeners() }
         }
         // A push queued at once shows the new counts when it ends (even one that finds no
         // connection), so a read here would only hold it up: on a `DatabaseQueue`, its first
         // write waits for the read (propagation p50 1.24 → 1.04 ms without it).
         if !pushDue || configuration.pushDelay > .zero { refreshStatusSoon() }
+    }
+
+    /// Stops a debug build unless the caller runs on the sync queue, where the push and the
+    /// listener's apply own the sync state (``Confinement``). `listenerWork`: with
+    /// `Serialization.unserialized`, listener work runs on its connection's queue instead.
+    func assertOnSyncQueue(listenerWork: Bool = false, file: StaticString = #fileID, line: UInt = #line) {
+        Confinement.check(
+            queue.isCurrent || (listenerWork && configuration.serialization == .unserialized),
+            "not on the sync queue \(queue.label)", file: file, line: line)
     }
 
     /// Queues a push after `delay`, unless one is due as soon already. Returns whether a push
@@ -658,12 +649,12 @@ public final class SyncService: Sendable {
         guard schedule else { return running }
         let enqueue: @Sendable () -> Void = { [weak self] in
             guard let self, state.withLock({ $0.pushDue == due }) else { return }
-            queue.addBarrierBlock { [weak self] in _ = try? self?.push() }
+            queue.addBarrier { [weak self] in _ = try? self?.push() }
         }
         if delay <= .zero {
             enqueue()
         } else {
-            DispatchQueue.global().asyncAfter(deadline: .now() + delay.dispatchInterval, execute: enqueue)
+            SyncTimer.after(delay, enqueue)
         }
         return true
     }
@@ -675,11 +666,11 @@ extension SyncService {
     ///
     /// A diagnostic for tests and tools that compare a device with the server.
     public func localDocuments() throws -> [CollectionPath: [DocumentID: JSONObject]] {
-        try readState { db in try store.localDocuments(db) }
+        try readState { db in try reconciler.localDocuments(db) }
     }
 
     public func localDocuments() async throws -> [CollectionPath: [DocumentID: JSONObject]] {
-        try await readState { [store] db in try store.localDocuments(db) }
+        try await readState { [reconciler] db in try reconciler.localDocuments(db) }
     }
 
     /// What this device holds and has still to push, read in one transaction: for comparing the
@@ -687,21 +678,21 @@ extension SyncService {
     /// left out of the documents, not synced yet, and out of the unsynced count, written back
     /// since; the status's counts are only refreshed when the push ends.)
     public func localState() async throws -> LocalState {
-        try await readState { [store] db in
-            let counts = try store.counts(db)
+        try await readState { [reconciler] db in
+            let counts = try reconciler.counts(db)
             return LocalState(
-                documents: try store.localDocuments(db), pending: counts.pending, failed: counts.failed,
-                unsynced: try store.unsyncedRowCount(db))
+                documents: try reconciler.localDocuments(db), pending: counts.pending, failed: counts.failed,
+                unsynced: try reconciler.unsyncedRowCount(db))
         }
     }
 
     /// Synced rows that have no server id yet.
     public func unsyncedRowCount() throws -> Int {
-        try readState { db in try store.unsyncedRowCount(db) }
+        try readState { db in try reconciler.unsyncedRowCount(db) }
     }
 
     public func unsyncedRowCount() async throws -> Int {
-        try await readState { [store] db in try store.unsyncedRowCount(db) }
+        try await readState { [reconciler] db in try reconciler.unsyncedRowCount(db) }
     }
 }
 
