@@ -431,15 +431,25 @@ extension SyncService {
             return Array(inbox.prefix(taken))
         }
         let current = batch.filter { _, generation in state.withLock { $0.running && $0.generation == generation } }
-        guard let (first, generation) = current.first else { return }
+        var cycle = ApplyCycle(defersTokens: configuration.serialization == .barrier)
+        guard let (first, generation) = current.first else {
+            _ = cycle.taken(.nothing)
+            return
+        }
         if case .reset(let path) = first {
+            _ = cycle.taken(.reset)
             // A token from before the reset is no use to the listener (the server could not
             // resume from the one stored), nor to the reset's full snapshot.
             deferredTokens.withLock { _ = $0.snapshots.removeValue(forKey: path) }
-            do { try ownWrite { db in try reconciler.ledger.beginReset(path, db) } } catch {
+            let begun: Bool
+            do {
+                try ownWrite { db in try reconciler.ledger.beginReset(path, db) }
+                begun = true
+            } catch {
                 noteError(TandemError("cannot reset \(path)", error, otherwise: .database))
-                startOver(generation)
+                begun = false
             }
+            if cycle.resetBegun(begun) == .startOver { startOver(generation) }
             return
         }
         let arrivals = current.compactMap { arrival, _ -> SnapshotArrival? in
@@ -449,12 +459,14 @@ extension SyncService {
                 nil
             }
         }
-        if configuration.serialization == .barrier, arrivals.allSatisfy({ Self.onlyMovesToken($0.snapshot) }) {
+        let onlyMoveTokens = arrivals.allSatisfy { Self.onlyMovesToken($0.snapshot) }
+        switch cycle.taken(.snapshots(onlyMoveTokens: onlyMoveTokens)) {
+        case .deferTokens:
             deferTokens(arrivals.map { ($0.snapshot, $0.path, $0.target) })
             taken(arrivals, finished: [], generation: generation)
-            return
+        default:
+            apply(arrivals, generation: generation, &cycle)
         }
-        apply(arrivals, generation: generation)
     }
 
     /// The device cannot go on with what this connection brings: a snapshot or a reset the
@@ -489,74 +501,99 @@ extension SyncService {
         snapshot: ServerMessage.Snapshot, path: CollectionPath, target: ListenerTarget, arrival: Int
     )
 
-    /// Applies snapshots and stores their resume tokens in one transaction.
-    private func apply(_ arrivals: [SnapshotArrival], generation: Int) {
-        let snapshots = arrivals.map { ($0.snapshot, $0.path, $0.target) }
-        for (snapshot, _, _) in snapshots { configuration.hooks.beforeApply?(snapshot) }
+    /// Applies snapshots and stores their resume tokens in one transaction, as `cycle` says:
+    /// when a change fails, the transaction is rolled back and the snapshots applied again with
+    /// each change on its own, so that only the changes that fail are left out.
+    private func apply(_ arrivals: [SnapshotArrival], generation: Int, _ cycle: inout ApplyCycle) {
+        for arrival in arrivals { configuration.hooks.beforeApply?(arrival.snapshot) }
         // Stopped while the hook held us: as after a crash, nothing of these snapshots is stored.
         guard state.withLock({ $0.running && $0.generation == generation }) else { return }
-        // One transaction; when a change fails, it is rolled back and the snapshots applied
-        // again with each change on its own, so that only the changes that fail are left out.
-        func applyAll(isolatingChanges: Bool) throws -> [ApplyOutcome] {
-            try ownWrite { db in
-                // The last page of a reset's full snapshot keeps the rows acknowledged after
-                // the snapshot was read: looked up within the transaction, after any
-                // write-back that committed before it. A connection that came meanwhile has
-                // its own window: then nothing is stored, as for any connection gone.
-                let keeping = try state.withLock { state in
-                    guard state.generation == generation else { throw ConnectionGone() }
-                    return arrivals.map { arrival in
-                        arrival.snapshot.initial && !arrival.snapshot.hasMore
-                            ? state.resets.rows(
-                                of: arrival.target.table, in: arrival.path, lastPage: arrival.arrival,
-                                readAtFirstFrame: arrival.target.query != nil)
-                            : []
-                    }
-                }
-                let outcomes = try zip(snapshots, keeping).map { applied, keeping in
-                    let (snapshot, path, target) = applied
-                    return try reconciler.apply(
-                        snapshot, collection: path, target: target, keeping: keeping,
-                        isolatingChanges: isolatingChanges, db)
-                }
-                configuration.hooks.beforeApplyCommit?(snapshots.map(\.0))
-                return outcomes
-            }
-        }
-        do {
-            let outcomes: [ApplyOutcome]
+        var isolating = false
+        while true {
+            let attempt: ApplyCycle.Attempt
             do {
-                outcomes = try applyAll(isolatingChanges: false)
+                let outcomes = try applyInOneTransaction(arrivals, generation: generation, isolatingChanges: isolating)
+                attempt = .applied(finishApply(arrivals, outcomes, generation: generation))
             } catch is Reconciler.ChangeFailed {
-                outcomes = try applyAll(isolatingChanges: true)
+                attempt = .changeFailed
+            } catch is ConnectionGone {
+                attempt = .connectionGone
+            } catch {
+                let paths = Set(arrivals.map(\.path.rawValue)).sorted().joined(separator: ", ")
+                noteError(TandemError("cannot apply a snapshot of \(paths)", error, otherwise: .database))
+                attempt = .failed
             }
-            // Their tokens are later than any of theirs waiting to be stored.
-            deferredTokens.withLock { deferred in
-                for (_, path, _) in snapshots { deferred.snapshots[path] = nil }
+            switch cycle.attempted(attempt) {
+            case .applyIsolating:
+                isolating = true
+            case .finish(let refreshesListeners, let pushSoon, let refreshesStatus):
+                if refreshesListeners { refreshListeners() }
+                if pushSoon { schedulePush(after: configuration.pushDelay) }
+                // Echoes of this device's own writes (the usual snapshot after a push) leave
+                // the counts as they were: no read for them.
+                if refreshesStatus { refreshStatus() }
+                return
+            case .startOver:
+                startOver(generation)
+                refreshStatus()
+                return
+            default:
+                return
             }
-            for (snapshot, _, _) in snapshots { configuration.hooks.afterApply?(snapshot) }
-            let finished = zip(outcomes, arrivals).filter { $0.0.finishedReset }.map { ($0.1.path, $0.1.arrival) }
-            taken(arrivals, finished: finished, generation: generation)
-            var parentsChanged = false
-            for (outcome, (_, _, target)) in zip(outcomes, snapshots) {
-                for failure in outcome.failures { noteError(TandemError(.database, "cannot apply \(failure)")) }
-                if outcome.conflicts > 0 { updateStatus { $0.resolvedConflicts += outcome.conflicts } }
-                if parentTables.contains(target.table) && outcome.inserted + outcome.deleted > 0 {
-                    parentsChanged = true
+        }
+    }
+
+    /// One attempt: every snapshot applied and its token stored, in one transaction.
+    private func applyInOneTransaction(_ arrivals: [SnapshotArrival], generation: Int, isolatingChanges: Bool)
+        throws -> [ApplyOutcome]
+    {
+        try ownWrite { db in
+            // The last page of a reset's full snapshot keeps the rows acknowledged after the
+            // snapshot was read: looked up within the transaction, after any write-back that
+            // committed before it. A connection that came meanwhile has its own window: then
+            // nothing is stored, as for any connection gone.
+            let keeping = try state.withLock { state in
+                guard state.generation == generation else { throw ConnectionGone() }
+                return arrivals.map { arrival in
+                    arrival.snapshot.initial && !arrival.snapshot.hasMore
+                        ? state.resets.rows(
+                            of: arrival.target.table, in: arrival.path, lastPage: arrival.arrival,
+                            readAtFirstFrame: arrival.target.query != nil)
+                        : []
                 }
             }
-            if parentsChanged { refreshListeners() }
-            if outcomes.contains(where: \.leftWorkToPush) { schedulePush(after: configuration.pushDelay) }
-            // Echoes of this device's own writes (the usual snapshot after a push) leave the
-            // counts as they were: no read for them.
-            if outcomes.allSatisfy(\.changedNothing) { return }
-        } catch is ConnectionGone {
-            return
-        } catch {
-            let paths = Set(snapshots.map { $0.1.rawValue }).sorted().joined(separator: ", ")
-            noteError(TandemError("cannot apply a snapshot of \(paths)", error, otherwise: .database))
-            startOver(generation)
+            let outcomes = try zip(arrivals, keeping).map { arrival, keeping in
+                try reconciler.apply(
+                    arrival.snapshot, collection: arrival.path, target: arrival.target, keeping: keeping,
+                    isolatingChanges: isolatingChanges, db)
+            }
+            configuration.hooks.beforeApplyCommit?(arrivals.map(\.snapshot))
+            return outcomes
         }
-        refreshStatus()
+    }
+
+    /// What follows a committed apply at once: kept tokens dropped (theirs are later), the
+    /// reset window told, failures and conflicts noted. Returns what the cycle needs to decide
+    /// the rest.
+    private func finishApply(_ arrivals: [SnapshotArrival], _ outcomes: [ApplyOutcome], generation: Int)
+        -> ApplyCycle.Summary
+    {
+        deferredTokens.withLock { deferred in
+            for arrival in arrivals { deferred.snapshots[arrival.path] = nil }
+        }
+        for arrival in arrivals { configuration.hooks.afterApply?(arrival.snapshot) }
+        let finished = zip(outcomes, arrivals).filter { $0.0.finishedReset }.map { ($0.1.path, $0.1.arrival) }
+        taken(arrivals, finished: finished, generation: generation)
+        var summary = ApplyCycle.Summary()
+        for (outcome, arrival) in zip(outcomes, arrivals) {
+            for failure in outcome.failures { noteError(TandemError(.database, "cannot apply \(failure)")) }
+            if outcome.conflicts > 0 { updateStatus { $0.resolvedConflicts += outcome.conflicts } }
+            if parentTables.contains(arrival.target.table) && outcome.inserted + outcome.deleted > 0 {
+                summary.parentsChanged = true
+            }
+        }
+        summary.leftWorkToPush = outcomes.contains(where: \.leftWorkToPush)
+        summary.changedNothing = outcomes.allSatisfy(\.changedNothing)
+        return summary
     }
 }
