@@ -26,6 +26,28 @@ struct ApplyOutcome: Sendable {
     var finishedReset = false
 }
 
+/// One snapshot being applied: where its documents go, and what applying them found so far.
+struct SnapshotApplication {
+    let model: TableModel
+    let collection: CollectionPath
+    /// The local row the collection is nested under, if it is.
+    let parentRowId: Int64?
+    /// The table's scope, for a document that left it.
+    let scope: Query?
+    var context: ApplyContext
+    var rows: SnapshotRows
+    var outcome = ApplyOutcome()
+
+    init(
+        model: TableModel, collection: CollectionPath, parentRowId: Int64?, scope: Query?, context: ApplyContext,
+        rows: SnapshotRows
+    ) {
+        (self.model, self.collection, self.parentRowId, self.scope) = (model, collection, parentRowId, scope)
+        self.context = context
+        self.rows = rows
+    }
+}
+
 extension Reconciler {
     /// A change could not be applied on the first attempt, which has no savepoints: the
     /// caller rolls its transaction back and applies the snapshots again, isolating changes.
@@ -77,35 +99,34 @@ extension Reconciler {
             try ledger.keepSendingPerRow(tables, keys: nil, db)
             context.unansweredCreates = true
         }
-        var outcome = ApplyOutcome()
         // Rows are looked up and new ones inserted many per statement on the first attempt;
         // each change on its own when isolating them, since a row that fails must be told from
         // the rest.
-        var rows = try SnapshotRows(snapshot, of: model, enabled: !isolatingChanges && !context.waiting, db)
+        var application = SnapshotApplication(
+            model: model, collection: collection, parentRowId: target.parentRowId, scope: target.query,
+            context: context,
+            rows: try SnapshotRows(snapshot, of: model, enabled: !isolatingChanges && !context.waiting, db))
         for change in snapshot.changes {
             if isolatingChanges {
                 do {
                     try db.inSavepoint {
-                        try applyChange(
-                            change, model, collection, target.parentRowId, scope: target.query, &context, &outcome,
-                            &rows, db)
+                        try applyChange(change, &application, db)
                         return .commit
                     }
                 } catch {
                     guard Self.isChangesOwn(error) else { throw error }
-                    outcome.failures.append("\(collection)/\(change.document.id): \(error)")
+                    application.outcome.failures.append("\(collection)/\(change.document.id): \(error)")
                 }
             } else {
-                do {
-                    try applyChange(
-                        change, model, collection, target.parentRowId, scope: target.query, &context, &outcome,
-                        &rows, db)
-                } catch {
+                do { try applyChange(change, &application, db) } catch {
                     throw Self.isChangesOwn(error) ? ChangeFailed(underlying: error) : error
                 }
             }
         }
-        do { try rows.insert(db) } catch { throw Self.isChangesOwn(error) ? ChangeFailed(underlying: error) : error }
+        do { try application.rows.insert(db) } catch {
+            throw Self.isChangesOwn(error) ? ChangeFailed(underlying: error) : error
+        }
+        var outcome = application.outcome
         if resetting { try ledger.noteSeenInReset(collection, snapshot.changes.lazy.map(\.document.id), db) }
         try ledger.storeResumeToken(snapshot.resumeToken, for: collection, db)
         if resetting && snapshot.initial && !snapshot.hasMore {
@@ -118,89 +139,123 @@ extension Reconciler {
         return outcome
     }
 
-    private func applyChange(
-        _ change: Change, _ model: TableModel, _ collection: CollectionPath, _ parentRowId: Int64?, scope: Query?,
-        _ context: inout ApplyContext, _ outcome: inout ApplyOutcome, _ rows: inout SnapshotRows, _ db: Database
-    ) throws {
+    /// Applies one change of a snapshot: a document that left the view, a remote delete, a
+    /// newer version of a row this device holds, or a document new to it.
+    private func applyChange(_ change: Change, _ application: inout SnapshotApplication, _ db: Database) throws {
         let document = change.document
-        let serverId = document.id.rawValue
         receiveTimes(of: document)
-        let local = try rows.lookup(serverId, holding: document.version, ledger, db)
-
-        if context.gone {
-            // What the device knew of this document's delete: the tombstone brings it now, or
-            // the change is older than the delete (queued before it) and brings nothing.
-            if let goneAt = try ledger.goneVersion(collection, serverId, db) {
-                if document.version <= goneAt && !document.deleted {
-                    outcome.unchanged += 1
-                    return
-                }
-                try ledger.clearGone(collection, serverId, db)
-            }
+        let local = try application.rows.lookup(document.id.rawValue, holding: document.version, ledger, db)
+        if application.context.gone, try isOlderThanItsDelete(document, application.collection, db) {
+            application.outcome.unchanged += 1
+            return
         }
-
         if change.kind == .removed && !document.deleted {
-            guard let local else { return }
-            if !local.isDirty, try putBackInScope(local.id, model, after: document, scope: scope, &rows, db) {
-                outcome.unchanged += 1
-            } else {
-                try leaveScope(model, rowId: local.id, document, collection, &context, &outcome, db)
-            }
+            if let local { try applyRemoval(from: local, after: document, &application, db) }
             return
         }
-        if context.outOfScope, let local { try ledger.backInScope(model, rowId: local.id, db) }
-
+        if application.context.outOfScope, let local { try ledger.backInScope(application.model, rowId: local.id, db) }
         if change.kind == .deleted || document.deleted {
-            // A remote delete removes the local row, unpushed edits included.
-            if let local {
-                try ledger.removeRow(model, id: local.id, db)
-                outcome.deleted += 1
-            } else if context.unansweredCreates, let create = try unansweredCreate(of: document, model, db) {
-                // This device's own create, applied by the server but never answered, was
-                // deleted since: the delete wins here too.
-                if try ledger.revision(model, rowId: create.rowId, db) != nil {
-                    try ledger.removeRow(model, id: create.rowId, db)
-                    outcome.deleted += 1
-                } else {
-                    try ledger.forget(model.name, create.rowId, db)
-                }
-            } else {
-                try ledger.forgetDocument(model, collection, serverId: serverId, db)
-            }
-            return
+            try applyDelete(of: document, local: local?.id, &application, db)
+        } else if let local {
+            try applyVersion(document, to: local, &application, db)
+        } else {
+            try applyNew(document, &application, db)
         }
+    }
 
+    /// What the device knew of a document's delete: the tombstone brings it now (the delete is
+    /// forgotten), or the change is older than the delete (queued before it) and brings
+    /// nothing (true).
+    private func isOlderThanItsDelete(_ document: Document, _ collection: CollectionPath, _ db: Database) throws
+        -> Bool
+    {
+        guard let goneAt = try ledger.goneVersion(collection, document.id.rawValue, db) else { return false }
+        if document.version <= goneAt && !document.deleted { return true }
+        try ledger.clearGone(collection, document.id.rawValue, db)
+        return false
+    }
+
+    /// The document left the view (a scope's query, or the user's read rules): the row goes,
+    /// unless this device wrote it back in meanwhile.
+    private func applyRemoval(
+        from local: (id: Int64, isDirty: Bool, holdsVersion: Bool), after document: Document,
+        _ application: inout SnapshotApplication, _ db: Database
+    ) throws {
+        if !local.isDirty,
+            try putBackInScope(
+                local.id, application.model, after: document, scope: application.scope, &application.rows, db)
+        {
+            application.outcome.unchanged += 1
+        } else {
+            try leaveScope(
+                application.model, rowId: local.id, document, application.collection, &application.context,
+                &application.outcome, db)
+        }
+    }
+
+    /// A remote delete removes the local row, unpushed edits included; so it does this device's
+    /// own create, applied by the server but never answered, deleted since.
+    private func applyDelete(
+        of document: Document, local: Int64?, _ application: inout SnapshotApplication, _ db: Database
+    ) throws {
+        let model = application.model
         if let local {
-            let rowId = local.id
-            // An echo of this device's own write, or older: nothing to do (but to bring the
-            // row back into scope, above).
-            guard !local.holdsVersion else {
-                if !context.outOfScope { outcome.unchanged += 1 }
-                return
-            }
-            if try local.isDirty || ledger.isInConflict(model, rowId: rowId, db) {
-                // Unpushed local changes: the table's policy decides.
-                let settlement = try settle(model, rowId: rowId, remote: document, collection: collection, db)
-                if settlement != .recorded { outcome.conflicts += 1 }
-                if settlement == .keptLocal || settlement == .merged { outcome.leftWorkToPush = true }
+            try ledger.removeRow(model, id: local, db)
+            application.outcome.deleted += 1
+        } else if application.context.unansweredCreates, let create = try unansweredCreate(of: document, model, db) {
+            if try ledger.revision(model, rowId: create.rowId, db) != nil {
+                try ledger.removeRow(model, id: create.rowId, db)
+                application.outcome.deleted += 1
             } else {
-                try overwrite(model, rowId: rowId, with: document, collection: collection, db)
+                try ledger.forget(model.name, create.rowId, db)
             }
-            outcome.updated += 1
-            return
+        } else {
+            try ledger.forgetDocument(model, application.collection, serverId: document.id.rawValue, db)
         }
+    }
 
-        if context.unansweredCreates, try adoptOwnCreate(document, model, collection, &context, &outcome, db) {
+    /// A version of a row this device holds: an echo of its own write, or older, changes
+    /// nothing; over unpushed local changes the table's policy decides; otherwise it is taken.
+    private func applyVersion(
+        _ document: Document, to local: (id: Int64, isDirty: Bool, holdsVersion: Bool),
+        _ application: inout SnapshotApplication, _ db: Database
+    ) throws {
+        let (model, collection) = (application.model, application.collection)
+        guard !local.holdsVersion else {
+            // Nothing to do, but to bring the row back into scope (done before this).
+            if !application.context.outOfScope { application.outcome.unchanged += 1 }
             return
         }
+        if try local.isDirty || ledger.isInConflict(model, rowId: local.id, db) {
+            let settlement = try settle(model, rowId: local.id, remote: document, collection: collection, db)
+            if settlement != .recorded { application.outcome.conflicts += 1 }
+            if settlement == .keptLocal || settlement == .merged { application.outcome.leftWorkToPush = true }
+        } else {
+            try overwrite(model, rowId: local.id, with: document, collection: collection, db)
+        }
+        application.outcome.updated += 1
+    }
 
-        // Deleted here and not pushed yet: the delete wins; it goes out at this version.
-        if context.filedDeletes, try ledger.raiseFiledDelete(model, serverId: serverId, to: document.version, db) {
-            outcome.leftWorkToPush = true
+    /// A document the device has no row for: this device's own unanswered create, a document it
+    /// deleted and has not pushed yet (the delete wins, at this version), or a new row.
+    private func applyNew(_ document: Document, _ application: inout SnapshotApplication, _ db: Database) throws {
+        let (model, collection) = (application.model, application.collection)
+        if application.context.unansweredCreates,
+            try adoptOwnCreate(document, model, collection, &application.context, &application.outcome, db)
+        {
             return
         }
-        if try insert(document, into: model, parentRowId: parentRowId, collection: collection, &context, &rows, db) {
-            outcome.inserted += 1
+        if application.context.filedDeletes,
+            try ledger.raiseFiledDelete(model, serverId: document.id.rawValue, to: document.version, db)
+        {
+            application.outcome.leftWorkToPush = true
+            return
+        }
+        if try insert(
+            document, into: model, parentRowId: application.parentRowId, collection: collection,
+            &application.context, &application.rows, db)
+        {
+            application.outcome.inserted += 1
         }
     }
 
@@ -516,12 +571,10 @@ extension Reconciler {
         }
         for deferred in waiting.documents {
             guard let child = byName[deferred.table] else { continue }
-            var outcome = ApplyOutcome()
-            var context = ApplyContext.everything
-            var rows = try SnapshotRows(nil, of: child, enabled: false, db)
-            try applyChange(
-                Change(.added, deferred.document), child, deferred.collection, deferred.parentRowId, scope: nil,
-                &context, &outcome, &rows, db)
+            var application = SnapshotApplication(
+                model: child, collection: deferred.collection, parentRowId: deferred.parentRowId, scope: nil,
+                context: .everything, rows: try SnapshotRows(nil, of: child, enabled: false, db))
+            try applyChange(Change(.added, deferred.document), &application, db)
         }
     }
 
