@@ -188,9 +188,6 @@ extension SyncLedger {
         let literal = SQL.literal(name)
         let trigger = { (suffix: String) in SQL.quote("tandem_\(name)_\(suffix)") }
         let tracked = model.trackedColumns.map(SQL.quote).joined(separator: ", ")
-        // A filed delete needs the document's collection: a root table's is known; a nested
-        // table's was recorded when the row synced (see ``TableModel/recordsSyncedRows``).
-        let collection = model.rootCollection.map { SQL.literal($0.rawValue) } ?? "NULL"
         let explanation = SQL.literal(
             "Tandem: the sync columns of \(name) (serverId, serverVersion, localRevision) are maintained by Tandem; "
                 + "leave them out of the columns your record encodes")
@@ -198,30 +195,7 @@ extension SyncLedger {
             try db.execute(sql: "DROP TRIGGER IF EXISTS \(trigger(suffix))")
         }
 
-        // Field-level tables keep when each field was last written here. These statements run
-        // after the row's `updatedAt` was stamped, and read it. (An upsert, not INSERT OR
-        // REPLACE: inside a trigger, SQLite lets the outer statement's conflict handling
-        // override an OR clause, and a foreign key action turns REPLACE into ABORT.)
-        var insertTimes = ""
-        var updateTimes = ""
-        if model.mergesFields {
-            insertTimes = model.fieldColumns.map { column in
-                """
-                INSERT INTO tandem_field (tableName, rowId, field, time)
-                SELECT \(literal), NEW.id, \(SQL.literal(column)), updatedAt FROM \(table) WHERE id = NEW.id
-                ON CONFLICT (tableName, rowId, field) DO UPDATE SET time = excluded.time;
-                """
-            }.joined(separator: "\n")
-            updateTimes = model.fieldColumns.map { column in
-                """
-                INSERT INTO tandem_field (tableName, rowId, field, time)
-                SELECT \(literal), NEW.id, \(SQL.literal(column)), updatedAt FROM \(table)
-                WHERE id = NEW.id AND NEW.\(SQL.quote(column)) IS NOT OLD.\(SQL.quote(column))
-                ON CONFLICT (tableName, rowId, field) DO UPDATE SET time = excluded.time;
-                """
-            }.joined(separator: "\n")
-        }
-
+        let (insertTimes, updateTimes) = fieldTimeStatements(model)
         try db.execute(
             sql: """
                 CREATE TRIGGER \(trigger("insert")) AFTER INSERT ON \(table)
@@ -239,28 +213,7 @@ extension SyncLedger {
                 BEGIN
                     SELECT RAISE(ABORT, \(explanation));
                 END;
-                CREATE TRIGGER \(trigger("delete")) AFTER DELETE ON \(table)
-                WHEN OLD.isDeleted = 0
-                BEGIN
-                    INSERT INTO tandem_row (tableName, rowId, serverId, collection, serverVersion, pendingOp, state)
-                    SELECT \(literal), OLD.id, OLD.serverId, \(collection), OLD.serverVersion, 'delete', 'pending'
-                    WHERE OLD.serverId IS NOT NULL
-                    ON CONFLICT (tableName, rowId) DO UPDATE SET serverId = excluded.serverId,
-                        collection = COALESCE(excluded.collection, collection), serverVersion = excluded.serverVersion,
-                        pendingOp = 'delete', idempotencyKey = NULL, attempts = 0, state = 'pending', errorCode = NULL,
-                        serverErrorCode = NULL, lastError = NULL, outOfScope = 0;
-                    INSERT INTO tandem_row (tableName, rowId, pendingOp, idempotencyKey, pushedRevision)
-                    SELECT \(literal), OLD.id, 'create', listed.key || '-' || OLD.id, listed.revision
-                    FROM (
-                        SELECT s.key, json_extract(s.rows, '$."' || OLD.id || '"') AS revision FROM tandem_sending AS s
-                        WHERE OLD.serverId IS NULL AND s.tableName = \(literal)
-                            AND OLD.id BETWEEN s.firstRowId AND s.lastRowId
-                    ) AS listed
-                    WHERE listed.revision IS NOT NULL
-                    ON CONFLICT (tableName, rowId) DO NOTHING;
-                    DELETE FROM tandem_field WHERE tableName = \(literal) AND rowId = OLD.id;
-                    DELETE FROM tandem_conflict WHERE tableName = \(literal) AND rowId = OLD.id;
-                END;
+                \(deleteTrigger(model, named: trigger("delete")))
                 """)
         if !model.references.isEmpty {
             // The app set a reference itself: what the row waited for no longer matters.
@@ -289,5 +242,62 @@ extension SyncLedger {
                     END;
                     """)
         }
+    }
+
+    /// Field-level tables keep when each field was last written here. These statements run
+    /// after the row's `updatedAt` was stamped, and read it. (An upsert, not INSERT OR REPLACE:
+    /// inside a trigger, SQLite lets the outer statement's conflict handling override an OR
+    /// clause, and a foreign key action turns REPLACE into ABORT.)
+    private static func fieldTimeStatements(_ model: TableModel) -> (insert: String, update: String) {
+        guard model.mergesFields else { return ("", "") }
+        let (table, literal) = (model.quotedName, SQL.literal(model.name))
+        let insert = model.fieldColumns.map { column in
+            """
+            INSERT INTO tandem_field (tableName, rowId, field, time)
+            SELECT \(literal), NEW.id, \(SQL.literal(column)), updatedAt FROM \(table) WHERE id = NEW.id
+            ON CONFLICT (tableName, rowId, field) DO UPDATE SET time = excluded.time;
+            """
+        }.joined(separator: "\n")
+        let update = model.fieldColumns.map { column in
+            """
+            INSERT INTO tandem_field (tableName, rowId, field, time)
+            SELECT \(literal), NEW.id, \(SQL.literal(column)), updatedAt FROM \(table)
+            WHERE id = NEW.id AND NEW.\(SQL.quote(column)) IS NOT OLD.\(SQL.quote(column))
+            ON CONFLICT (tableName, rowId, field) DO UPDATE SET time = excluded.time;
+            """
+        }.joined(separator: "\n")
+        return (insert, update)
+    }
+
+    /// The trigger that files the app's delete of a synced row (see ``installTriggers(_:_:)``).
+    private static func deleteTrigger(_ model: TableModel, named trigger: String) -> String {
+        let (table, literal) = (model.quotedName, SQL.literal(model.name))
+        // A filed delete needs the document's collection: a root table's is known; a nested
+        // table's was recorded when the row synced (see ``TableModel/recordsSyncedRows``).
+        let collection = model.rootCollection.map { SQL.literal($0.rawValue) } ?? "NULL"
+        return """
+            CREATE TRIGGER \(trigger) AFTER DELETE ON \(table)
+            WHEN OLD.isDeleted = 0
+            BEGIN
+                INSERT INTO tandem_row (tableName, rowId, serverId, collection, serverVersion, pendingOp, state)
+                SELECT \(literal), OLD.id, OLD.serverId, \(collection), OLD.serverVersion, 'delete', 'pending'
+                WHERE OLD.serverId IS NOT NULL
+                ON CONFLICT (tableName, rowId) DO UPDATE SET serverId = excluded.serverId,
+                    collection = COALESCE(excluded.collection, collection), serverVersion = excluded.serverVersion,
+                    pendingOp = 'delete', idempotencyKey = NULL, attempts = 0, state = 'pending', errorCode = NULL,
+                    serverErrorCode = NULL, lastError = NULL, outOfScope = 0;
+                INSERT INTO tandem_row (tableName, rowId, pendingOp, idempotencyKey, pushedRevision)
+                SELECT \(literal), OLD.id, 'create', listed.key || '-' || OLD.id, listed.revision
+                FROM (
+                    SELECT s.key, json_extract(s.rows, '$."' || OLD.id || '"') AS revision FROM tandem_sending AS s
+                    WHERE OLD.serverId IS NULL AND s.tableName = \(literal)
+                        AND OLD.id BETWEEN s.firstRowId AND s.lastRowId
+                ) AS listed
+                WHERE listed.revision IS NOT NULL
+                ON CONFLICT (tableName, rowId) DO NOTHING;
+                DELETE FROM tandem_field WHERE tableName = \(literal) AND rowId = OLD.id;
+                DELETE FROM tandem_conflict WHERE tableName = \(literal) AND rowId = OLD.id;
+            END;
+            """
     }
 }

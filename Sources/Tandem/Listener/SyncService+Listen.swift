@@ -22,43 +22,7 @@ extension SyncService {
                     timeout: Self.connectTimeout, logger: logger,
                     onClose: { [weak self] event in self?.connectionClosed(generation: generation, reason: "\(event)") }
                 )
-                let current = state.withLock { state -> Bool in
-                    guard state.running, state.generation == generation else { return false }
-                    state.connecting = false
-                    state.connection = connection
-                    state.listening = Listeners()
-                    state.resets = ResetWindow()
-                    state.listenFailures = [:]
-                    state.reconnectAttempt = state.droppedInARow
-                    state.connectedAt = .now
-                    state.status.isConnected = true
-                    return true
-                }
-                guard current else {
-                    connection.close()
-                    return
-                }
-                guard connection.isOpen else {
-                    connectionClosed(generation: generation, reason: "closed during the handshake")
-                    return
-                }
-                logger.debug("connected", metadata: ["tandem.client": "\(clientId)", "tandem.server": "\(url)"])
-                publishStatus()
-                if let hook = configuration.hooks.afterConnect { await onThreadOfItsOwn(hook) }
-                // Push before pull: changes made offline (and creates whose answer was lost)
-                // go out before the listeners bring the server's state. Until this push has
-                // run, no listener opens on the connection (`refreshListeners()` waits for
-                // it): a refresh queued earlier, by a local commit to a parent table, would
-                // otherwise start a reset's full snapshot before the push, and its end would
-                // remove the rows the push had just given server ids.
-                queue.addBarrier { [weak self] in
-                    guard let self else { return }
-                    _ = try? push()
-                    state.withLock { state in
-                        if state.generation == generation { state.pushedOnConnect = generation }
-                    }
-                    refreshListeners()
-                }
+                await connected(connection, generation: generation, url: url)
             } catch {
                 let retry = state.withLock { state -> Bool in
                     guard state.generation == generation else { return false }
@@ -71,6 +35,47 @@ extension SyncService {
                     scheduleReconnect()
                 }
             }
+        }
+    }
+
+    /// A connection attempt succeeded: the connection becomes the service's (unless the
+    /// service stopped or tried again meanwhile), and its first push is queued.
+    private func connected(_ connection: ServerConnection, generation: Int, url: String) async {
+        let current = state.withLock { state -> Bool in
+            guard state.running, state.generation == generation else { return false }
+            state.connecting = false
+            state.connection = connection
+            state.listening = Listeners()
+            state.resets = ResetWindow()
+            state.listenFailures = [:]
+            state.reconnectAttempt = state.droppedInARow
+            state.connectedAt = .now
+            state.status.isConnected = true
+            return true
+        }
+        guard current else {
+            connection.close()
+            return
+        }
+        guard connection.isOpen else {
+            connectionClosed(generation: generation, reason: "closed during the handshake")
+            return
+        }
+        logger.debug("connected", metadata: ["tandem.client": "\(clientId)", "tandem.server": "\(url)"])
+        publishStatus()
+        if let hook = configuration.hooks.afterConnect { await onThreadOfItsOwn(hook) }
+        // Push before pull: changes made offline (and creates whose answer was lost) go out
+        // before the listeners bring the server's state. Until this push has run, no listener
+        // opens on the connection (`refreshListeners()` waits for it): a refresh queued earlier,
+        // by a local commit to a parent table, would otherwise start a reset's full snapshot
+        // before the push, and its end would remove the rows the push had just given server ids.
+        queue.addBarrier { [weak self] in
+            guard let self else { return }
+            _ = try? push()
+            state.withLock { state in
+                if state.generation == generation { state.pushedOnConnect = generation }
+            }
+            refreshListeners()
         }
     }
 
@@ -164,81 +169,103 @@ extension SyncService {
                     ? state.connection.map { ($0, state.generation) } : nil
             }), connection.isOpen
         else { return }
-        let (user, maxMessageBytes) = (connection.welcome.user, connection.welcome.limits.maxMessageBytes)
         // A collection listened to (again) starts from its latest token.
         storeDeferredTokens()
+        let plan: ListenerPlan
         do {
-            var problems: [TandemError] = []
-            let (desired, tokens, views, resetting) = try readState { db in
-                let desired = try reconciler.desiredListeners(db, user: user) { problems.append($0) }
-                var tokens: [CollectionPath: String] = [:]
-                var views: [CollectionPath: [DocumentID]] = [:]
-                var resetting: Set<CollectionPath> = []
-                for (path, target) in desired {
-                    tokens[path] = try reconciler.ledger.resumeToken(for: path, db)
-                    if try reconciler.ledger.isResetting(path, db) { resetting.insert(path) }
-                    // A scoped table resumes with the ids it holds: the server sends only how
-                    // they changed.
-                    // (Too many to send in one message, they are not: the server then sends a
-                    // reset and the whole view.)
-                    // Nor while a reset's full snapshot is under way: the rows it has not
-                    // brought yet are still here, and the server would not send them again.
-                    // (Only for listeners about to open: a refresh runs whenever parents change.)
-                    if target.query != nil, tokens[path] != nil,
-                        state.withLock({ $0.listening.open[path]?.target != target }), !resetting.contains(path)
-                    {
-                        let ids = try reconciler.viewIDs(of: target.table, db)
-                        let bytes = ids.reduce(0) { $0 + $1.rawValue.utf8.count + 3 }
-                        if bytes < maxMessageBytes / 2 { views[path] = ids }
-                    }
-                }
-                return (desired, tokens, views, resetting)
-            }
-            for problem in problems { noteError(problem) }
-            // Opened in path order, so that the order snapshots arrive in is reproducible.
-            typealias Changes = (
-                open: [(CollectionPath, ListenerTarget, Listeners.Name)], close: [(CollectionPath, String)]
-            )
-            let (open, close) = state.withLock { state -> Changes in
-                // The connection went while the state was read: the next one has its own refresh.
-                guard state.connection === connection, state.generation == generation else { return ([], []) }
-                let close = state.listening.open.filter { desired[$0.key] != $0.value.target }
-                for path in close.keys { state.listening.open[path] = nil }
-                let open = desired.filter { state.listening.open[$0.key] == nil }.sorted { $0.key < $1.key }
-                    .map { path, target in (path, target, state.listening.opening(path, target)) }
-                for (path, target, _) in open where resetting.contains(path) {
-                    state.resets.expect(path, since: connection.arrivals, isView: target.query != nil)
-                }
-                return (open, close.map { ($0.key, $0.value.name) })
-            }
-            // Closed before its round is: no frame of it comes after the number read here.
-            for (_, name) in close { connection.unlisten(name) }
-            state.withLock { state in
-                guard state.generation == generation else { return }
-                for (path, _) in close { state.resets.close(path, at: connection.arrivals) }
-            }
-            let excludingOwnWrites = !configuration.receivesOwnWrites && configuration.serialization == .barrier
-            for (path, target, name) in open {
-                // A reset's full snapshot, resumed on this connection, is the whole truth: the
-                // rows it does not bring go at its end, so it must bring what this connection's
-                // push wrote before the listen too. So must a collection listened to again on
-                // this connection: the device may have removed its rows since (their parent
-                // left the scope), this connection's writes among them, which the server, once
-                // noted, would leave out of any later listener's catch-up.
-                connection.listen(
-                    to: path, target: name.text, resumeToken: tokens[path], query: target.query, view: views[path],
-                    excludingOwnWrites: excludingOwnWrites && !resetting.contains(path) && name.isFirst
-                ) { [weak self, weak connection] event in
-                    self?.listenerEvent(
-                        event, arrival: connection?.arrivals ?? 0, path: path, target: target, name: name.text,
-                        generation: generation)
-                }
-            }
+            plan = try readListenerPlan(for: connection)
         } catch {
             // Nothing would listen on this connection until the next refresh: it goes, and
             // the next one tries again (see `startOver`).
             noteError(TandemError("cannot read the listeners", error, otherwise: .database))
             startOver(generation)
+            return
+        }
+        // Opened in path order, so that the order snapshots arrive in is reproducible.
+        let (open, close) = state.withLock { state -> ListenerChanges in
+            // The connection went while the state was read: the next one has its own refresh.
+            guard state.connection === connection, state.generation == generation else { return ([], []) }
+            let close = state.listening.open.filter { plan.desired[$0.key] != $0.value.target }
+            for path in close.keys { state.listening.open[path] = nil }
+            let open = plan.desired.filter { state.listening.open[$0.key] == nil }.sorted { $0.key < $1.key }
+                .map { path, target in (path, target, state.listening.opening(path, target)) }
+            for (path, target, _) in open where plan.resetting.contains(path) {
+                state.resets.expect(path, since: connection.arrivals, isView: target.query != nil)
+            }
+            return (open, close.map { ($0.key, $0.value.name) })
+        }
+        // Closed before its round is: no frame of it comes after the number read here.
+        for (_, name) in close { connection.unlisten(name) }
+        state.withLock { state in
+            guard state.generation == generation else { return }
+            for (path, _) in close { state.resets.close(path, at: connection.arrivals) }
+        }
+        openListeners(open, with: plan, on: connection, generation: generation)
+    }
+
+    /// What the listeners should be, read from the database: the listeners wanted, their
+    /// resume tokens, the views scoped tables resume with, and the collections being reset.
+    private struct ListenerPlan {
+        var desired: [CollectionPath: ListenerTarget] = [:]
+        var tokens: [CollectionPath: String] = [:]
+        var views: [CollectionPath: [DocumentID]] = [:]
+        var resetting: Set<CollectionPath> = []
+    }
+
+    private typealias ListenerChanges = (
+        open: [(CollectionPath, ListenerTarget, Listeners.Name)], close: [(CollectionPath, String)]
+    )
+
+    private func readListenerPlan(for connection: ServerConnection) throws -> ListenerPlan {
+        let (user, maxMessageBytes) = (connection.welcome.user, connection.welcome.limits.maxMessageBytes)
+        var problems: [TandemError] = []
+        defer { for problem in problems { noteError(problem) } }
+        return try readState { db in
+            var plan = ListenerPlan()
+            plan.desired = try reconciler.desiredListeners(db, user: user) { problems.append($0) }
+            for (path, target) in plan.desired {
+                plan.tokens[path] = try reconciler.ledger.resumeToken(for: path, db)
+                if try reconciler.ledger.isResetting(path, db) { plan.resetting.insert(path) }
+                // A scoped table resumes with the ids it holds: the server sends only how they
+                // changed. (Too many to send in one message, they are not: the server then
+                // sends a reset and the whole view.) Nor while a reset's full snapshot is under
+                // way: the rows it has not brought yet are still here, and the server would not
+                // send them again. (Only for listeners about to open: a refresh runs whenever
+                // parents change.)
+                if target.query != nil, plan.tokens[path] != nil,
+                    state.withLock({ $0.listening.open[path]?.target != target }), !plan.resetting.contains(path)
+                {
+                    let ids = try reconciler.viewIDs(of: target.table, db)
+                    let bytes = ids.reduce(0) { $0 + $1.rawValue.utf8.count + 3 }
+                    if bytes < maxMessageBytes / 2 { plan.views[path] = ids }
+                }
+            }
+            return plan
+        }
+    }
+
+    /// Opens the listeners, each with its token and view.
+    private func openListeners(
+        _ listeners: [(CollectionPath, ListenerTarget, Listeners.Name)], with plan: ListenerPlan,
+        on connection: ServerConnection, generation: Int
+    ) {
+        let excludingOwnWrites = !configuration.receivesOwnWrites && configuration.serialization == .barrier
+        for (path, target, name) in listeners {
+            // A reset's full snapshot, resumed on this connection, is the whole truth: the rows
+            // it does not bring go at its end, so it must bring what this connection's push
+            // wrote before the listen too. So must a collection listened to again on this
+            // connection: the device may have removed its rows since (their parent left the
+            // scope), this connection's writes among them, which the server, once noted, would
+            // leave out of any later listener's catch-up.
+            connection.listen(
+                to: path, target: name.text, resumeToken: plan.tokens[path], query: target.query,
+                view: plan.views[path],
+                excludingOwnWrites: excludingOwnWrites && !plan.resetting.contains(path) && name.isFirst
+            ) { [weak self, weak connection] event in
+                self?.listenerEvent(
+                    event, arrival: connection?.arrivals ?? 0, path: path, target: target, name: name.text,
+                    generation: generation)
+            }
         }
     }
 

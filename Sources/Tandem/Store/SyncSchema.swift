@@ -102,11 +102,27 @@ enum SyncSchema {
             try SyncLedger.moveServerVersions(to: table.name, db)
         }
         columns = try db.columns(in: table.name)
-        // The server-id index leaves out the rows that have none yet (the app's inserts before
-        // their push): an app insert writes no entry, and an acknowledgement adds the server
-        // id's entry without first deleting the row's NULL one, about a tenth of its SQLite work
-        // (docs/BENCHMARKS.md). The lookups by server id (`serverId = ?`) use it all the same.
-        // An index made before, of every row, is made again once.
+        try installIndexes(db, table)
+        let (references, optional) = try checkReferences(of: table, columns, byName)
+        let rootCollection = try checkLocation(of: table)
+        _ = try table.scopeQuery(user: "")
+        let excluded = syncColumnNames.union(["id"]).union(table.localColumns).union(
+            table.foreignKey.map { [$0] } ?? [])
+        let fieldColumns = columns.map(\.name).filter { !excluded.contains($0) }
+        let model = TableModel(
+            definition: table, fieldColumns: fieldColumns, references: references, optionalReferences: optional,
+            rootCollection: rootCollection, policy: table.policy ?? defaultPolicy)
+        try SyncLedger.installTriggers(db, model)
+        return model
+    }
+
+    /// The server-id index leaves out the rows that have none yet (the app's inserts before
+    /// their push): an app insert writes no entry, and an acknowledgement adds the server id's
+    /// entry without first deleting the row's NULL one, about a tenth of its SQLite work
+    /// (docs/BENCHMARKS.md). The lookups by server id (`serverId = ?`) use it all the same. An
+    /// index made before, of every row, is made again once.
+    private static func installIndexes(_ db: Database, _ table: SyncTable) throws {
+        let quoted = SQL.quote(table.name)
         let serverIdIndex = "tandem_\(table.name)_serverId"
         let partial = try Bool.fetchOne(
             db, sql: "SELECT partial FROM pragma_index_list(?) WHERE name = ?", arguments: [table.name, serverIdIndex])
@@ -118,6 +134,14 @@ enum SyncSchema {
                 CREATE INDEX IF NOT EXISTS \(SQL.quote("tandem_\(table.name)_dirty")) ON \(quoted)(isDirty) WHERE isDirty = 1;
                 """)
 
+    }
+
+    /// The table's references and its foreign key name columns it has, and tables that sync.
+    ///
+    /// - Returns: The referenced table by column, and the columns that may be null.
+    private static func checkReferences(
+        of table: SyncTable, _ columns: [ColumnInfo], _ byName: [String: SyncTable]
+    ) throws -> (references: [String: String], optional: Set<String>) {
         let names = Set(columns.map(\.name))
         var references: [String: String] = [:]
         var optional: Set<String> = []
@@ -140,6 +164,12 @@ enum SyncSchema {
                 throw TandemError(.invalidArgument, "table \(table.name) has no foreign key column \(foreignKey)")
             }
         }
+        return (references, optional)
+    }
+
+    /// Where the table's documents go: a valid root collection or nested collection name, and
+    /// no scope on a nested table (its rows follow their parent's).
+    private static func checkLocation(of table: SyncTable) throws -> CollectionPath? {
         var rootCollection: CollectionPath?
         if case .root(let collection) = table.location {
             do { rootCollection = try CollectionPath(collection) } catch {
@@ -153,14 +183,6 @@ enum SyncSchema {
             throw TandemError(
                 .invalidArgument, "table \(table.name) is nested: its rows follow their parent's, it takes no scope")
         }
-        _ = try table.scopeQuery(user: "")
-        let excluded = syncColumnNames.union(["id"]).union(table.localColumns).union(
-            table.foreignKey.map { [$0] } ?? [])
-        let fieldColumns = columns.map(\.name).filter { !excluded.contains($0) }
-        let model = TableModel(
-            definition: table, fieldColumns: fieldColumns, references: references, optionalReferences: optional,
-            rootCollection: rootCollection, policy: table.policy ?? defaultPolicy)
-        try SyncLedger.installTriggers(db, model)
-        return model
+        return rootCollection
     }
 }
