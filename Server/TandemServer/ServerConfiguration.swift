@@ -227,3 +227,70 @@ public enum StoreCut: Sendable {
     /// node cannot tell.
     case afterCommitSent
 }
+
+extension ServerConfiguration {
+    /// Refuses settings the server cannot run with, saying which and why: an open server
+    /// reachable from other machines, tokens sent in the clear, unreadable TLS files, and
+    /// out-of-range numbers.
+    func validate() throws(ServerError) {
+        guard isLoopback || access != nil else {
+            throw ServerError(
+                .invalidConfiguration,
+                "without access control the server only listens on loopback (127.0.0.1 or ::1), not \(host)"
+            )
+        }
+        if !isLoopback, access?.tokens != nil, tls == nil,
+            !allowsPlaintext
+        {
+            throw ServerError(
+                .invalidConfiguration,
+                "listening on \(host) with a token file but without TLS would send every bearer token "
+                    + "across the network in the clear: give a certificate and key (--tls-cert, --tls-key), or "
+                    + "--allow-plaintext when a proxy in front of the server terminates TLS")
+        }
+        if let tls = tls {
+            for file in [tls.certificate, tls.privateKey] where !FileManager.default.isReadableFile(atPath: file.path) {
+                throw ServerError(.invalidConfiguration, "cannot read the TLS file \(file.path)")
+            }
+        }
+        guard (0...65535).contains(port) else {
+            throw ServerError(.invalidConfiguration, "port \(port) is not between 0 and 65535")
+        }
+        try faults?.validate()
+        if adminToken?.isEmpty == true {
+            throw ServerError(.invalidConfiguration, "the admin token must not be empty (it would open the admin API)")
+        }
+        guard maxImportBytes >= 0,
+            maxHTTPBodyBytesInFlight >= maxImportBytes
+        else {
+            throw ServerError(
+                .invalidConfiguration,
+                "maxHTTPBodyBytesInFlight (\(maxHTTPBodyBytesInFlight)) must hold at least one import "
+                    + "of maxImportBytes (\(maxImportBytes))")
+        }
+        guard maxHandshakes >= 1 else {
+            throw ServerError(
+                .invalidConfiguration, "maxHandshakes must be at least 1, not \(maxHandshakes)")
+        }
+        guard stallTimeout >= 1 else {
+            throw ServerError(.invalidConfiguration, "stallTimeout must be at least 1 second, not 0")
+        }
+        guard commitOutcomeTimeout >= .zero else {
+            throw ServerError(
+                .invalidConfiguration,
+                "commitOutcomeTimeout must not be negative, not \(commitOutcomeTimeout)")
+        }
+        let limits = limits
+        guard limits.maxMessageBytes >= 1024, limits.maxOpsPerWrite >= 1, limits.maxListenersPerConnection >= 1,
+            limits.maxDocumentBytes >= 2
+        else {
+            throw ServerError(.invalidConfiguration, "limits must be positive (messages at least 1 KiB): \(limits)")
+        }
+        guard snapshotPageSize >= 1, snapshotPageBytes >= 1024 else {
+            throw ServerError(
+                .invalidConfiguration,
+                "snapshot pages must hold at least 1 document and 1 KiB: snapshotPageSize "
+                    + "\(snapshotPageSize), snapshotPageBytes \(snapshotPageBytes)")
+        }
+    }
+}

@@ -35,84 +35,11 @@ public final class TandemServer: Sendable {
     ///   out-of-range settings; `.storage` when the data folder or database cannot be opened;
     ///   `.listen` when the address is taken.
     public init(configuration: ServerConfiguration) throws(ServerError) {
-        guard configuration.isLoopback || configuration.access != nil else {
-            throw ServerError(
-                .invalidConfiguration,
-                "without access control the server only listens on loopback (127.0.0.1 or ::1), not \(configuration.host)"
-            )
-        }
-        if !configuration.isLoopback, configuration.access?.tokens != nil, configuration.tls == nil,
-            !configuration.allowsPlaintext
-        {
-            throw ServerError(
-                .invalidConfiguration,
-                "listening on \(configuration.host) with a token file but without TLS would send every bearer token "
-                    + "across the network in the clear: give a certificate and key (--tls-cert, --tls-key), or "
-                    + "--allow-plaintext when a proxy in front of the server terminates TLS")
-        }
-        if let tls = configuration.tls {
-            for file in [tls.certificate, tls.privateKey] where !FileManager.default.isReadableFile(atPath: file.path) {
-                throw ServerError(.invalidConfiguration, "cannot read the TLS file \(file.path)")
-            }
-        }
-        guard (0...65535).contains(configuration.port) else {
-            throw ServerError(.invalidConfiguration, "port \(configuration.port) is not between 0 and 65535")
-        }
-        try configuration.faults?.validate()
-        if configuration.adminToken?.isEmpty == true {
-            throw ServerError(.invalidConfiguration, "the admin token must not be empty (it would open the admin API)")
-        }
-        guard configuration.maxImportBytes >= 0,
-            configuration.maxHTTPBodyBytesInFlight >= configuration.maxImportBytes
-        else {
-            throw ServerError(
-                .invalidConfiguration,
-                "maxHTTPBodyBytesInFlight (\(configuration.maxHTTPBodyBytesInFlight)) must hold at least one import "
-                    + "of maxImportBytes (\(configuration.maxImportBytes))")
-        }
-        guard configuration.maxHandshakes >= 1 else {
-            throw ServerError(
-                .invalidConfiguration, "maxHandshakes must be at least 1, not \(configuration.maxHandshakes)")
-        }
-        guard configuration.stallTimeout >= 1 else {
-            throw ServerError(.invalidConfiguration, "stallTimeout must be at least 1 second, not 0")
-        }
-        guard configuration.commitOutcomeTimeout >= .zero else {
-            throw ServerError(
-                .invalidConfiguration,
-                "commitOutcomeTimeout must not be negative, not \(configuration.commitOutcomeTimeout)")
-        }
-        let limits = configuration.limits
-        guard limits.maxMessageBytes >= 1024, limits.maxOpsPerWrite >= 1, limits.maxListenersPerConnection >= 1,
-            limits.maxDocumentBytes >= 2
-        else {
-            throw ServerError(.invalidConfiguration, "limits must be positive (messages at least 1 KiB): \(limits)")
-        }
-        guard configuration.snapshotPageSize >= 1, configuration.snapshotPageBytes >= 1024 else {
-            throw ServerError(
-                .invalidConfiguration,
-                "snapshot pages must hold at least 1 document and 1 KiB: snapshotPageSize "
-                    + "\(configuration.snapshotPageSize), snapshotPageBytes \(configuration.snapshotPageBytes)")
-        }
+        try configuration.validate()
         self.configuration = configuration
         // The store calls back before the core exists; the box hands its news on once it does.
         let relay = StoreRelay()
-        let store: any DocumentStore
-        do {
-            switch configuration.storage {
-            case .sqlite(let directory):
-                store = try SQLiteStore(directory: directory, logger: configuration.logger)
-            case .memory:
-                store = try SQLiteStore(inMemoryWith: configuration.logger)
-            case .external(let factory):
-                store = try factory.open(
-                    StoreContext(
-                        logger: configuration.logger, timeout: configuration.postgresTimeout,
-                        onNews: { relay.news($0) }, onReachability: { relay.reachability($0) }))
-            }
-        } catch {
-            throw ServerError(.storage, "cannot open the store (\(configuration.storage)): \(error)")
-        }
+        let store = try Self.openStore(configuration, relay)
         let core = ServerCore(configuration: configuration, store: store)
         relay.attach(core)
         do {
@@ -138,6 +65,28 @@ public final class TandemServer: Sendable {
                 "tandem.url": "\(url)", "tandem.store": "\(configuration.storage)",
                 "tandem.access": "\(configuration.access == nil ? "open (loopback only)" : "tokens and rules")",
             ])
+    }
+
+    /// Opens the store the configuration names; its news and reachability reach the core
+    /// through `relay`.
+    private static func openStore(_ configuration: ServerConfiguration, _ relay: StoreRelay) throws(ServerError)
+        -> any DocumentStore
+    {
+        do {
+            switch configuration.storage {
+            case .sqlite(let directory):
+                return try SQLiteStore(directory: directory, logger: configuration.logger)
+            case .memory:
+                return try SQLiteStore(inMemoryWith: configuration.logger)
+            case .external(let factory):
+                return try factory.open(
+                    StoreContext(
+                        logger: configuration.logger, timeout: configuration.postgresTimeout,
+                        onNews: { relay.news($0) }, onReachability: { relay.reachability($0) }))
+            }
+        } catch {
+            throw ServerError(.storage, "cannot open the store (\(configuration.storage)): \(error)")
+        }
     }
 
     /// `ws://HOST:PORT` (`wss://` with TLS), for clients.

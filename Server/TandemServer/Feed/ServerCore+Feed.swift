@@ -8,38 +8,12 @@ extension ServerCore {
     func listen(_ session: Session, _ listen: ClientMessage.Listen) {
         Confinement.check(queue)
         let target = listen.target
-        guard session.listeners[target] == nil else {
-            session.send(
-                WireError(.badMessage, "target '\(target)' is already listening on this connection", target: target))
+        if let refusal = refusal(of: listen, on: session) {
+            session.send(refusal)
             return
         }
-        let limit = configuration.limits.maxListenersPerConnection
-        guard session.listeners.count < limit else {
-            session.send(
-                WireError(
-                    .tooManyListeners, "a connection may hold at most \(limit) listeners; unlisten one first",
-                    target: target))
-            return
-        }
-        if let faults, faults.failsListen() {
-            logger.warning("injected fault: listen failed", metadata: ["tandem.session": "\(session.id)"])
-            session.send(
-                WireError(
-                    .internal, "injected fault: the listener failed and was not opened; listen again", target: target))
-            return
-        }
-        var token: ResumeToken?
-        if let tokenText = listen.resumeToken {
-            guard let parsed = ResumeToken(tokenText) else {
-                session.send(
-                    WireError(
-                        .badMessage,
-                        "resumeToken '\(tokenText.prefix(80))' is not a token this server issued; listen without one",
-                        target: target))
-                return
-            }
-            token = parsed
-        }
+        // Checked in `refusal(of:on:)`: a token this server issued, or none.
+        let token = listen.resumeToken.flatMap(ResumeToken.init)
 
         // Access first: a user who may not read the collection learns nothing of it, not even
         // whether a token is current.
@@ -58,31 +32,7 @@ extension ServerCore {
                 session.send(WireError(.permissionDenied, message, target: target))
                 return
             }
-            if let token {
-                let bounds = try store.feedBounds(of: listen.collection)
-                // A query listener that sends its view needs no tombstones: a document of the
-                // view that is gone altogether is removed from it all the same.
-                let needsTombstones = listener.view == nil || listen.view == nil
-                if let reason = Self.resetReason(
-                    token, epoch: store.epoch, bounds: bounds, needsTombstones: needsTombstones)
-                {
-                    session.send(.reset(.init(target: target, reason: reason)))
-                    listener.catchUpLeavesOutOwnWrites = false
-                } else if listener.view == nil {
-                    listener.position = token.sequence
-                } else if let view = listen.view {
-                    listener.position = token.sequence
-                    listener.resumedView = view
-                } else {
-                    // Without the ids of its view, the server cannot tell which documents left it.
-                    session.send(
-                        .reset(
-                            .init(
-                                target: target,
-                                reason: "a query listener resumes exactly with the ids of its view (\"view\"); "
-                                    + "the whole view follows")))
-                }
-            }
+            if let token { try resume(listener, from: token, view: listen.view) }
             try follow(listener.collection)
             followed[listener.collection]!.add(listener)
         } catch {
@@ -92,6 +42,61 @@ extension ServerCore {
         }
         session.listeners[target] = listener
         advance(listener)
+    }
+
+    /// Why a listen cannot start, before anything about its collection is looked at: its
+    /// target already listens, the connection holds its most listeners, an injected fault, or
+    /// a resume token this server did not issue.
+    private func refusal(of listen: ClientMessage.Listen, on session: Session) -> WireError? {
+        let target = listen.target
+        guard session.listeners[target] == nil else {
+            return WireError(.badMessage, "target '\(target)' is already listening on this connection", target: target)
+        }
+        let limit = configuration.limits.maxListenersPerConnection
+        guard session.listeners.count < limit else {
+            return WireError(
+                .tooManyListeners, "a connection may hold at most \(limit) listeners; unlisten one first",
+                target: target)
+        }
+        if let faults, faults.failsListen() {
+            logger.warning("injected fault: listen failed", metadata: ["tandem.session": "\(session.id)"])
+            return WireError(
+                .internal, "injected fault: the listener failed and was not opened; listen again", target: target)
+        }
+        if let tokenText = listen.resumeToken, ResumeToken(tokenText) == nil {
+            return WireError(
+                .badMessage,
+                "resumeToken '\(tokenText.prefix(80))' is not a token this server issued; listen without one",
+                target: target)
+        }
+        return nil
+    }
+
+    /// Where a listener with a resume token starts: after the token, or (told with a `reset`)
+    /// from the whole collection, when the feed no longer reaches back to the token or a query
+    /// listener resumes without the ids of its view.
+    private func resume(_ listener: Listener, from token: ResumeToken, view: [DocumentID]?) throws {
+        let bounds = try store.feedBounds(of: listener.collection)
+        // A query listener that sends its view needs no tombstones: a document of the view that
+        // is gone altogether is removed from it all the same.
+        let needsTombstones = listener.view == nil || view == nil
+        if let reason = Self.resetReason(token, epoch: store.epoch, bounds: bounds, needsTombstones: needsTombstones) {
+            listener.session.send(.reset(.init(target: listener.target, reason: reason)))
+            listener.catchUpLeavesOutOwnWrites = false
+        } else if listener.view == nil {
+            listener.position = token.sequence
+        } else if let view {
+            listener.position = token.sequence
+            listener.resumedView = view
+        } else {
+            // Without the ids of its view, the server cannot tell which documents left it.
+            listener.session.send(
+                .reset(
+                    .init(
+                        target: listener.target,
+                        reason: "a query listener resumes exactly with the ids of its view (\"view\"); "
+                            + "the whole view follows")))
+        }
     }
 
     /// Why a token cannot resume, or nil when it can.

@@ -85,6 +85,17 @@ final class WriteGroup {
         var records: [IdempotencyRecord] = []
         var results: [WriteResult] = []
         var resultSequences: [Int64?] = []
+
+        /// Room for every op's result, document and record up front.
+        init(reservingFor ops: [WriteOp]) {
+            results.reserveCapacity(ops.count)
+            resultSequences.reserveCapacity(ops.count)
+            let named = ops.count { $0.id != nil }
+            documents.reserveCapacity(named)
+            created.reserveCapacity(ops.count - named)
+            writtenOrder.reserveCapacity(ops.count)
+            records.reserveCapacity(ops.count)
+        }
     }
 
     /// Reads, in a few batched reads, what the group's messages will look at: their target
@@ -128,93 +139,99 @@ final class WriteGroup {
     ///
     /// - Throws: Only the store's errors (the whole group then fails).
     func apply(_ request: WriteRequest) throws -> WriteOutcome {
-        var draft = Draft()
-        draft.results.reserveCapacity(request.ops.count)
-        draft.resultSequences.reserveCapacity(request.ops.count)
-        let named = request.ops.count { $0.id != nil }
-        draft.documents.reserveCapacity(named)
-        draft.created.reserveCapacity(request.ops.count - named)
-        draft.writtenOrder.reserveCapacity(request.ops.count)
-        draft.records.reserveCapacity(request.ops.count)
+        var draft = Draft(reservingFor: request.ops)
         for (index, op) in request.ops.enumerated() {
-            let recordKey = RecordKey(
-                user: request.userKey, client: request.client.rawValue, key: op.idempotencyKey.rawValue)
-            if let earlier = recorded[recordKey] {
-                if op.kind != .delete, let gone = try goneSince(earlier, of: op, index: index, request.user, draft) {
-                    return .conflict(op: index, server: gone)
-                }
-                draft.results.append(earlier)
-                draft.resultSequences.append(nil)
-                continue
-            }
-            let key = op.id.map { DocumentKey(collection: op.collection, id: $0) }
-            let existing = try key.flatMap { try stored($0, draft) }
-
-            if let refusal = try refusal(of: op, index: index, existing: existing, request.user, draft) {
-                return .refused(refusal)
-            }
-
-            switch try precondition(of: op, index: index, existing: existing) {
-            case .conflict(let server):
-                // A create that proposed the id of a document its user may not read learns
-                // nothing of that document (not its version, not whether it was deleted).
-                if op.kind == .create, try !readable(server, in: op.collection, for: request.user, draft) {
-                    return .refused(Self.createRefusal(of: op, index: index, request.user))
-                }
-                return .conflict(op: index, server: try redacted(server, in: op.collection, for: request.user, draft))
-            case .notFound(let error):
-                return .refused(error)
-            case .holds:
-                break
-            }
-
-            let newDocument: StoredDocument
-            do {
-                newDocument = try document(
-                    after: op, fieldsJSON: request.fieldsJSON[index], existing: existing, index: index,
-                    client: request.client, draft: &draft)
-            } catch let error as WireError {
-                return .refused(error)
-            }
-            if op.kind == .create && op.id == nil {
-                draft.created.append(newDocument)
-            } else {
-                if draft.documents[newDocument.key] == nil && !written.contains(newDocument.key) {
-                    draft.writtenOrder.append(newDocument.key)
-                }
-                draft.documents[newDocument.key] = newDocument
-            }
-
-            var result = WriteResult(
-                id: newDocument.id, version: newDocument.version, updateTime: newDocument.updateTime)
-            var answeredSequence: Int64? = newDocument.sequence
-            if op.fieldTimes != nil {
-                // A merge answers with the stored document: it may keep other writers' fields.
-                // Not to a user who may not read it: that client does not learn this state.
-                let stored = try newDocument.document
-                if try readable(stored, in: op.collection, for: request.user, draft) {
-                    result.document = stored
-                } else {
-                    result.document = Self.withoutContent(stored)
-                    answeredSequence = nil
-                }
-            } else if access != nil, op.kind != .delete,
-                try !readable(newDocument, in: op.collection, for: request.user, draft)
-            {
-                // Any other write its user may not read the result of says so, the same way:
-                // its client should not keep what no listener of that user will bring again.
-                result.document = Self.withoutContent(try newDocument.document)
-                answeredSequence = nil
-            }
-            draft.results.append(result)
-            draft.resultSequences.append(answeredSequence)
-            draft.records.append(
-                IdempotencyRecord(
-                    user: request.userKey, client: request.client.rawValue, key: op.idempotencyKey.rawValue,
-                    result: result, recordedAt: now))
+            if let stop = try apply(op, index: index, of: request, to: &draft) { return stop }
         }
+        accept(draft)
+        return .applied(draft.results, sequences: draft.resultSequences)
+    }
 
-        // Every op passed: the message joins the group.
+    /// Works out one op into the message's draft; returns the message's outcome when the op
+    /// ends it (a conflict, a refusal).
+    private func apply(_ op: WriteOp, index: Int, of request: WriteRequest, to draft: inout Draft) throws
+        -> WriteOutcome?
+    {
+        let recordKey = RecordKey(
+            user: request.userKey, client: request.client.rawValue, key: op.idempotencyKey.rawValue)
+        if let earlier = recorded[recordKey] {
+            if op.kind != .delete, let gone = try goneSince(earlier, of: op, index: index, request.user, draft) {
+                return .conflict(op: index, server: gone)
+            }
+            draft.results.append(earlier)
+            draft.resultSequences.append(nil)
+            return nil
+        }
+        let key = op.id.map { DocumentKey(collection: op.collection, id: $0) }
+        let existing = try key.flatMap { try stored($0, draft) }
+        if let refusal = try refusal(of: op, index: index, existing: existing, request.user, draft) {
+            return .refused(refusal)
+        }
+        switch try precondition(of: op, index: index, existing: existing) {
+        case .conflict(let server):
+            // A create that proposed the id of a document its user may not read learns nothing
+            // of that document (not its version, not whether it was deleted).
+            if op.kind == .create, try !readable(server, in: op.collection, for: request.user, draft) {
+                return .refused(Self.createRefusal(of: op, index: index, request.user))
+            }
+            return .conflict(op: index, server: try redacted(server, in: op.collection, for: request.user, draft))
+        case .notFound(let error):
+            return .refused(error)
+        case .holds:
+            break
+        }
+        let newDocument: StoredDocument
+        do {
+            newDocument = try document(
+                after: op, fieldsJSON: request.fieldsJSON[index], existing: existing, index: index,
+                client: request.client, draft: &draft)
+        } catch let error as WireError {
+            return .refused(error)
+        }
+        if op.kind == .create && op.id == nil {
+            draft.created.append(newDocument)
+        } else {
+            if draft.documents[newDocument.key] == nil && !written.contains(newDocument.key) {
+                draft.writtenOrder.append(newDocument.key)
+            }
+            draft.documents[newDocument.key] = newDocument
+        }
+        let (result, answeredSequence) = try answer(for: newDocument, of: op, request.user, draft)
+        draft.results.append(result)
+        draft.resultSequences.append(answeredSequence)
+        draft.records.append(
+            IdempotencyRecord(
+                user: request.userKey, client: request.client.rawValue, key: op.idempotencyKey.rawValue,
+                result: result, recordedAt: now))
+        return nil
+    }
+
+    /// What the op's writer is told of the document it wrote, and the sequence its answer
+    /// covers (nil when the answer carries nothing of the document).
+    private func answer(for newDocument: StoredDocument, of op: WriteOp, _ user: String?, _ draft: Draft) throws
+        -> (WriteResult, answeredSequence: Int64?)
+    {
+        var result = WriteResult(id: newDocument.id, version: newDocument.version, updateTime: newDocument.updateTime)
+        if op.fieldTimes != nil {
+            // A merge answers with the stored document: it may keep other writers' fields. Not
+            // to a user who may not read it: that client does not learn this state.
+            let stored = try newDocument.document
+            guard try readable(stored, in: op.collection, for: user, draft) else {
+                result.document = Self.withoutContent(stored)
+                return (result, nil)
+            }
+            result.document = stored
+        } else if access != nil, op.kind != .delete, try !readable(newDocument, in: op.collection, for: user, draft) {
+            // Any other write its user may not read the result of says so, the same way: its
+            // client should not keep what no listener of that user will bring again.
+            result.document = Self.withoutContent(try newDocument.document)
+            return (result, nil)
+        }
+        return (result, newDocument.sequence)
+    }
+
+    /// Every op of a message passed: it joins the group.
+    private func accept(_ draft: Draft) {
         documents.merge(draft.documents) { _, new in new }
         absent.subtract(draft.documents.keys)
         writtenOrder.append(contentsOf: draft.writtenOrder)
@@ -225,7 +242,6 @@ final class WriteGroup {
             recorded[RecordKey(user: record.user, client: record.client, key: record.key)] = record.result
         }
         records.append(contentsOf: draft.records)
-        return .applied(draft.results, sequences: draft.resultSequences)
     }
 
     /// Stores what the accepted messages wrote. Call once, after the last ``apply(_:)``.
