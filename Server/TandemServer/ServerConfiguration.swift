@@ -233,6 +233,12 @@ extension ServerConfiguration {
     /// reachable from other machines, tokens sent in the clear, unreadable TLS files, and
     /// out-of-range numbers.
     func validate() throws(ServerError) {
+        try validateExposure()
+        try validateLimits()
+    }
+
+    /// Who can reach the server, and what crosses the network in the clear.
+    private func validateExposure() throws(ServerError) {
         guard isLoopback || access != nil else {
             throw ServerError(
                 .invalidConfiguration,
@@ -248,11 +254,15 @@ extension ServerConfiguration {
                     + "across the network in the clear: give a certificate and key (--tls-cert, --tls-key), or "
                     + "--allow-plaintext when a proxy in front of the server terminates TLS")
         }
-        if let tls = tls {
+        if let tls {
             for file in [tls.certificate, tls.privateKey] where !FileManager.default.isReadableFile(atPath: file.path) {
                 throw ServerError(.invalidConfiguration, "cannot read the TLS file \(file.path)")
             }
         }
+    }
+
+    /// Numbers in range, and settings that would open or wedge the server.
+    private func validateLimits() throws(ServerError) {
         guard (0...65535).contains(port) else {
             throw ServerError(.invalidConfiguration, "port \(port) is not between 0 and 65535")
         }
@@ -280,7 +290,6 @@ extension ServerConfiguration {
                 .invalidConfiguration,
                 "commitOutcomeTimeout must not be negative, not \(commitOutcomeTimeout)")
         }
-        let limits = limits
         guard limits.maxMessageBytes >= 1024, limits.maxOpsPerWrite >= 1, limits.maxListenersPerConnection >= 1,
             limits.maxDocumentBytes >= 2
         else {

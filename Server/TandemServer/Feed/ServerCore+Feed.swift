@@ -247,73 +247,75 @@ extension ServerCore {
     /// additions in frames of about a page (waiting for the connection to drain between them,
     /// as a collection's catch-up does), then what was committed meanwhile, and goes live.
     private func catchUp(_ listener: Listener, _ view: QueryView) {
-        if !listener.viewLoaded {
-            do {
-                let (rows, position) = try latestRows(of: listener.collection)
-                var changes: [QueryView.Change]?
-                if let old = listener.resumedView {
-                    // What changed in the view since the token: documents written after it may
-                    // have moved, left it or come into it.
-                    let since = listener.position
-                    changes = try view.replace(with: rows, old: old, changed: { $0.sequence > since })
-                    if changes == nil {
-                        listener.session.send(
-                            .reset(
-                                .init(
-                                    target: listener.target,
-                                    reason: "the view sent is not in the query's order at the resume token; "
-                                        + "the whole view follows")))
-                    }
-                    listener.resumedView = nil
-                }
-                let since = changes == nil ? 0 : listener.position
-                listener.position = position
-                listener.pendingFrames = viewFrames(
-                    try changes ?? view.load(rows), for: listener, initial: true, since: since)
-                listener.viewLoaded = true
-            } catch {
-                fail(listener, error)
-                return
-            }
-        }
-        while !listener.pendingFrames.isEmpty {
-            listener.session.send(frame: listener.pendingFrames.removeFirst())
-            guard !listener.pendingFrames.isEmpty else { break }
-            if holdByHook(listener) { return }
-            if listener.session.connection.notifyWhenDrained(below: configuration.snapshotPageBytes) {
-                listener.awaitsDrain = true
-                return
-            }
-        }
-        // What was committed while the frames drained; then live, with nothing between.
         do {
-            while true {
-                let page = try store.page(
-                    of: listener.collection, after: listener.position, limit: configuration.snapshotPageSize,
-                    maxBytes: configuration.snapshotPageBytes)
-                if listener.position < page.bounds.horizon {
-                    restart(
-                        listener,
-                        reason: Self.resetByAdmin)
-                    return
-                }
-                let changes = try view.apply(page.rows.map(FeedRow.init))
-                let since = listener.position
-                listener.position = page.position
-                for frame in viewFrames(changes, for: listener, initial: false, since: since) {
-                    listener.session.send(frame: frame)
-                }
-                if page.isLast { break }
+            if !listener.viewLoaded { try loadView(of: listener, view) }
+            while !listener.pendingFrames.isEmpty {
+                listener.session.send(frame: listener.pendingFrames.removeFirst())
+                guard !listener.pendingFrames.isEmpty else { break }
+                if holdByHook(listener) { return }
                 if listener.session.connection.notifyWhenDrained(below: configuration.snapshotPageBytes) {
                     listener.awaitsDrain = true
                     return
                 }
             }
+            // What was committed while the frames drained; then live, with nothing between.
+            guard try sendCommittedMeanwhile(to: listener, view) else { return }
         } catch {
             fail(listener, error)
             return
         }
         wentLive(listener)
+    }
+
+    /// Reads the query's view and queues its frames: the whole view, or, for a listener that
+    /// resumes with the ids of its view, how it changed since its token.
+    private func loadView(of listener: Listener, _ view: QueryView) throws {
+        let (rows, position) = try latestRows(of: listener.collection)
+        var changes: [QueryView.Change]?
+        if let old = listener.resumedView {
+            // What changed in the view since the token: documents written after it may have
+            // moved, left it or come into it.
+            let since = listener.position
+            changes = try view.replace(with: rows, old: old, changed: { $0.sequence > since })
+            if changes == nil {
+                listener.session.send(
+                    .reset(
+                        .init(
+                            target: listener.target,
+                            reason: "the view sent is not in the query's order at the resume token; "
+                                + "the whole view follows")))
+            }
+            listener.resumedView = nil
+        }
+        let since = changes == nil ? 0 : listener.position
+        listener.position = position
+        listener.pendingFrames = viewFrames(try changes ?? view.load(rows), for: listener, initial: true, since: since)
+        listener.viewLoaded = true
+    }
+
+    /// Sends how the view changed with what was committed after it was read, page by page.
+    /// Returns false when the listener waits (for the connection to drain, or restarts).
+    private func sendCommittedMeanwhile(to listener: Listener, _ view: QueryView) throws -> Bool {
+        while true {
+            let page = try store.page(
+                of: listener.collection, after: listener.position, limit: configuration.snapshotPageSize,
+                maxBytes: configuration.snapshotPageBytes)
+            if listener.position < page.bounds.horizon {
+                restart(listener, reason: Self.resetByAdmin)
+                return false
+            }
+            let changes = try view.apply(page.rows.map(FeedRow.init))
+            let since = listener.position
+            listener.position = page.position
+            for frame in viewFrames(changes, for: listener, initial: false, since: since) {
+                listener.session.send(frame: frame)
+            }
+            if page.isLast { return true }
+            if listener.session.connection.notifyWhenDrained(below: configuration.snapshotPageBytes) {
+                listener.awaitsDrain = true
+                return false
+            }
+        }
     }
 
     /// Each document's latest row in a collection (tombstones included) and the feed position

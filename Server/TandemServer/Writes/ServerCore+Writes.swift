@@ -93,18 +93,7 @@ extension ServerCore {
         if let cut = configuration.hooks.cutsStoreAtCommit { store.cutNextCommit(cut()) }
         do {
             try store.write(locking: collections) { transaction in
-                let group = try WriteGroup(
-                    transaction, requests: requests.map(\.request), access: configuration.access,
-                    now: configuration.clock(), maxDocumentBytes: configuration.limits.maxDocumentBytes)
-                let outcomes = try requests.map { try group.apply($0.request) }
-                try group.save()
-                var lastSequences: [CollectionPath: Int64] = [:]
-                for collection in group.writtenCollections {
-                    lastSequences[collection] = group.lastSequence(in: collection)
-                }
-                commit = GroupCommit(
-                    requests: requests.map(\.index), outcomes: outcomes, lastSequences: lastSequences,
-                    witness: group.witness)
+                commit = try groupCommit(requests, in: transaction)
                 configuration.hooks.beforeCommit?()
             }
         } catch let lost as CommitOutcomeUnknown where commit?.witness != nil {
@@ -129,6 +118,23 @@ extension ServerCore {
             return deliver(waiting, answers, nil)
         }
         deliver(waiting, answers, commit)
+    }
+
+    /// Applies the group's messages in the store's transaction and saves what they wrote:
+    /// each message's outcome, the last sequence of each collection written, and the group's
+    /// witness (how a commit whose answer is lost is found out).
+    private func groupCommit(_ requests: [(index: Int, request: WriteRequest)], in transaction: any StoreTransaction)
+        throws -> GroupCommit
+    {
+        let group = try WriteGroup(
+            transaction, requests: requests.map(\.request), access: configuration.access, now: configuration.clock(),
+            maxDocumentBytes: configuration.limits.maxDocumentBytes)
+        let outcomes = try requests.map { try group.apply($0.request) }
+        try group.save()
+        var lastSequences: [CollectionPath: Int64] = [:]
+        for collection in group.writtenCollections { lastSequences[collection] = group.lastSequence(in: collection) }
+        return GroupCommit(
+            requests: requests.map(\.index), outcomes: outcomes, lastSequences: lastSequences, witness: group.witness)
     }
 
     /// Sends each waiting write its answer, in arrival order: `answers` for those the group
