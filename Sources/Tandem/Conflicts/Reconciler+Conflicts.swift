@@ -34,9 +34,11 @@ extension Reconciler {
                 merge, model, rowId: rowId, local: local.fields, remote: remote, collection: collection, db)
         case .manual:
             guard merge.inConflict.isEmpty else {
-                try recordConflict(
-                    model, rowId: rowId, local: local.fields, remote: remote, base: base,
-                    fields: merge.inConflict, collection: collection, db)
+                try ledger.recordConflict(
+                    .init(
+                        rowId: rowId, server: remote, collection: collection, local: local.fields, base: base,
+                        fields: merge.inConflict, detectedAt: HybridLogicalClock.milliseconds(clock.now())),
+                    of: model, db)
                 return .recorded
             }
             // Changes to different fields are merged without asking.
@@ -117,15 +119,6 @@ extension Reconciler {
     }
 
     // MARK: - Manual conflicts
-
-    private func recordConflict(
-        _ model: TableModel, rowId: Int64, local: JSONObject, remote: Document, base: JSONObject?, fields: Set<String>,
-        collection: CollectionPath, _ db: Database
-    ) throws {
-        try ledger.recordConflict(
-            model, rowId: rowId, serverId: remote.id, collection: collection, local: local, server: remote, base: base,
-            fields: fields, detectedAt: HybridLogicalClock.milliseconds(clock.now()), db)
-    }
 
     /// Resolves an open conflict as the app decided; the row syncs again.
     func resolve(_ record: ConflictRecord, with resolution: ConflictResolution, _ db: Database) throws {

@@ -63,7 +63,7 @@ import TandemWire
 ///   the scope or withheld from its user (this device wrote it there), goes quietly, as a row
 ///   that leaves the scope clean does, or, while rows under it wait to be pushed, → out of
 ///   scope without a conflict (`Reconciler.recordAcknowledgement`).
-/// - ``recordConflict(_:rowId:serverId:collection:local:server:base:fields:detectedAt:reason:_:)`` (manual
+/// - ``recordConflict(_:of:_:)`` (manual
 ///   tables): → in conflict; ``takeConflict(_:rowId:_:)`` when the app resolves it.
 /// - ``markOutOfScope(_:rowId:_:)`` (a scoped table's document left the scope while the row, or
 ///   one under it, had unpushed changes): → out of scope, with a `left-scope` conflict; without
@@ -1049,12 +1049,24 @@ struct SyncLedger: Sendable {
             arguments: [model.name, rowId]) ?? false
     }
 
+    /// A conflict found, as the ledger keeps it for the app.
+    struct DetectedConflict {
+        var rowId: Int64
+        /// The document, and its side of the conflict (the newest the server has).
+        var server: Document
+        var collection: CollectionPath
+        /// The row's side: its synced fields as they are here.
+        var local: JSONObject
+        /// The server's fields as the row last had them, when known.
+        var base: JSONObject?
+        /// The fields both sides changed (none for a row that left its scope).
+        var fields: Set<String>
+        var detectedAt: Int64
+        var reason: ConflictReason = .changed
+    }
+
     /// → in conflict, or a newer server side for a conflict already open.
-    func recordConflict(
-        _ model: TableModel, rowId: Int64, serverId: DocumentID, collection: CollectionPath, local: JSONObject,
-        server: Document, base: JSONObject?, fields: Set<String>, detectedAt: Int64, reason: ConflictReason = .changed,
-        _ db: Database
-    ) throws {
+    func recordConflict(_ conflict: DetectedConflict, of model: TableModel, _ db: Database) throws {
         try db.cachedStatement(
             sql: """
                 INSERT INTO tandem_conflict (tableName, rowId, serverId, collection, local, server, base, fields, detectedAt,
@@ -1064,9 +1076,10 @@ struct SyncLedger: Sendable {
                     local = excluded.local, reason = excluded.reason
                 """
         ).execute(arguments: [
-            model.name, rowId, serverId.rawValue, collection.rawValue, Self.fieldsText(local),
-            String(decoding: Wire.encode(server), as: UTF8.self), base.map(Self.fieldsText),
-            String(decoding: Wire.encode(fields.sorted()), as: UTF8.self), detectedAt, reason.rawValue,
+            model.name, conflict.rowId, conflict.server.id.rawValue, conflict.collection.rawValue,
+            Self.fieldsText(conflict.local), String(decoding: Wire.encode(conflict.server), as: UTF8.self),
+            conflict.base.map(Self.fieldsText), String(decoding: Wire.encode(conflict.fields.sorted()), as: UTF8.self),
+            conflict.detectedAt, conflict.reason.rawValue,
         ])
     }
 

@@ -182,14 +182,11 @@ extension Reconciler {
         _ application: inout SnapshotApplication, _ db: Database
     ) throws {
         if !local.isDirty,
-            try putBackInScope(
-                local.id, application.model, after: document, scope: application.scope, &application.rows, db)
+            try putBackInScope(local.id, after: document, &application, db)
         {
             application.outcome.unchanged += 1
         } else {
-            try leaveScope(
-                application.model, rowId: local.id, document, application.collection, &application.context,
-                &application.outcome, db)
+            try leaveScope(local.id, after: document, &application, db)
         }
     }
 
@@ -239,9 +236,9 @@ extension Reconciler {
     /// A document the device has no row for: this device's own unanswered create, a document it
     /// deleted and has not pushed yet (the delete wins, at this version), or a new row.
     private func applyNew(_ document: Document, _ application: inout SnapshotApplication, _ db: Database) throws {
-        let (model, collection) = (application.model, application.collection)
+        let model = application.model
         if application.context.unansweredCreates,
-            try adoptOwnCreate(document, model, collection, &application.context, &application.outcome, db)
+            try adoptOwnCreate(document, &application, db)
         {
             return
         }
@@ -251,10 +248,7 @@ extension Reconciler {
             application.outcome.leftWorkToPush = true
             return
         }
-        if try insert(
-            document, into: model, parentRowId: application.parentRowId, collection: collection,
-            &application.context, &application.rows, db)
-        {
+        if try insert(document, &application, db) {
             application.outcome.inserted += 1
         }
     }
@@ -268,11 +262,12 @@ extension Reconciler {
     /// its acknowledged push sent. A row in a conflict is left to `leaveScope`, and so is a
     /// document withheld from the user (its change comes at version 0).
     private func putBackInScope(
-        _ rowId: Int64, _ model: TableModel, after document: Document, scope: Query?, _ rows: inout SnapshotRows,
-        _ db: Database
+        _ rowId: Int64, after document: Document, _ application: inout SnapshotApplication, _ db: Database
     ) throws -> Bool {
-        guard let scope, document.version > 0,
-            try rows.lookup(document.id.rawValue, holding: document.version + 1, ledger, db)?.holdsVersion == true,
+        let model = application.model
+        guard let scope = application.scope, document.version > 0,
+            try application.rows.lookup(document.id.rawValue, holding: document.version + 1, ledger, db)?.holdsVersion
+                == true,
             try !ledger.isInConflict(model, rowId: rowId, db),
             let fields = try ledger.knownServerFields(model, rowId: rowId, db)
                 ?? rowState(model, rowId: rowId, db)?.fields
@@ -286,21 +281,23 @@ extension Reconciler {
     /// already), nothing goes: the row is marked out of scope, and a `left-scope` conflict asks
     /// the app whether to drop the changes or push them first (see ``ConflictReason/leftScope``).
     private func leaveScope(
-        _ model: TableModel, rowId: Int64, _ document: Document, _ collection: CollectionPath,
-        _ context: inout ApplyContext, _ outcome: inout ApplyOutcome, _ db: Database
+        _ rowId: Int64, after document: Document, _ application: inout SnapshotApplication, _ db: Database
     ) throws {
+        let (model, collection) = (application.model, application.collection)
         if try !ledger.isInConflict(model, rowId: rowId, db) {
             let removed = try removeQuietly(model, rowId: rowId, db)
-            outcome.deleted += removed
+            application.outcome.deleted += removed
             if removed > 0 { return }
         }
         try ledger.markOutOfScope(model, rowId: rowId, db)
         try ledger.recordConflict(
-            model, rowId: rowId, serverId: document.id, collection: collection,
-            local: try rowState(model, rowId: rowId, db)?.fields ?? [:], server: document,
-            base: try ledger.knownServerFields(model, rowId: rowId, db), fields: [],
-            detectedAt: HybridLogicalClock.milliseconds(clock.now()), reason: .leftScope, db)
-        context.outOfScope = true
+            .init(
+                rowId: rowId, server: document, collection: collection,
+                local: try rowState(model, rowId: rowId, db)?.fields ?? [:],
+                base: try ledger.knownServerFields(model, rowId: rowId, db), fields: [],
+                detectedAt: HybridLogicalClock.milliseconds(clock.now()), reason: .leftScope),
+            of: model, db)
+        application.context.outOfScope = true
     }
 
     /// Rows out of scope whose conflict the app resolved go once nothing under them waits to be
@@ -394,10 +391,10 @@ extension Reconciler {
     /// id instead of the document being inserted a second time.
     ///
     /// - Returns: true when the document was this device's own.
-    private func adoptOwnCreate(
-        _ document: Document, _ model: TableModel, _ collection: CollectionPath, _ context: inout ApplyContext,
-        _ outcome: inout ApplyOutcome, _ db: Database
-    ) throws -> Bool {
+    private func adoptOwnCreate(_ document: Document, _ application: inout SnapshotApplication, _ db: Database)
+        throws -> Bool
+    {
+        let (model, collection) = (application.model, application.collection)
         guard let create = try unansweredCreate(of: document, model, db) else { return false }
         let rowId = create.rowId
         let serverId = document.id.rawValue
@@ -405,8 +402,8 @@ extension Reconciler {
             // Deleted here meanwhile: the document must go.
             try ledger.fileDeleteOfOwnCreate(
                 model, rowId: rowId, serverId: serverId, collection: collection, version: document.version, db)
-            context.filedDeletes = true
-            outcome.leftWorkToPush = true
+            application.context.filedDeletes = true
+            application.outcome.leftWorkToPush = true
             return true
         }
         // Changed since the create went out: both sides changed, with no base known to both.
@@ -415,13 +412,13 @@ extension Reconciler {
             model, rowId: rowId, serverId: serverId, collection: collection, keepsLocal: keepsLocal, db)
         if keepsLocal {
             let settlement = try settle(model, rowId: rowId, remote: document, collection: collection, db)
-            if settlement == .keptLocal || settlement == .merged { outcome.leftWorkToPush = true }
+            if settlement == .keptLocal || settlement == .merged { application.outcome.leftWorkToPush = true }
         } else {
             // Unchanged since the create went out: the server's document is the truth.
             try overwrite(model, rowId: rowId, with: document, collection: collection, db)
         }
-        if context.waiting { try resolveWaiting(model, serverId: serverId, localId: rowId, db) }
-        outcome.updated += 1
+        if application.context.waiting { try resolveWaiting(model, serverId: serverId, localId: rowId, db) }
+        application.outcome.updated += 1
         return true
     }
 
@@ -464,21 +461,21 @@ extension Reconciler {
     /// is kept aside and inserted when the referenced row arrives.
     ///
     /// - Returns: false when the document was deferred.
-    private func insert(
-        _ document: Document, into model: TableModel, parentRowId: Int64?, collection: CollectionPath,
-        _ context: inout ApplyContext, _ rows: inout SnapshotRows, _ db: Database
-    ) throws -> Bool {
+    private func insert(_ document: Document, _ application: inout SnapshotApplication, _ db: Database) throws
+        -> Bool
+    {
+        let (model, collection, parentRowId) = (application.model, application.collection, application.parentRowId)
         let incoming = try incomingValues(model, document, db)
-        if rows.insertsLater && incoming.columns.count == model.fieldColumns.count {
-            try rows.add(incoming.values, of: document, db)
+        if application.rows.insertsLater && incoming.columns.count == model.fieldColumns.count {
+            try application.rows.add(incoming.values, of: document, db)
             return true
         }
-        try rows.insert(db)
+        try application.rows.insert(db)
         if let waiting = incoming.missing.first(where: { !model.optionalReferences.contains($0.column) }) {
             try ledger.deferDocument(
                 document, of: model, in: collection, parentRowId: parentRowId, waitingFor: waiting.table,
                 serverId: waiting.serverId, db)
-            context.waiting = true
+            application.context.waiting = true
             return false
         }
         let sql =
@@ -500,8 +497,8 @@ extension Reconciler {
         try ledger.recordSynced(model, rowId: rowId, document, collection, isNewRow: true, db)
         if model.mergesFields { try ledger.storeFieldTimes(model, rowId: rowId, Self.fieldTimes(of: document), db) }
         try recordMissingReferences(model, rowId: rowId, incoming.missing, db)
-        if !incoming.missing.isEmpty { context.waiting = true }
-        if context.waiting { try resolveWaiting(model, serverId: document.id.rawValue, localId: rowId, db) }
+        if !incoming.missing.isEmpty { application.context.waiting = true }
+        if application.context.waiting { try resolveWaiting(model, serverId: document.id.rawValue, localId: rowId, db) }
         return true
     }
 
