@@ -126,6 +126,7 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
     }
 
     var stats: ServerStats {
+        Confinement.check(queue)
         let all = sessions.values.flatMap(\.listeners.values)
         return ServerStats(
             connections: sessions.count, listeners: all.count, liveListeners: all.filter(\.isLive).count,

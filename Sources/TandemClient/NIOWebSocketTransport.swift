@@ -4,6 +4,7 @@ import NIOHTTP1
 import NIOPosix
 import NIOWebSocket
 import Synchronization
+import TandemWire
 
 #if canImport(Network)
     import Network
@@ -438,6 +439,7 @@ public struct NIOWebSocketTransport: WebSocketTransport {
 
         /// The upgrade is done: what waited goes out, in order.
         func opened(_ channel: any Channel) {
+            Confinement.check(channel.eventLoop.inEventLoop, "the connection opened off its channel's event loop")
             let (waiting, close, aborted) = state.withLock { state in
                 state.channel = channel
                 if state.phase == .connecting { state.phase = .open }

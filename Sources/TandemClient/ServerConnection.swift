@@ -199,6 +199,12 @@ public final class ServerConnection: Sendable {
     /// Sends a write now and returns its answer to wait for later, so that the next write can
     /// go out before this one is answered. The same rules as ``writeAndWait(_:timeout:)``
     /// hold for ``PendingWrite/wait()``.
+    /// Stops a debug build unless the caller runs on the connection's queue, where messages
+    /// are decoded and handed on, and ``arrivals`` numbers them.
+    package func assertOnQueue(file: StaticString = #fileID, line: UInt = #line) {
+        Confinement.check(inbox, file: file, line: line)
+    }
+
     package func startWrite(_ ops: [WriteOp], timeout: Duration = .seconds(30)) -> PendingWrite {
         let pending = PendingWrite()
         write(ops, timeout: timeout) { [weak self] result in pending.fulfil(result, arrival: self?.arrivals ?? 0) }

@@ -349,6 +349,11 @@ final class ServiceLoop: @unchecked Sendable {
         _ wsi: OpaquePointer, _ reason: lws_callback_reasons, _ user: UnsafeMutableRawPointer?,
         _ input: UnsafeMutableRawPointer?, _ length: Int
     ) -> Int32 {
+        // Every callback runs on the service thread, but those libwebsockets makes while the
+        // context is created, on the creating thread, before the service thread records itself.
+        Confinement.check(
+            pending.withLock { p in p.serviceThread.map { pthread_equal($0, pthread_self()) != 0 } ?? true },
+            "libwebsockets called back off the service thread (reason \(reason.rawValue))")
         switch reason {
         case LWS_CALLBACK_EVENT_WAIT_CANCELLED:
             serviceAttentionList()

@@ -55,9 +55,9 @@ public struct WebSocketConfiguration: Sendable {
     /// For clients: plain `ws://` connections read and write their frames with Tandem's own
     /// framing (``ClientFraming``) on a raw libwebsockets socket, which copies and masks
     /// payloads in bulk where libwebsockets 4.1's client handles them a byte at a time. False
-    /// keeps libwebsockets' own WebSocket client, which `wss://` always uses (a raw client
-    /// connection over TLS failed with libwebsockets 4.1.6 when it was tried: its TLS hello went
-    /// to no socket; docs/BENCHMARKS.md). Default: true.
+    /// keeps libwebsockets' own WebSocket client, which `wss://` always uses: libwebsockets
+    /// 4.1.6 sends a raw client connection's TLS hello to no socket (docs/BENCHMARKS.md).
+    /// Default: true.
     public var ownClientFraming = true
 
     /// The largest body of a plain HTTP request (a POST to the server's port), when the

@@ -49,6 +49,7 @@ extension ServerCore {
     ///
     /// Listeners of the collections hear of the documents as `added`, like any write.
     func importDocuments(_ bytes: [UInt8]) throws -> ImportSummary {
+        Confinement.check(queue)
         let documents = try ExportFormat.parse(bytes, maxDocumentBytes: configuration.limits.maxDocumentBytes)
         guard !documents.isEmpty else { return ImportSummary(documents: 0, collections: 0) }
         flushWrites()
@@ -84,6 +85,7 @@ extension ServerCore {
 
     /// `{"clients":[…]}`: each connection, who it is, its listens and its send queue.
     func clientsJSON() -> [UInt8] {
+        Confinement.check(queue)
         var writer = JSONWriter()
         writer.beginObject()
         writer.key("clients")
@@ -144,6 +146,7 @@ extension ServerCore {
 
     /// What `/metrics` shows of this moment (connections, listeners, queues, store size).
     func metricsMoment() -> ServerMetrics.Moment {
+        Confinement.check(queue)
         var moment = ServerMetrics.Moment()
         moment.connections = sessions.count
         for session in sessions.values {

@@ -103,8 +103,7 @@ final class Session: @unchecked Sendable {
     /// benchmarks, an app with an embedded server), their pushes block that pool's few threads
     /// while they wait for the answer, which this queue must decode first (seen as stalls of up
     /// to a second, until libdispatch adds a thread); and a queue per session would start a
-    /// thread per session in a burst of large writes. (The cluster benchmark, whose three
-    /// writers send batches of 500, did not tell the two apart.)
+    /// thread per session in a burst of large writes.
     var decoder: DispatchQueue { Self.decoders[Int(connection.id % UInt64(Self.decoders.count))] }
     private static let decoders = (0..<max(4, 2 * ProcessInfo.processInfo.activeProcessorCount)).map {
         DispatchQueue(label: "tandem.session.decode.\($0)")

@@ -136,6 +136,7 @@ extension ServerCore {
 
     /// An admin request, on the core queue.
     private func admin(_ request: HTTPRequest) -> HTTPResponse {
+        Confinement.check(queue)
         do {
             switch (request.method, request.path) {
             case ("GET", "/admin/collections"):

@@ -156,8 +156,8 @@ final class SQLiteStore: DocumentStore {
                 arguments: [String(DocumentID.random().rawValue.prefix(10))])
         }
         migrator.registerMigration("v2: idempotency keys belong to a user") { db in
-            // Records made before this version have no user; they keep the anonymous one (''),
-            // which is every client's user on a server without a token file.
+            // Records of v1 have no user: they take the anonymous one (''), every client's user
+            // on a server without a token file.
             try db.execute(
                 sql: """
                     CREATE TABLE idempotency_v2 (

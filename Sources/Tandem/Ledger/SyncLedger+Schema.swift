@@ -18,8 +18,8 @@ extension SyncLedger {
     /// - `tandem-4`: `tandem_row`'s index by server id leaves out the entries without one,
     ///   which are those of rows whose create is on its way: recording a create's key and
     ///   forgetting it at the acknowledgement each write one index fewer (about 6 % of `bench
-    ///   throughput`). The lookups by server id (`serverId = ?`) still use it. (Since
-    ///   `tandem-5`, most creates on their way have no entry at all.)
+    ///   throughput`). The lookups by server id (`serverId = ?`) still use it. (Most creates
+    ///   on their way have no `tandem_row` entry at all: see `tandem-5`.)
     /// - `tandem-5`: `tandem_sending`, the creates of a batch on their way, recorded as one
     ///   entry per table and batch instead of a `tandem_row` entry per row (see
     ///   ``SyncLedger/recordSending(_:under:_:_:)``).

@@ -578,8 +578,8 @@ struct SyncLedger: Sendable {
     }
 
     /// The slices share the batch's storage, and their elements are read in place: a push
-    /// copied is its op's strings and fields retained and released (with the push's other
-    /// copies, 2.8 % of bench throughput's samples before they were removed).
+    /// copied is its op's strings and fields retained and released (such copies cost 2.8 % of
+    /// bench throughput's samples).
     private func acknowledgeGroup(
         _ model: TableModel, _ pushes: ArraySlice<PreparedPush>, _ results: ArraySlice<WriteResult>, _ db: Database
     ) throws -> [Acknowledged] {

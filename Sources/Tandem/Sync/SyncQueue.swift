@@ -11,8 +11,9 @@ import TandemWire
 final class SyncQueue: Sendable {
     let label: String
     private let operations: OperationQueue
-    /// The thread running the current operation (debug builds only).
-    private let runner = Mutex<ObjectIdentifier?>(nil)
+    /// The thread running the current operation, and whether it is a barrier (debug builds
+    /// only).
+    private let runner = Mutex<(thread: ObjectIdentifier, isBarrier: Bool)?>(nil)
 
     init(label: String) {
         self.label = label
@@ -26,12 +27,12 @@ final class SyncQueue: Sendable {
 
     /// Queues work that waits for every operation before it, and that every later one waits for.
     func addBarrier(_ work: @escaping @Sendable () -> Void) {
-        operations.addBarrierBlock { [self] in run(work) }
+        operations.addBarrierBlock { [self] in run(work, isBarrier: true) }
     }
 
     /// Queues work.
     func add(_ work: @escaping @Sendable () -> Void) {
-        operations.addOperation { [self] in run(work) }
+        operations.addOperation { [self] in run(work, isBarrier: false) }
     }
 
     /// Drops the operations that have not started.
@@ -46,16 +47,26 @@ final class SyncQueue: Sendable {
     /// builds, which do not mark them).
     var isCurrent: Bool {
         #if DEBUG
-            runner.withLock { $0 } == ObjectIdentifier(Thread.current)
+            runner.withLock { $0?.thread } == ObjectIdentifier(Thread.current)
         #else
             true
         #endif
     }
 
-    private func run(_ work: @Sendable () -> Void) {
+    /// Whether the caller runs inside one of this queue's barrier blocks (always true in
+    /// release builds).
+    var isInBarrier: Bool {
+        #if DEBUG
+            runner.withLock { $0.map { $0.thread == ObjectIdentifier(Thread.current) && $0.isBarrier } ?? false }
+        #else
+            true
+        #endif
+    }
+
+    private func run(_ work: @Sendable () -> Void, isBarrier: Bool) {
         #if DEBUG
             let previous = runner.withLock { runner in
-                defer { runner = ObjectIdentifier(Thread.current) }
+                defer { runner = (ObjectIdentifier(Thread.current), isBarrier) }
                 return runner
             }
             defer { runner.withLock { $0 = previous } }

@@ -19,7 +19,7 @@ extension SyncService {
     ///   (the rows stay pending, their idempotency keys kept for the resend).
     @discardableResult
     func push() throws -> SyncReport {
-        assertOnSyncQueue()
+        Confinement.check(queue.isInBarrier, "a push outside a barrier block of the sync queue \(queue.label)")
         state.withLock { $0.pushDue = nil }
         // A push that ends early shows what it left; one that ends normally reads the counts
         // once, for its report and the status.

@@ -21,6 +21,11 @@ import TandemWire
 /// So the server's echo of a document this device just created is applied after the create's
 /// server id is stored, and is recognized instead of inserted a second time.
 ///
+/// The app's own calls that change sync state (``resolve(_:with:)``, ``retryFailed()``) are
+/// the exception: like the app's writes, each is one transaction of the database's writer,
+/// on the caller's thread, which the database serializes with the queue's; the push that
+/// follows goes on the queue.
+///
 /// ## Threads
 ///
 /// - **The sync queue** (an `OperationQueue`, one operation at a time) runs pushes and
