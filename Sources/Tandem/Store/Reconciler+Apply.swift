@@ -28,7 +28,6 @@ struct ApplyOutcome: Sendable {
 
 /// One snapshot being applied: where its documents go, and what applying them found so far.
 struct SnapshotApplication {
-    let model: TableModel
     let collection: CollectionPath
     /// The local row the collection is nested under, if it is.
     let parentRowId: Int64?
@@ -39,10 +38,9 @@ struct SnapshotApplication {
     var outcome = ApplyOutcome()
 
     init(
-        model: TableModel, collection: CollectionPath, parentRowId: Int64?, scope: Query?, context: ApplyContext,
-        rows: SnapshotRows
+        collection: CollectionPath, parentRowId: Int64?, scope: Query?, context: ApplyContext, rows: SnapshotRows
     ) {
-        (self.model, self.collection, self.parentRowId, self.scope) = (model, collection, parentRowId, scope)
+        (self.collection, self.parentRowId, self.scope) = (collection, parentRowId, scope)
         self.context = context
         self.rows = rows
     }
@@ -103,14 +101,14 @@ extension Reconciler {
         // each change on its own when isolating them, since a row that fails must be told from
         // the rest.
         var application = SnapshotApplication(
-            model: model, collection: collection, parentRowId: target.parentRowId, scope: target.query,
+            collection: collection, parentRowId: target.parentRowId, scope: target.query,
             context: context,
             rows: try SnapshotRows(snapshot, of: model, enabled: !isolatingChanges && !context.waiting, db))
         for change in snapshot.changes {
             if isolatingChanges {
                 do {
                     try db.inSavepoint {
-                        try applyChange(change, &application, db)
+                        try applyChange(change, model, &application, db)
                         return .commit
                     }
                 } catch {
@@ -118,7 +116,7 @@ extension Reconciler {
                     application.outcome.failures.append("\(collection)/\(change.document.id): \(error)")
                 }
             } else {
-                do { try applyChange(change, &application, db) } catch {
+                do { try applyChange(change, model, &application, db) } catch {
                     throw Self.isChangesOwn(error) ? ChangeFailed(underlying: error) : error
                 }
             }
@@ -141,7 +139,9 @@ extension Reconciler {
 
     /// Applies one change of a snapshot: a document that left the view, a remote delete, a
     /// newer version of a row this device holds, or a document new to it.
-    private func applyChange(_ change: Change, _ application: inout SnapshotApplication, _ db: Database) throws {
+    private func applyChange(
+        _ change: Change, _ model: TableModel, _ application: inout SnapshotApplication, _ db: Database
+    ) throws {
         let document = change.document
         receiveTimes(of: document)
         let local = try application.rows.lookup(document.id.rawValue, holding: document.version, ledger, db)
@@ -150,16 +150,16 @@ extension Reconciler {
             return
         }
         if change.kind == .removed && !document.deleted {
-            if let local { try applyRemoval(from: local, after: document, &application, db) }
+            if let local { try applyRemoval(from: local, after: document, model, &application, db) }
             return
         }
-        if application.context.outOfScope, let local { try ledger.backInScope(application.model, rowId: local.id, db) }
+        if application.context.outOfScope, let local { try ledger.backInScope(model, rowId: local.id, db) }
         if change.kind == .deleted || document.deleted {
-            try applyDelete(of: document, local: local?.id, &application, db)
+            try applyDelete(of: document, local: local?.id, model, &application, db)
         } else if let local {
-            try applyVersion(document, to: local, &application, db)
+            try applyVersion(document, to: local, model, &application, db)
         } else {
-            try applyNew(document, &application, db)
+            try applyNew(document, model, &application, db)
         }
     }
 
@@ -178,24 +178,24 @@ extension Reconciler {
     /// The document left the view (a scope's query, or the user's read rules): the row goes,
     /// unless this device wrote it back in meanwhile.
     private func applyRemoval(
-        from local: (id: Int64, isDirty: Bool, holdsVersion: Bool), after document: Document,
+        from local: (id: Int64, isDirty: Bool, holdsVersion: Bool), after document: Document, _ model: TableModel,
         _ application: inout SnapshotApplication, _ db: Database
     ) throws {
         if !local.isDirty,
-            try putBackInScope(local.id, after: document, &application, db)
+            try putBackInScope(local.id, after: document, model, &application, db)
         {
             application.outcome.unchanged += 1
         } else {
-            try leaveScope(local.id, after: document, &application, db)
+            try leaveScope(local.id, after: document, model, &application, db)
         }
     }
 
     /// A remote delete removes the local row, unpushed edits included; so it does this device's
     /// own create, applied by the server but never answered, deleted since.
     private func applyDelete(
-        of document: Document, local: Int64?, _ application: inout SnapshotApplication, _ db: Database
+        of document: Document, local: Int64?, _ model: TableModel, _ application: inout SnapshotApplication,
+        _ db: Database
     ) throws {
-        let model = application.model
         if let local {
             try ledger.removeRow(model, id: local, db)
             application.outcome.deleted += 1
@@ -214,10 +214,10 @@ extension Reconciler {
     /// A version of a row this device holds: an echo of its own write, or older, changes
     /// nothing; over unpushed local changes the table's policy decides; otherwise it is taken.
     private func applyVersion(
-        _ document: Document, to local: (id: Int64, isDirty: Bool, holdsVersion: Bool),
+        _ document: Document, to local: (id: Int64, isDirty: Bool, holdsVersion: Bool), _ model: TableModel,
         _ application: inout SnapshotApplication, _ db: Database
     ) throws {
-        let (model, collection) = (application.model, application.collection)
+        let collection = application.collection
         guard !local.holdsVersion else {
             // Nothing to do, but to bring the row back into scope (done before this).
             if !application.context.outOfScope { application.outcome.unchanged += 1 }
@@ -235,10 +235,11 @@ extension Reconciler {
 
     /// A document the device has no row for: this device's own unanswered create, a document it
     /// deleted and has not pushed yet (the delete wins, at this version), or a new row.
-    private func applyNew(_ document: Document, _ application: inout SnapshotApplication, _ db: Database) throws {
-        let model = application.model
+    private func applyNew(
+        _ document: Document, _ model: TableModel, _ application: inout SnapshotApplication, _ db: Database
+    ) throws {
         if application.context.unansweredCreates,
-            try adoptOwnCreate(document, &application, db)
+            try adoptOwnCreate(document, model, &application, db)
         {
             return
         }
@@ -248,7 +249,7 @@ extension Reconciler {
             application.outcome.leftWorkToPush = true
             return
         }
-        if try insert(document, &application, db) {
+        if try insert(document, model, &application, db) {
             application.outcome.inserted += 1
         }
     }
@@ -262,9 +263,9 @@ extension Reconciler {
     /// its acknowledged push sent. A row in a conflict is left to `leaveScope`, and so is a
     /// document withheld from the user (its change comes at version 0).
     private func putBackInScope(
-        _ rowId: Int64, after document: Document, _ application: inout SnapshotApplication, _ db: Database
+        _ rowId: Int64, after document: Document, _ model: TableModel, _ application: inout SnapshotApplication,
+        _ db: Database
     ) throws -> Bool {
-        let model = application.model
         guard let scope = application.scope, document.version > 0,
             try application.rows.lookup(document.id.rawValue, holding: document.version + 1, ledger, db)?.holdsVersion
                 == true,
@@ -281,9 +282,10 @@ extension Reconciler {
     /// already), nothing goes: the row is marked out of scope, and a `left-scope` conflict asks
     /// the app whether to drop the changes or push them first (see ``ConflictReason/leftScope``).
     private func leaveScope(
-        _ rowId: Int64, after document: Document, _ application: inout SnapshotApplication, _ db: Database
+        _ rowId: Int64, after document: Document, _ model: TableModel, _ application: inout SnapshotApplication,
+        _ db: Database
     ) throws {
-        let (model, collection) = (application.model, application.collection)
+        let collection = application.collection
         if try !ledger.isInConflict(model, rowId: rowId, db) {
             let removed = try removeQuietly(model, rowId: rowId, db)
             application.outcome.deleted += removed
@@ -391,10 +393,12 @@ extension Reconciler {
     /// id instead of the document being inserted a second time.
     ///
     /// - Returns: true when the document was this device's own.
-    private func adoptOwnCreate(_ document: Document, _ application: inout SnapshotApplication, _ db: Database)
+    private func adoptOwnCreate(
+        _ document: Document, _ model: TableModel, _ application: inout SnapshotApplication, _ db: Database
+    )
         throws -> Bool
     {
-        let (model, collection) = (application.model, application.collection)
+        let collection = application.collection
         guard let create = try unansweredCreate(of: document, model, db) else { return false }
         let rowId = create.rowId
         let serverId = document.id.rawValue
@@ -461,10 +465,12 @@ extension Reconciler {
     /// is kept aside and inserted when the referenced row arrives.
     ///
     /// - Returns: false when the document was deferred.
-    private func insert(_ document: Document, _ application: inout SnapshotApplication, _ db: Database) throws
+    private func insert(
+        _ document: Document, _ model: TableModel, _ application: inout SnapshotApplication, _ db: Database
+    ) throws
         -> Bool
     {
-        let (model, collection, parentRowId) = (application.model, application.collection, application.parentRowId)
+        let (collection, parentRowId) = (application.collection, application.parentRowId)
         let incoming = try incomingValues(model, document, db)
         if application.rows.insertsLater && incoming.columns.count == model.fieldColumns.count {
             try application.rows.add(incoming.values, of: document, db)
@@ -568,11 +574,19 @@ extension Reconciler {
         }
         for deferred in waiting.documents {
             guard let child = byName[deferred.table] else { continue }
-            var application = SnapshotApplication(
-                model: child, collection: deferred.collection, parentRowId: deferred.parentRowId, scope: nil,
-                context: .everything, rows: try SnapshotRows(nil, of: child, enabled: false, db))
-            try applyChange(Change(.added, deferred.document), &application, db)
+            try apply(deferred.document, of: child, in: deferred.collection, under: deferred.parentRowId, db)
         }
+    }
+
+    /// Applies a document that was kept aside, as a change of its own, looking for everything.
+    private func apply(
+        _ document: Document, of model: TableModel, in collection: CollectionPath, under parentRowId: Int64?,
+        _ db: Database
+    ) throws {
+        var application = SnapshotApplication(
+            collection: collection, parentRowId: parentRowId, scope: nil, context: .everything,
+            rows: try SnapshotRows(nil, of: model, enabled: false, db))
+        try applyChange(Change(.added, document), model, &application, db)
     }
 
     static func updatedAt(of document: Document) -> Int64 {

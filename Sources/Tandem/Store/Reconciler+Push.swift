@@ -58,7 +58,6 @@ private struct DirtyRow {
     var parentRowId: Int64?
     var serverVersion: Int64?
     var recordedKey: String?
-    var recordedCollection: String?
     var pushedRevision: Int64?
     var hasEntry: Bool
 
@@ -70,7 +69,6 @@ private struct DirtyRow {
         parentRowId = row[4]
         serverVersion = row[5]
         recordedKey = row[6]
-        recordedCollection = row[7]
         pushedRevision = row[8]
         hasEntry = (row[9] as String?) != nil
     }
@@ -199,7 +197,8 @@ extension Reconciler {
             sendings.passedOver = true
             return nil
         }
-        if dirty.serverId != nil, let known = dirty.recordedCollection, known != collection.rawValue {
+        // The collection the row synced in (read only for a row that has synced).
+        if dirty.serverId != nil, let known: String = row[7], known != collection.rawValue {
             try ledger.fail(
                 model.name, dirty.rowId,
                 TandemError(
@@ -368,9 +367,9 @@ extension Reconciler {
             let run = start..<end
             start = end
             let outcomes = try ledger.acknowledge(model, pushes[run], results[run], db)
-            let scope = scopes.isEmpty ? nil : scopes[model.name]
+            answer.scope = scopes.isEmpty ? nil : scopes[model.name]
             for (index, outcome) in zip(run, outcomes) {
-                try settleAcknowledged(pushes[index], results[index], outcome, model, scope: scope, &answer, db)
+                try settleAcknowledged(index, of: pushes, results, outcome, model, &answer, db)
             }
         }
         var leftScope = 0
@@ -388,12 +387,15 @@ extension Reconciler {
     /// One create or update the server acknowledged, after the ledger wrote its server id and
     /// version back: a duplicate is failed, rows waiting for it are resolved, a merge's newer
     /// fields are taken, and a row its scope does not select is noted to go.
+    ///
+    /// By index, each push and result read in place: a push copied is its op's strings and
+    /// fields retained and released.
     private func settleAcknowledged(
-        _ push: PreparedPush, _ result: WriteResult, _ outcome: SyncLedger.Acknowledged, _ model: TableModel,
-        scope: Query?, _ answer: inout Acknowledgement, _ db: Database
+        _ index: Int, of pushes: [PreparedPush], _ results: [WriteResult], _ outcome: SyncLedger.Acknowledged,
+        _ model: TableModel, _ answer: inout Acknowledgement, _ db: Database
     ) throws {
-        answer.received(result)
-        if let stored = result.document { receiveTimes(of: stored) }
+        answer.latest = max(answer.latest, results[index].updateTime)
+        if let stored = results[index].document { receiveTimes(of: stored) }
         let clean: Bool
         switch outcome {
         case .row(let isClean):
@@ -403,22 +405,24 @@ extension Reconciler {
             return
         case .duplicate(let other):
             let message =
-                "duplicate: the server's document \(result.id) was already inserted as row "
+                "duplicate: the server's document \(results[index].id) was already inserted as row "
                 + "\(other.map(String.init) ?? "?") by the listener before this push's write-back"
-            try ledger.fail(model.name, push.rowId, TandemError(.database, message), db)
-            answer.duplicates.append("\(model.name) row \(push.rowId): \(message)")
+            try ledger.fail(model.name, pushes[index].rowId, TandemError(.database, message), db)
+            answer.duplicates.append("\(model.name) row \(pushes[index].rowId): \(message)")
             return
         }
-        if push.op.kind == .create, answer.waiting {
-            try resolveWaiting(model, serverId: result.id.rawValue, localId: push.rowId, db)
+        if pushes[index].op.kind == .create, answer.waiting {
+            try resolveWaiting(model, serverId: results[index].id.rawValue, localId: pushes[index].rowId, db)
         }
         // A merge's answer to a user who may not read the result carries nothing of it.
-        let withheld = result.document?.isWithheld == true
+        let withheld = results[index].document?.isWithheld == true
         // A field-level merge kept fields of other writers that were newer than ours.
-        if let stored = result.document, !withheld, stored.fields != push.op.fields {
+        if let stored = results[index].document, !withheld, stored.fields != pushes[index].op.fields {
             if clean {
-                try overwrite(model, rowId: push.rowId, with: stored, collection: push.op.collection, db)
-            } else if try settle(model, rowId: push.rowId, remote: stored, collection: push.op.collection, db)
+                try overwrite(
+                    model, rowId: pushes[index].rowId, with: stored, collection: pushes[index].op.collection, db)
+            } else if try settle(
+                model, rowId: pushes[index].rowId, remote: stored, collection: pushes[index].op.collection, db)
                 != .recorded
             {
                 answer.conflicts += 1
@@ -426,8 +430,10 @@ extension Reconciler {
         }
         // Matched against what the server stored, as its view did: the merged document, or the
         // fields sent (the row's values read back from SQLite may differ in type).
-        if clean, let scope, withheld || !scope.matches(result.document?.fields ?? push.op.fields ?? [:]) {
-            answer.outsideScope.append((model, push.rowId))
+        if clean, let scope = answer.scope,
+            withheld || !scope.matches(results[index].document?.fields ?? pushes[index].op.fields ?? [:])
+        {
+            answer.outsideScope.append((model, pushes[index].rowId))
         }
     }
 
@@ -525,6 +531,8 @@ extension Document {
 private struct Acknowledgement {
     /// Rows wait for a server id (``SyncLedger/anythingWaits(_:)``).
     let waiting: Bool
+    /// The scope of the table whose rows are being settled, if it has one.
+    var scope: Query?
     var duplicates: [String] = []
     var conflicts = 0
     var outsideScope: [(TableModel, Int64)] = []
