@@ -199,6 +199,11 @@ public final class ServerConnection: Sendable {
     /// Sends a write now and returns its answer to wait for later, so that the next write can
     /// go out before this one is answered. The same rules as ``writeAndWait(_:timeout:)``
     /// hold for ``PendingWrite/wait()``.
+    /// Runs `body` on the connection's queue once what it has queued so far has run.
+    package func afterQueuedWork(_ body: @escaping @Sendable () -> Void) {
+        inbox.async(execute: body)
+    }
+
     /// Stops a debug build unless the caller runs on the connection's queue, where messages
     /// are decoded and handed on, and ``arrivals`` numbers them.
     package func assertOnQueue(file: StaticString = #fileID, line: UInt = #line) {

@@ -159,6 +159,17 @@ struct PushCycleTests {
         }
     }
 
+    @Test("a local commit reopens the preparing only once an answer was settled, not while the batch is on its way")
+    func localCommitWaitsForAnAnswer() {
+        var cycle = PushCycle(depth: 4)
+        _ = cycle.next(localCommitQueued: false)
+        _ = cycle.prepared(Self.last, passedOver: false)
+        do {
+            let got = cycle.next(localCommitQueued: true)
+            #expect(got == .awaitOldest)
+        }
+    }
+
     @Test("after the most batches one push may send, it stops preparing and asks for another push")
     func boundedLength() {
         var cycle = PushCycle(depth: 1, maxBatches: 3)

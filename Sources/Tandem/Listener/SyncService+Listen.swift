@@ -219,8 +219,7 @@ extension SyncService {
     private func readListenerPlan(for connection: ServerConnection) throws -> ListenerPlan {
         let (user, maxMessageBytes) = (connection.welcome.user, connection.welcome.limits.maxMessageBytes)
         var problems: [TandemError] = []
-        defer { for problem in problems { noteError(problem) } }
-        return try readState { db in
+        let plan = try readState { db in
             var plan = ListenerPlan()
             plan.desired = try reconciler.desiredListeners(db, user: user) { problems.append($0) }
             for (path, target) in plan.desired {
@@ -242,6 +241,8 @@ extension SyncService {
             }
             return plan
         }
+        for problem in problems { noteError(problem) }
+        return plan
     }
 
     /// Opens the listeners, each with its token and view.
@@ -542,7 +543,12 @@ extension SyncService {
             do {
                 let outcomes = try applyInOneTransaction(arrivals, generation: generation, isolatingChanges: isolating)
                 attempt = .applied(finishApply(arrivals, outcomes, generation: generation))
-            } catch is Reconciler.ChangeFailed {
+            } catch let failed as Reconciler.ChangeFailed {
+                // Isolated, a change that fails is left out without ending the attempt: one that
+                // ends it is the database's failure, said as any other.
+                if isolating {
+                    noteError(TandemError("cannot apply a snapshot", failed.underlying, otherwise: .database))
+                }
                 attempt = .changeFailed
             } catch is ConnectionGone {
                 attempt = .connectionGone

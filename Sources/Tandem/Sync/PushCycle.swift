@@ -92,6 +92,10 @@ struct PushCycle: Equatable {
     private var passedOver = false
     /// The oldest answer was taken and is not settled yet.
     private var answering = false
+    /// An answer was settled since the last step: only then may a local commit reopen the
+    /// preparing, so that a batch's write-back (a filed delete's new base version, say) comes
+    /// before the next batch is read.
+    private var settled = false
     private var finished = false
 
     /// - Parameters:
@@ -106,7 +110,8 @@ struct PushCycle: Equatable {
     /// another one, which waits behind it; what it filed goes out in this push instead.
     mutating func next(localCommitQueued: Bool) -> Step {
         answering = false
-        if endReached && localCommitQueued {
+        defer { settled = false }
+        if settled && endReached && localCommitQueued {
             exhausted = false
             endReached = false
         }
@@ -145,6 +150,7 @@ struct PushCycle: Equatable {
 
     /// The oldest batch's answer (of `batchSize` ops): what to do with it.
     mutating func answered(_ answer: Answer, batchSize: Int) -> Settlement {
+        settled = true
         switch answer {
         case .acknowledged(let creates):
             createsAcknowledged += creates

@@ -27,8 +27,10 @@ extension SyncService {
         defer { if !countsShown { refreshStatus() } }
         var run = try PushRun(self)
         var cycle = PushCycle(depth: configuration.writesInFlight)
-        defer { if cycle.leavesAnswersUnread { dropConnection(run.connection) } }
+        // Run in reverse: the connection goes before the listeners are refreshed, which then
+        // find none to refresh on.
         defer { if run.newParents { refreshListeners() } }
+        defer { if cycle.leavesAnswersUnread { dropConnection(run.connection) } }
         var cursor = PushCursor()
         var onTheirWay: [(batch: [PreparedPush], answer: ServerConnection.PendingWrite)] = []
         steps: while true {

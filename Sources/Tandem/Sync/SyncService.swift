@@ -315,6 +315,11 @@ public final class SyncService: Sendable {
                 continuation.resume()
             }
         }
+        // Unserialized, listener work runs on the connection's queue: an apply under way there
+        // ends before stop returns, and any later one finds the generation gone.
+        if configuration.serialization == .unserialized, let connection {
+            await withCheckedContinuation { continuation in connection.afterQueuedWork { continuation.resume() } }
+        }
         // What is left came from the connection just closed: the next one brings it again.
         inbox.withLock { $0.removeAll() }
         publishStatus()

@@ -4,7 +4,9 @@ import TandemWire
 /// The sync engine's one timer model: work that runs once after a delay, or at an interval
 /// until cancelled, on libdispatch's global queue. Timers only enqueue work (a push on the sync
 /// queue, a connection attempt, a listener refresh): none waits on a thread of Swift
-/// concurrency's pool, and each can be cancelled from any thread.
+/// concurrency's pool, and each can be cancelled from any thread. Their clock is libdispatch's
+/// (`DispatchTime`), which does not count while the system sleeps: a delay due during a sleep
+/// runs its rest after the wake.
 final class SyncTimer: Sendable {
     // A dispatch source's `cancel()` may be called from any thread.
     private nonisolated(unsafe) let source: DispatchSourceTimer
