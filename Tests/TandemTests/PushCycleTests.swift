@@ -11,6 +11,16 @@ struct PushCycleTests {
     private static let last = PushCycle.Batch(createsDependedOn: false, reachedEnd: true)
     private static let parents = PushCycle.Batch(createsDependedOn: true, reachedEnd: true)
 
+    /// Plays a batch prepared, sent, and its answer awaited: the steps most tests start with.
+    private static func sendAndAwait(_ batch: PushCycle.Batch, on cycle: inout PushCycle, passedOver: Bool = false) {
+        let first = cycle.next(localCommitQueued: false)
+        #expect(first == .prepare)
+        let sent = cycle.prepared(batch, passedOver: passedOver)
+        #expect(sent)
+        let next = cycle.next(localCommitQueued: false)
+        #expect(next == .awaitOldest)
+    }
+
     @Test("an empty ledger: one look, then finished, nothing to await and no push after")
     func nothingToPush() {
         var cycle = PushCycle(depth: 4)
@@ -200,9 +210,7 @@ struct PushCycleTests {
     @Test("rows passed over go out in another push only when creates were acknowledged that can help them")
     func passedOverRows() {
         var helped = PushCycle(depth: 1)
-        _ = helped.next(localCommitQueued: false)
-        _ = helped.prepared(Self.last, passedOver: true)
-        _ = helped.next(localCommitQueued: false)
+        Self.sendAndAwait(Self.last, on: &helped, passedOver: true)
         _ = helped.answered(.acknowledged(creates: 2), batchSize: 2)
         do {
             let got = helped.next(localCommitQueued: false) == .finish(pushAgain: true)
@@ -210,9 +218,7 @@ struct PushCycleTests {
         }
 
         var unhelped = PushCycle(depth: 1)
-        _ = unhelped.next(localCommitQueued: false)
-        _ = unhelped.prepared(Self.last, passedOver: true)
-        _ = unhelped.next(localCommitQueued: false)
+        Self.sendAndAwait(Self.last, on: &unhelped, passedOver: true)
         _ = unhelped.answered(.acknowledged(creates: 0), batchSize: 2)
         do {
             let got = unhelped.next(localCommitQueued: false) == .finish(pushAgain: false)
@@ -223,30 +229,22 @@ struct PushCycleTests {
     @Test("a conflict or an op refused alone settles that op and leaves the others to another push")
     func oneOpSettled() {
         var cycle = PushCycle(depth: 1)
-        _ = cycle.next(localCommitQueued: false)
-        _ = cycle.prepared(Self.plain, passedOver: false)
-        _ = cycle.next(localCommitQueued: false)
+        Self.sendAndAwait(Self.plain, on: &cycle)
         do {
             let got = cycle.answered(.conflict(op: 1), batchSize: 3) == .resolveConflict(op: 1)
             #expect(got)
         }
-        _ = cycle.next(localCommitQueued: false)
-        _ = cycle.prepared(Self.last, passedOver: false)
-        _ = cycle.next(localCommitQueued: false)
+        Self.sendAndAwait(Self.plain, on: &cycle)
         do {
             let got = cycle.answered(.refused(.notFound, op: 0), batchSize: 3) == .refuseOne(op: 0, .notFound)
             #expect(got)
         }
-        _ = cycle.next(localCommitQueued: false)
-        _ = cycle.prepared(Self.last, passedOver: false)
-        _ = cycle.next(localCommitQueued: false)
+        Self.sendAndAwait(Self.plain, on: &cycle)
         do {
             let got = cycle.answered(.refused(.permissionDenied, op: 2), batchSize: 3) == .refuseOne(op: 2, .reject)
             #expect(got)
         }
-        _ = cycle.next(localCommitQueued: false)
-        _ = cycle.prepared(Self.last, passedOver: false)
-        _ = cycle.next(localCommitQueued: false)
+        Self.sendAndAwait(Self.last, on: &cycle)
         do {
             let got = cycle.answered(.refused(.rateLimited, op: 2), batchSize: 3) == .refuseOne(op: 2, .countAttempt)
             #expect(got)
@@ -260,9 +258,7 @@ struct PushCycleTests {
     @Test("an op index outside the batch is not taken for the batch's own")
     func opOutsideTheBatch() {
         var cycle = PushCycle(depth: 1)
-        _ = cycle.next(localCommitQueued: false)
-        _ = cycle.prepared(Self.last, passedOver: false)
-        _ = cycle.next(localCommitQueued: false)
+        Self.sendAndAwait(Self.last, on: &cycle)
         do {
             let got = cycle.answered(.refused(.permissionDenied, op: 7), batchSize: 3)
             #expect(got == .rejectAll)
@@ -272,9 +268,7 @@ struct PushCycleTests {
     @Test("a rejection of the whole batch fails its rows and the push goes on")
     func wholeBatchRejected() {
         var cycle = PushCycle(depth: 1)
-        _ = cycle.next(localCommitQueued: false)
-        _ = cycle.prepared(Self.last, passedOver: false)
-        _ = cycle.next(localCommitQueued: false)
+        Self.sendAndAwait(Self.last, on: &cycle)
         do {
             let got = cycle.answered(.refused(.tooLarge, op: nil), batchSize: 3)
             #expect(got == .rejectAll)
@@ -290,7 +284,10 @@ struct PushCycleTests {
         var cycle = PushCycle(depth: 2)
         _ = cycle.next(localCommitQueued: false)
         _ = cycle.prepared(Self.plain, passedOver: false)
-        _ = cycle.next(localCommitQueued: false)
+        do {
+            let got = cycle.next(localCommitQueued: false)
+            #expect(got == .prepare)
+        }
         _ = cycle.prepared(Self.last, passedOver: false)
         do {
             let got = cycle.next(localCommitQueued: false)
@@ -306,9 +303,7 @@ struct PushCycleTests {
         #expect(cycle.leavesAnswersUnread)
 
         var alone = PushCycle(depth: 1)
-        _ = alone.next(localCommitQueued: false)
-        _ = alone.prepared(Self.last, passedOver: false)
-        _ = alone.next(localCommitQueued: false)
+        Self.sendAndAwait(Self.last, on: &alone)
         _ = alone.answered(.refused(.internal, op: nil), batchSize: 3)
         #expect(!alone.leavesAnswersUnread)
     }
@@ -316,9 +311,7 @@ struct PushCycleTests {
     @Test("an outcome the server does not know is resent soon under the same keys, not counted as an attempt")
     func outcomeUnknown() {
         var cycle = PushCycle(depth: 1)
-        _ = cycle.next(localCommitQueued: false)
-        _ = cycle.prepared(Self.last, passedOver: false)
-        _ = cycle.next(localCommitQueued: false)
+        Self.sendAndAwait(Self.last, on: &cycle)
         do {
             let got =
                 cycle.answered(.refused(.outcomeUnknown, op: nil), batchSize: 1)
@@ -331,9 +324,7 @@ struct PushCycleTests {
     @Test("a lost answer stops the push with the answer unread: the connection must go")
     func lostAnswer() {
         var cycle = PushCycle(depth: 1)
-        _ = cycle.next(localCommitQueued: false)
-        _ = cycle.prepared(Self.last, passedOver: false)
-        _ = cycle.next(localCommitQueued: false)
+        Self.sendAndAwait(Self.last, on: &cycle)
         do {
             let got = cycle.answered(.lost, batchSize: 1) == .stop(countsAttempt: true, resendSoon: false)
             #expect(got)
@@ -344,9 +335,7 @@ struct PushCycleTests {
     @Test("an acknowledgement whose write-back fails leaves the answer unsettled: the connection must go")
     func writeBackFails() {
         var cycle = PushCycle(depth: 1)
-        _ = cycle.next(localCommitQueued: false)
-        _ = cycle.prepared(Self.last, passedOver: false)
-        _ = cycle.next(localCommitQueued: false)
+        Self.sendAndAwait(Self.last, on: &cycle)
         _ = cycle.answered(.acknowledged(creates: 1), batchSize: 1)
         // The push throws here, before its next step.
         #expect(cycle.leavesAnswersUnread)
