@@ -1,5 +1,7 @@
 import CLibPQ
 import Foundation
+import Synchronization
+import TandemWire
 
 /// One connection to PostgreSQL through libpq, with a deadline on every call.
 ///
@@ -33,6 +35,9 @@ package final class PostgresConnection {
     var timeout: Duration
     private var connection: OpaquePointer?
     private var prepared: [String: String] = [:]
+    /// The thread using the connection now, and how deep (a cut from inside a query's
+    /// `afterSending` is the same use): debug builds check that no other thread comes in.
+    private let user = Mutex<(thread: pthread_t, depth: Int)?>(nil)
 
     /// How long unacknowledged data may wait on a TCP connection before the kernel drops it.
     static let linkTimeout = Duration.seconds(5)
@@ -117,6 +122,8 @@ package final class PostgresConnection {
     var socket: Int32 { connection.map(PQsocket) ?? -1 }
 
     func close() {
+        enter()
+        defer { leave() }
         if let connection { PQfinish(connection) }
         connection = nil
         prepared = [:]
@@ -136,6 +143,8 @@ package final class PostgresConnection {
     func query(
         _ sql: String, _ parameters: [String?] = [], prepare: Bool = false, afterSending: (() -> Void)? = nil
     ) throws(PostgresError) -> PostgresRows {
+        enter()
+        defer { leave() }
         guard let connection, PQstatus(connection) == CONNECTION_OK else {
             throw PostgresError(connectionFailure: "the connection to PostgreSQL is closed")
         }
@@ -170,6 +179,8 @@ package final class PostgresConnection {
     ///
     /// - Throws: ``PostgresError``: the first statement's error, or a connection failure.
     package func script(_ sql: String) throws(PostgresError) {
+        enter()
+        defer { leave() }
         guard let connection, PQstatus(connection) == CONNECTION_OK else {
             throw PostgresError(connectionFailure: "the connection to PostgreSQL is closed")
         }
@@ -184,6 +195,8 @@ package final class PostgresConnection {
     /// answers. (A `shutdown` alone is not enough: an answer already received can still be
     /// read.) For tests.
     func cutForTesting() {
+        enter()
+        defer { leave() }
         guard let connection else { return }
         var pair: [Int32] = [0, 0]
         guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0 else { return }
@@ -195,6 +208,8 @@ package final class PostgresConnection {
 
     /// Notifications received so far (`LISTEN`), without waiting.
     package func notifications() throws(PostgresError) -> [(channel: String, payload: String)] {
+        enter()
+        defer { leave() }
         guard let connection, PQconsumeInput(connection) == 1 else {
             let message = connection.map(Self.message) ?? "closed"
             close()
@@ -211,10 +226,35 @@ package final class PostgresConnection {
 
     /// Waits until the socket has something to read, at most `duration`.
     package func waitForInput(_ duration: Duration) -> Bool {
-        wait(for: Int16(POLLIN), until: ContinuousClock.now + duration)
+        enter()
+        defer { leave() }
+        return wait(for: Int16(POLLIN), until: ContinuousClock.now + duration)
     }
 
     // MARK: - Plumbing
+
+    /// Notes a use by this thread; stops a debug build when another thread is using the
+    /// connection at the same time.
+    private func enter(file: StaticString = #fileID, line: UInt = #line) {
+        #if DEBUG
+            let me = pthread_self()
+            let shared = user.withLock { user -> Bool in
+                if let current = user, pthread_equal(current.thread, me) == 0 { return true }
+                user = (me, (user?.depth ?? 0) + 1)
+                return false
+            }
+            Confinement.check(!shared, "a PostgreSQL connection used by two threads at once", file: file, line: line)
+        #endif
+    }
+
+    private func leave() {
+        #if DEBUG
+            user.withLock { user in
+                guard let current = user else { return }
+                user = current.depth > 1 ? (current.thread, current.depth - 1) : nil
+            }
+        #endif
+    }
 
     private func finishSending(_ sent: Int32, _ deadline: ContinuousClock.Instant) throws(PostgresError) {
         guard let connection else { throw PostgresError(connectionFailure: "the connection to PostgreSQL is closed") }

@@ -1,5 +1,6 @@
 import GRDB
 import Synchronization
+import TandemWire
 
 /// Notices commits in which the app (not Tandem) changed synced tables, so that the push
 /// starts soon after a local write.
@@ -9,8 +10,8 @@ import Synchronization
 final class LocalChangeObserver: TransactionObserver, @unchecked Sendable {
     private let tables: Set<String>
     private let parents: Set<String>
-    /// Set by Tandem for the duration of its own write closures.
-    var isTandemWriting = false
+    /// Set by Tandem for the duration of its own write closures (``tandemWrites(in:_:)``).
+    private var isTandemWriting = false
     private var changed = false
     private var parentsChanged = false
     private let onCommit = Mutex<CommitAction?>(nil)
@@ -28,6 +29,15 @@ final class LocalChangeObserver: TransactionObserver, @unchecked Sendable {
     init(tables: Set<String>, parents: Set<String>) {
         self.tables = tables
         self.parents = parents
+    }
+
+    /// Runs one of Tandem's own writes, whose changes start no push: inside the writer's
+    /// transaction, on its queue (GRDB's `isInsideTransaction` checks the queue itself).
+    func tandemWrites<T>(in db: Database, _ body: () throws -> T) rethrows -> T {
+        Confinement.check(db.isInsideTransaction, "Tandem's write flag set outside a write of the database")
+        isTandemWriting = true
+        defer { isTandemWriting = false }
+        return try body()
     }
 
     func setOnCommit(_ action: @escaping @Sendable (_ parentsChanged: Bool) -> Void) {

@@ -595,9 +595,7 @@ public final class SyncService: Sendable {
         BlockingCheck.willBlock("a synchronous write of the database", file: file, line: line)
         let observer = self.observer
         let (result, stored) = try database.write { db in
-            observer.isTandemWriting = true
-            defer { observer.isTandemWriting = false }
-            return (try body(db), try storeClockIfMoved(db))
+            try observer.tandemWrites(in: db) { (try body(db), try storeClockIfMoved(db)) }
         }
         if let stored { storedClock.max(stored, ordering: .relaxed) }
         return result
@@ -606,9 +604,7 @@ public final class SyncService: Sendable {
     func ownWrite<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
         let observer = self.observer
         let (result, stored) = try await database.write { [self] db in
-            observer.isTandemWriting = true
-            defer { observer.isTandemWriting = false }
-            return (try body(db), try storeClockIfMoved(db))
+            try observer.tandemWrites(in: db) { (try body(db), try storeClockIfMoved(db)) }
         }
         if let stored { storedClock.max(stored, ordering: .relaxed) }
         return result
