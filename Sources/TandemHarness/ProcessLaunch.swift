@@ -1,6 +1,6 @@
 import Foundation
-import TandemWire
 import Synchronization
+import TandemWire
 
 #if canImport(Glibc)
     import Glibc

@@ -1,6 +1,6 @@
-import TandemHarness
 import GRDB
 import Tandem
+import TandemHarness
 
 /// The demo's data model, a shared cash-flow book: accounts, and entries in them. Two
 /// entries can be linked (the two sides of a transfer).

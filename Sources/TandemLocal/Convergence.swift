@@ -1,7 +1,7 @@
-import TandemHarness
 import Foundation
 import GRDB
 import Tandem
+import TandemHarness
 import TandemServer
 import TandemWire
 

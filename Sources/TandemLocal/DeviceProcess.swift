@@ -1,6 +1,6 @@
-import TandemHarness
 import Foundation
 import Synchronization
+import TandemHarness
 
 /// `tandem device` running as a child process: a device that a test can kill with SIGKILL at
 /// a point it chose (`--hold-at push|apply`), then reopen in-process from the same folder

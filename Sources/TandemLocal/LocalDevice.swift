@@ -1,9 +1,9 @@
-import TandemHarness
 import Foundation
 import GRDB
 import Logging
 import Synchronization
 import Tandem
+import TandemHarness
 import TandemWire
 
 /// A device in this process: its own SQLite file in a temporary folder, the app's tables,

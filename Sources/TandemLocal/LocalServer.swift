@@ -1,6 +1,6 @@
-import TandemHarness
 import Foundation
 import Synchronization
+import TandemHarness
 import TandemServer
 import TandemServerPostgres
 

@@ -1,6 +1,6 @@
-import TandemHarness
 import Foundation
 import Synchronization
+import TandemHarness
 
 /// A throwaway PostgreSQL cluster for tests: `initdb` in a temporary folder, the server on a
 /// Unix socket in that folder and a free port, stopped by its PID when the tests end.

@@ -1,6 +1,6 @@
-import TandemHarness
 import Foundation
 import TandemClient
+import TandemHarness
 
 /// `tandem serve` running as a child process, for tests that must kill the server the hard
 /// way (SIGKILL) and start it again on the same data.

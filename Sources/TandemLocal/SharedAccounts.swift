@@ -1,6 +1,6 @@
-import TandemHarness
 import GRDB
 import Tandem
+import TandemHarness
 import TandemServer
 
 /// The shared-account app of the seeds: one `accounts` collection for every user, each account

@@ -1,5 +1,5 @@
-import TandemHarness
 import Tandem
+import TandemHarness
 
 /// The system clock shifted by a fixed offset: a device whose clock is wrong.
 public struct SkewedClock: SyncClock {

@@ -1,7 +1,7 @@
-import TandemHarness
-import TandemLocal
 import Foundation
 import GRDB
+import TandemHarness
+import TandemLocal
 @_spi(Testing) import Tandem
 import TandemServer
 import TandemWire

@@ -1,8 +1,8 @@
-import TandemHarness
-import TandemLocal
 import ArgumentParser
 import Foundation
 import Logging
+import TandemHarness
+import TandemLocal
 @_spi(Testing) import Tandem
 import TandemScenarios
 

@@ -1,9 +1,9 @@
 import ArgumentParser
 import Foundation
 import Logging
+import TandemSQLite
 import TandemServer
 import TandemServerPostgres
-import TandemSQLite
 import TandemWire
 
 struct ServeCommand: AsyncParsableCommand {

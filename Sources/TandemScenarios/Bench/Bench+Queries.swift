@@ -1,8 +1,8 @@
-import TandemHarness
-import TandemLocal
 import Foundation
 import Synchronization
 import TandemClient
+import TandemHarness
+import TandemLocal
 import TandemWire
 
 /// The cost of query listeners, on a server in its own process.

@@ -1,8 +1,8 @@
-import TandemHarness
-import TandemLocal
 import Foundation
 import Synchronization
 import TandemClient
+import TandemHarness
+import TandemLocal
 import TandemWire
 
 /// The scenarios whose server runs as `tandem serve` in a process of its own: the server's

@@ -1,7 +1,7 @@
-import TandemHarness
-import TandemLocal
 import Foundation
 import TandemClient
+import TandemHarness
+import TandemLocal
 
 extension Bench {
     /// The client's two transports side by side, in one run: propagation (one document at a

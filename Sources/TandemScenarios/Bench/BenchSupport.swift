@@ -1,10 +1,10 @@
-import TandemHarness
-import TandemLocal
 import Foundation
 import GRDB
 import Histogram
 import Synchronization
 import Tandem
+import TandemHarness
+import TandemLocal
 import TandemWire
 
 /// One scenario's outcome, printed in the summary table or as one JSON object.

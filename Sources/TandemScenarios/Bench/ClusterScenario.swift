@@ -1,7 +1,7 @@
-import TandemHarness
-import TandemLocal
 import Foundation
 import Tandem
+import TandemHarness
+import TandemLocal
 import TandemServer
 import TandemServerPostgres
 

@@ -1,7 +1,7 @@
-import TandemHarness
-import TandemLocal
 import Foundation
 import TandemClient
+import TandemHarness
+import TandemLocal
 import TandemSocket
 import TandemWire
 
@@ -33,6 +33,8 @@ import TandemWire
         private var pending: [[UInt8]]
         private var fragments: [[UInt8]]
         private var currentCount = 0
+        /// The loop's thread, once it runs (debug builds check `pending` is touched there only).
+        private var loopThread: pthread_t?
         private let state = NSLock()
         private var failure: String?
         private var stopping = false
@@ -160,6 +162,7 @@ import TandemWire
         }
 
         private func run() {
+            state.withLock { loopThread = pthread_self() }
             var events = [epoll_event](repeating: epoll_event(), count: 1024)
             var buffer = [UInt8](repeating: 0, count: 64 << 10)
             while !state.withLock({ stopping }) {
@@ -183,6 +186,9 @@ import TandemWire
 
         /// Reads what the socket has and handles each whole frame in it.
         private func read(_ index: Int, _ socket: Int32, using buffer: inout [UInt8]) throws {
+            Confinement.check(
+                state.withLock { loopThread.map { pthread_equal($0, pthread_self()) != 0 } ?? false },
+                "a listener swarm's socket read off its loop thread")
             while true {
                 let count = buffer.withUnsafeMutableBytes { recv(socket, $0.baseAddress, $0.count, 0) }
                 if count == 0 { throw ScenarioError("the server closed the connection") }

@@ -1,8 +1,8 @@
+import Foundation
+import Synchronization
 import TandemHarness
 import TandemLocal
 import TandemServerPostgres
-import Foundation
-import Synchronization
 
 /// What PostgreSQL can do through libpq without Tandem, to measure the cluster scenario
 /// against: the same client library, the same database, the same machine, no Tandem.

@@ -1,8 +1,8 @@
-import TandemHarness
-import TandemLocal
 import Foundation
 import GRDB
 import Synchronization
+import TandemHarness
+import TandemLocal
 @_spi(Testing) import Tandem
 import TandemServer
 import TandemSocket
