@@ -3,6 +3,16 @@ import GRDB
 import TandemSQLite
 import TandemWire
 
+/// A row in conflict with a server version: what a resolution is carried out on.
+struct ConflictingRow {
+    let model: TableModel
+    let rowId: Int64
+    /// The row's synced fields as they are here.
+    let local: JSONObject
+    let remote: Document
+    let collection: CollectionPath
+}
+
 /// How a conflict ended.
 enum Settlement: Equatable {
     /// The local row stays and will be pushed over the server's version.
@@ -22,6 +32,8 @@ extension Reconciler {
         _ model: TableModel, rowId: Int64, remote: Document, collection: CollectionPath, _ db: Database
     ) throws -> Settlement {
         guard let local = try rowState(model, rowId: rowId, db) else { return .tookServer }
+        let row = ConflictingRow(
+            model: model, rowId: rowId, local: local.fields, remote: remote, collection: collection)
         let base = try ledger.knownServerFields(model, rowId: rowId, db)
         let merge = ThreeWayMerge.merge(
             base: base, local: (local.fields, local.times), remote: (remote.fields, Self.fieldTimes(of: remote)))
@@ -30,8 +42,7 @@ extension Reconciler {
         case .lastWriteWins:
             resolution = local.updatedAt > Self.updatedAt(of: remote) ? .keepLocal : .useServer
         case .fieldLevel:
-            return try apply(
-                merge, model, rowId: rowId, local: local.fields, remote: remote, collection: collection, db)
+            return try apply(merge, to: row, db)
         case .manual:
             guard merge.inConflict.isEmpty else {
                 try ledger.recordConflict(
@@ -42,8 +53,7 @@ extension Reconciler {
                 return .recorded
             }
             // Changes to different fields are merged without asking.
-            return try apply(
-                merge, model, rowId: rowId, local: local.fields, remote: remote, collection: collection, db)
+            return try apply(merge, to: row, db)
         case .custom(let resolve):
             resolution = resolve(
                 ConflictContext(
@@ -52,15 +62,12 @@ extension Reconciler {
                     inConflict: merge.inConflict, localUpdatedAt: local.updatedAt,
                     remoteUpdatedAt: Self.updatedAt(of: remote)))
         }
-        return try apply(
-            resolution, model, rowId: rowId, local: local.fields, remote: remote, collection: collection, db)
+        return try apply(resolution, to: row, db)
     }
 
     /// Carries out a resolution decided by a policy, a resolver or the app.
-    func apply(
-        _ resolution: ConflictResolution, _ model: TableModel, rowId: Int64, local: JSONObject, remote: Document,
-        collection: CollectionPath, _ db: Database
-    ) throws -> Settlement {
+    func apply(_ resolution: ConflictResolution, to row: ConflictingRow, _ db: Database) throws -> Settlement {
+        let (model, rowId, remote, collection) = (row.model, row.rowId, row.remote, row.collection)
         switch resolution {
         case .keepLocal:
             try ledger.rebase(model, rowId, on: remote, db)
@@ -70,20 +77,18 @@ extension Reconciler {
             try overwrite(model, rowId: rowId, with: remote, collection: collection, db)
             return .tookServer
         case .merge(let fields):
-            var merged = local
+            var merged = row.local
             for (name, value) in fields { merged[name] = value }
-            try writeMerged(model, rowId: rowId, fields: merged, times: nil, remote: remote, collection: collection, db)
+            try writeMerged(merged, times: nil, over: row, db)
             return .merged
         }
     }
 
-    private func apply(
-        _ merge: ThreeWayMerge, _ model: TableModel, rowId: Int64, local: JSONObject, remote: Document,
-        collection: CollectionPath, _ db: Database
-    ) throws -> Settlement {
+    private func apply(_ merge: ThreeWayMerge, to row: ConflictingRow, _ db: Database) throws -> Settlement {
+        let (model, rowId, local, remote) = (row.model, row.rowId, row.local, row.remote)
         let merged = merge.fields.filter { $0.key != "updatedAt" }
         if merged == remote.fields.filter({ $0.key != "updatedAt" }) {
-            try overwrite(model, rowId: rowId, with: remote, collection: collection, db)
+            try overwrite(model, rowId: rowId, with: remote, collection: row.collection, db)
             return .tookServer
         }
         if merged == local.filter({ $0.key != "updatedAt" }) {
@@ -91,17 +96,16 @@ extension Reconciler {
             try ledger.storeFieldTimes(model, rowId: rowId, merge.times, db)
             return .keptLocal
         }
-        try writeMerged(
-            model, rowId: rowId, fields: merge.fields, times: merge.times, remote: remote, collection: collection, db)
+        try writeMerged(merge.fields, times: merge.times, over: row, db)
         return .merged
     }
 
     /// Makes the row `fields` (a new local write: dirty, stamped now), with the server's
     /// version as the base of its next push.
     func writeMerged(
-        _ model: TableModel, rowId: Int64, fields: JSONObject, times: [String: Int64]?, remote: Document,
-        collection: CollectionPath, rebase: Bool = true, _ db: Database
+        _ fields: JSONObject, times: [String: Int64]?, over row: ConflictingRow, rebase: Bool = true, _ db: Database
     ) throws {
+        let (model, rowId, remote) = (row.model, row.rowId, row.remote)
         let probe = Document(id: remote.id, version: remote.version, fields: fields, createTime: 0, updateTime: 0)
         let incoming = try incomingValues(model, probe, db)
         var assignments = incoming.columns.map { "\(SQL.quote($0)) = ?" }
@@ -128,9 +132,10 @@ extension Reconciler {
             throw TandemError(.invalidArgument, "there is no open conflict for \(record.table) row \(record.rowId)")
         }
         let local = try rowState(model, rowId: record.rowId, db)?.fields ?? record.local
+        let row = ConflictingRow(
+            model: model, rowId: record.rowId, local: local, remote: server, collection: collection)
         guard reason == .leftScope else {
-            _ = try apply(
-                resolution, model, rowId: record.rowId, local: local, remote: server, collection: collection, db)
+            _ = try apply(resolution, to: row, db)
             // A row out of scope whose conflict over its fields this settles may go now.
             try removeRowsOutOfScope(db)
             return
@@ -144,9 +149,7 @@ extension Reconciler {
         case .merge(let fields):
             var merged = local
             for (name, value) in fields { merged[name] = value }
-            try writeMerged(
-                model, rowId: record.rowId, fields: merged, times: nil, remote: server, collection: collection,
-                rebase: false, db)
+            try writeMerged(merged, times: nil, over: row, rebase: false, db)
         }
         try removeRowsOutOfScope(db)
     }
