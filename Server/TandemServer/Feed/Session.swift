@@ -191,10 +191,10 @@ final class FeedFollower {
         var upTo: Int64
     }
 
-    /// For each session that wrote some of `rows`, the documents among them whose state is the
-    /// one its own write left (which it knows from its `ack`), tombstones excepted. Read once
-    /// per page, so that the listeners of sessions that wrote nothing in it share the page's
-    /// encoding.
+    /// By writer (the id of the client connection that wrote some of `rows`): the documents
+    /// among them whose state is the one its own write left (which it knows from its `ack`),
+    /// tombstones excepted. Read once per page, so that the listeners of connections that wrote
+    /// nothing in it share the page's encoding.
     func ownWrites(in rows: [StoredDocument]) -> [String: Set<DocumentID>] {
         guard !ownWrites.isEmpty else { return [:] }
         var bySession: [String: Set<DocumentID>] = [:]
