@@ -204,12 +204,6 @@ public final class ServerConnection: Sendable {
         inbox.async(execute: body)
     }
 
-    /// Stops a debug build unless the caller runs on the connection's queue, where messages
-    /// are decoded and handed on, and ``arrivals`` numbers them.
-    package func assertOnQueue(file: StaticString = #fileID, line: UInt = #line) {
-        Confinement.check(inbox, file: file, line: line)
-    }
-
     package func startWrite(_ ops: [WriteOp], timeout: Duration = .seconds(30)) -> PendingWrite {
         let pending = PendingWrite()
         write(ops, timeout: timeout) { [weak self] result in pending.fulfil(result, arrival: self?.arrivals ?? 0) }

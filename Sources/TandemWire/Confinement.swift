@@ -6,9 +6,10 @@ import Dispatch
 /// made, instead of racing quietly. Release builds check nothing (`dispatchPrecondition` alone
 /// would, being a `precondition`).
 package enum Confinement {
-    /// Stops a debug build unless the caller runs on `queue`.
+    /// Stops a debug build unless the caller runs on `queue`. (`dispatchPrecondition` names no
+    /// caller: the crash's backtrace does.)
     @inline(__always)
-    package static func check(_ queue: DispatchQueue, file: StaticString = #fileID, line: UInt = #line) {
+    package static func check(_ queue: DispatchQueue) {
         #if DEBUG
             dispatchPrecondition(condition: .onQueue(queue))
         #endif

@@ -263,7 +263,6 @@ extension SyncService {
                 view: plan.views[path],
                 excludingOwnWrites: excludingOwnWrites && !plan.resetting.contains(path) && name.isFirst
             ) { [weak self, weak connection] event in
-                connection?.assertOnQueue()
                 self?.listenerEvent(
                     event, arrival: connection?.arrivals ?? 0, path: path, target: target, name: name.text,
                     generation: generation)
