@@ -43,7 +43,7 @@ struct FeedTailTests {
         let served = try store.readFeeds(after: [collection: position], limit: limit, maxBytes: maxBytes)[collection]
         let file = try store.database.read { db in
             try SQLiteStore.page(
-                db, collection, after: position, limit: limit, maxBytes: maxBytes,
+                db, collection, after: position, PageSize(limit: limit, maxBytes: maxBytes),
                 bounds: SQLiteStore.bounds(db, collection))
         }
         return (describe(served), describe(file))

@@ -87,7 +87,8 @@ struct StoreFixture {
             target: "items", changes: [Change(kind, document)], resumeToken: "e.\(document.version)", initial: false)
         _ = try database.write { db in
             try store.apply(
-                snapshot, collection: items, target: ListenerTarget(table: "item", parentRowId: nil),
+                SnapshotDelivery(
+                    snapshot: snapshot, collection: items, target: ListenerTarget(table: "item", parentRowId: nil)),
                 isolatingChanges: false, db)
         }
     }
@@ -314,7 +315,9 @@ struct ReconcilerTests {
             }
             defer { db.trace(nil) }
             return try fixture.store.apply(
-                snapshot, collection: fixture.items, target: ListenerTarget(table: "item", parentRowId: nil),
+                SnapshotDelivery(
+                    snapshot: snapshot, collection: fixture.items,
+                    target: ListenerTarget(table: "item", parentRowId: nil)),
                 isolatingChanges: false, db)
         }
         #expect(outcome.inserted == 70 && outcome.updated == 1)
@@ -353,7 +356,9 @@ struct ReconcilerTests {
             }
             defer { db.trace(nil) }
             return try fixture.store.apply(
-                snapshot, collection: fixture.items, target: ListenerTarget(table: "item", parentRowId: nil),
+                SnapshotDelivery(
+                    snapshot: snapshot, collection: fixture.items,
+                    target: ListenerTarget(table: "item", parentRowId: nil)),
                 isolatingChanges: false, db)
         }
         #expect(outcome.unchanged == 1 && outcome.updated == 1 && outcome.inserted == 68)
@@ -452,10 +457,9 @@ struct PushedFieldsTests {
             #expect(read.count == rows.count)
             for row in read {
                 var fields: JSONObject = ["updatedAt": .int(row[1])]
-                try store.addOutgoingFields(model, of: row, from: 2, rowId: row[0], to: &fields, db)
-                let text = try store.outgoingFieldsJSON(
-                    model, of: row, from: 2, rowId: row[0], updatedAt: row[1], db
-                ) { _, _ in }
+                let cells = RowFields(row, from: 2, rowId: row[0])
+                try store.addOutgoingFields(model, of: cells, to: &fields, db)
+                let text = try store.outgoingFieldsJSON(model, of: cells, updatedAt: row[1], db) { _, _ in }
                 let expected = String(decoding: Wire.encodeCanonical(fields), as: UTF8.self)
                 #expect(String(decoding: text, as: UTF8.self) == expected)
                 #expect(try Wire.decodeFields(text) == fields)

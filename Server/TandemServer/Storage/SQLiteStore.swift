@@ -235,7 +235,8 @@ final class SQLiteStore: DocumentStore {
     func page(of collection: CollectionPath, after position: Int64, limit: Int, maxBytes: Int) throws -> FeedPage {
         try read { db in
             try page(
-                db, collection, after: position, bounds: Self.bounds(db, collection), limit: limit, maxBytes: maxBytes)
+                db, collection, after: position, bounds: Self.bounds(db, collection),
+                PageSize(limit: limit, maxBytes: maxBytes))
         }
     }
 
@@ -248,7 +249,7 @@ final class SQLiteStore: DocumentStore {
                 let bounds = try Self.bounds(db, collection)
                 guard bounds.last > position else { continue }
                 pages[collection] = try page(
-                    db, collection, after: position, bounds: bounds, limit: limit, maxBytes: maxBytes)
+                    db, collection, after: position, bounds: bounds, PageSize(limit: limit, maxBytes: maxBytes))
             }
             return pages
         }
@@ -257,9 +258,9 @@ final class SQLiteStore: DocumentStore {
     /// A page of the feed: from the last write's rows when they are what the file holds after
     /// `position`, else read from the file.
     private func page(
-        _ db: Database, _ collection: CollectionPath, after position: Int64, bounds: FeedBounds, limit: Int,
-        maxBytes: Int
+        _ db: Database, _ collection: CollectionPath, after position: Int64, bounds: FeedBounds, _ size: PageSize
     ) throws -> FeedPage {
+        let (limit, maxBytes) = (size.limit, size.maxBytes)
         guard
             let kept = tail.withLock({ tail -> TailRows? in
                 guard let current = tail, current.changes == sqlite3_total_changes64(db.sqliteConnection),
@@ -269,7 +270,7 @@ final class SQLiteStore: DocumentStore {
                 return kept
             })
         else {
-            return try Self.page(db, collection, after: position, limit: limit, maxBytes: maxBytes, bounds: bounds)
+            return try Self.page(db, collection, after: position, size, bounds: bounds)
         }
         var next = kept.rows.prefix(limit).makeIterator()
         let (rows, cut) = Self.collect(maxBytes: maxBytes) { next.next() }
@@ -293,9 +294,9 @@ final class SQLiteStore: DocumentStore {
 
     /// A page of the feed read from the file; `bounds` are the collection's, as just read.
     static func page(
-        _ db: Database, _ collection: CollectionPath, after position: Int64, limit: Int, maxBytes: Int,
-        bounds: FeedBounds
+        _ db: Database, _ collection: CollectionPath, after position: Int64, _ size: PageSize, bounds: FeedBounds
     ) throws -> FeedPage {
+        let (limit, maxBytes) = (size.limit, size.maxBytes)
         let statement = try db.cachedStatement(
             sql: "SELECT \(columns) FROM document WHERE collection = ? AND sequence > ? ORDER BY sequence LIMIT ?")
         let cursor = try Row.fetchCursor(statement, arguments: [collection.rawValue, position, limit])
@@ -648,4 +649,10 @@ final class SQLiteStore: DocumentStore {
             return (tombstones, db.changesCount)
         }
     }
+}
+
+/// How much of a feed one page may hold: rows, and bytes (each row its fields and 160).
+struct PageSize {
+    let limit: Int
+    let maxBytes: Int
 }

@@ -182,9 +182,7 @@ final class WriteGroup {
         }
         let newDocument: StoredDocument
         do {
-            newDocument = try document(
-                after: op, fieldsJSON: request.fieldsJSON[index], existing: existing, index: index,
-                client: request.client, draft: &draft)
+            newDocument = try document(after: op, index: index, of: request, existing: existing, draft: &draft)
         } catch let error as WireError {
             return .refused(error)
         }
@@ -360,17 +358,18 @@ final class WriteGroup {
         }
     }
 
-    /// The document after the op, with the collection's next sequence number.
+    /// The document after the op (`request`'s op at `index`), with the collection's next
+    /// sequence number.
     private func document(
-        after op: WriteOp, fieldsJSON: String, existing: StoredDocument?, index: Int, client: ClientName,
-        draft: inout Draft
+        after op: WriteOp, index: Int, of request: WriteRequest, existing: StoredDocument?, draft: inout Draft
     ) throws -> StoredDocument {
+        let client = request.client
         let sequence = try nextSequence(op.collection, &draft)
         let isCreate = op.kind == .create
         let deleted = op.kind == .delete
         // Monotonic per document even if the server's clock steps back.
         let updateTime = max(now, existing?.updateTime ?? 0)
-        var fieldsJSON = deleted ? "{}" : fieldsJSON
+        var fieldsJSON = deleted ? "{}" : request.fieldsJSON[index]
         var fieldTimes = op.fieldTimes
         if let incomingTimes = op.fieldTimes, op.kind == .update, let existing {
             // Field-level merge with what is stored: each field keeps its later write.

@@ -167,7 +167,7 @@ extension Reconciler {
         else { return nil }
         let updatedAt: Int64 = row[0]
         var fields: JSONObject = ["updatedAt": .int(updatedAt)]
-        try addOutgoingFields(model, of: row, from: 1, rowId: rowId, to: &fields, db)
+        try addOutgoingFields(model, of: RowFields(row, from: 1, rowId: rowId), to: &fields, db)
         return (fields, try ledger.localFieldTimes(model, rowId: rowId, updatedAt: updatedAt, db), updatedAt)
     }
 

@@ -188,17 +188,13 @@ struct SyncLedger: Sendable {
     }
 
     /// The full snapshot of a reset has arrived: the clean rows of `model` in the collection
-    /// (under `parentRowId` for a nested table) that it did not bring go, through `remove`
-    /// (which takes the rows under them too, without filing deletes), and the listener
-    /// resumes as usual. Rows in `keeping` stay: a push wrote them after the server read the
-    /// snapshot (a collection's last page, a query's view before its first frame; see
-    /// `ResetWindow`).
-    ///
-    /// - Returns: How many rows were removed.
-    func finishReset(
-        _ model: TableModel, _ collection: CollectionPath, parentRowId: Int64?, keeping: Set<Int64> = [],
-        _ db: Database, remove: (Int64) throws -> Int
-    ) throws -> Int {
+    /// (under `parentRowId` for a nested table) that it did not bring, which the caller
+    /// removes (with the rows under them, filing no deletes) before ``endReset(_:_:)``. Rows in
+    /// `keeping` stay: a push wrote them after the server read the snapshot (a collection's
+    /// last page, a query's view before its first frame; see `ResetWindow`).
+    func resetLeftovers(
+        _ model: TableModel, _ collection: CollectionPath, parentRowId: Int64?, keeping: Set<Int64>, _ db: Database
+    ) throws -> [Int64] {
         var condition = "serverId IS NOT NULL AND isDirty = 0"
         var arguments: StatementArguments = []
         if let foreignKey = model.foreignKey {
@@ -206,20 +202,22 @@ struct SyncLedger: Sendable {
             arguments += [parentRowId]
         }
         arguments += [collection.rawValue]
-        let gone = try Int64.fetchAll(
+        return try Int64.fetchAll(
             db,
             sql: """
                 SELECT id FROM \(model.quotedName) WHERE \(condition)
                 AND serverId NOT IN (SELECT serverId FROM tandem_reset_seen WHERE collection = ?)
-                """, arguments: arguments)
-        var removed = 0
-        for id in gone where !keeping.contains(id) { removed += try remove(id) }
+                """, arguments: arguments
+        ).filter { !keeping.contains($0) }
+    }
+
+    /// The reset of the collection is over, its leftovers removed: the listener resumes as usual.
+    func endReset(_ collection: CollectionPath, _ db: Database) throws {
         try db.execute(sql: "DELETE FROM tandem_reset_seen WHERE collection = ?", arguments: [collection.rawValue])
         // The full snapshot was the whole truth: nothing older can still be on its way.
         try db.execute(sql: "DELETE FROM tandem_gone WHERE collection = ?", arguments: [collection.rawValue])
         try db.execute(
             sql: "UPDATE tandem_listener SET resetting = 0 WHERE collection = ?", arguments: [collection.rawValue])
-        return removed
     }
 
     // MARK: - Finding rows
@@ -782,14 +780,14 @@ struct SyncLedger: Sendable {
     // MARK: - Listener changes
 
     /// → synced: the row holds the server's document at its version (written into the row,
-    /// with `serverVersion`, by the caller). `isNewRow`: the caller has just inserted the row,
-    /// which has no bookkeeping yet.
+    /// with `serverVersion`, by the caller). A table that keeps no bookkeeping of synced rows
+    /// (``TableModel/recordsSyncedRows``) forgets the row's; a row the caller has just
+    /// inserted has none, and is not brought here then.
     func recordSynced(
-        _ model: TableModel, rowId: Int64, _ document: Document, _ collection: CollectionPath, isNewRow: Bool,
-        _ db: Database
+        _ model: TableModel, rowId: Int64, _ document: Document, _ collection: CollectionPath, _ db: Database
     ) throws {
         guard model.recordsSyncedRows else {
-            if !isNewRow { try forgetSynced(model, CollectionOfOne(rowId), db) }
+            try forgetSynced(model, CollectionOfOne(rowId), db)
             return
         }
         try db.cachedStatement(
@@ -857,10 +855,8 @@ struct SyncLedger: Sendable {
 
     /// One of this device's unanswered creates was applied by the server, and its row was
     /// deleted here meanwhile: sent → deleted, not pushed, a delete of the document at `version`.
-    func fileDeleteOfOwnCreate(
-        _ model: TableModel, rowId: Int64, serverId: String, collection: CollectionPath, version: Int64,
-        _ db: Database
-    ) throws {
+    func fileDeleteOfOwnCreate(_ model: TableModel, _ create: AppliedCreate, version: Int64, _ db: Database) throws {
+        let (rowId, serverId, collection) = (create.rowId, create.serverId, create.collection)
         try db.cachedStatement(
             sql: """
                 UPDATE tandem_row SET serverId = ?, collection = ?, serverVersion = ?, pendingOp = 'delete',
@@ -874,10 +870,8 @@ struct SyncLedger: Sendable {
     /// document's server id. Then the caller writes the document into the row (→ synced), or,
     /// with `keepsLocal` (the row changed since the create went out), the row is dirty with no
     /// base known to both sides, and the conflict policy settles it.
-    func adoptOwnCreate(
-        _ model: TableModel, rowId: Int64, serverId: String, collection: CollectionPath, keepsLocal: Bool,
-        _ db: Database
-    ) throws {
+    func adoptOwnCreate(_ model: TableModel, _ create: AppliedCreate, keepsLocal: Bool, _ db: Database) throws {
+        let (rowId, serverId, collection) = (create.rowId, create.serverId, create.collection)
         try db.cachedStatement(
             sql: "UPDATE \(model.quotedName) SET serverId = ?, localRevision = localRevision + 1 WHERE id = ?"
         ).execute(arguments: [serverId, rowId])
@@ -930,15 +924,15 @@ struct SyncLedger: Sendable {
             arguments: [model.name, rowId, column])
     }
 
-    func recordWaitingReference(
-        _ model: TableModel, rowId: Int64, column: String, target: String, serverId: String, _ db: Database
-    ) throws {
+    func recordWaitingReference(_ model: TableModel, rowId: Int64, _ reference: MissingReference, _ db: Database)
+        throws
+    {
         try db.cachedStatement(
             sql: """
                 INSERT OR REPLACE INTO tandem_reference (tableName, rowId, columnName, targetTable, targetServerId)
                 VALUES (?, ?, ?, ?, ?)
                 """
-        ).execute(arguments: [model.name, rowId, column, target, serverId])
+        ).execute(arguments: [model.name, rowId, reference.column, reference.table, reference.serverId])
     }
 
     /// The document says what the reference is now: what the column waited for no longer matters.
@@ -947,12 +941,8 @@ struct SyncLedger: Sendable {
             .execute(arguments: [model.name, rowId, column])
     }
 
-    /// Keeps a document aside until the row it requires (`waitingTable`, `waitingServerId`)
-    /// arrives.
-    func deferDocument(
-        _ document: Document, of model: TableModel, in collection: CollectionPath, parentRowId: Int64?,
-        waitingFor target: String, serverId: String, _ db: Database
-    ) throws {
+    /// Keeps a document aside until the row its required reference names arrives.
+    func deferDocument(_ deferred: DeferredDocument, waitingFor reference: MissingReference, _ db: Database) throws {
         try db.cachedStatement(
             sql: """
                 INSERT OR REPLACE INTO tandem_deferred
@@ -960,8 +950,8 @@ struct SyncLedger: Sendable {
                 VALUES (?, ?, ?, ?, ?, ?, ?)
                 """
         ).execute(arguments: [
-            collection.rawValue, document.id.rawValue, model.name, parentRowId,
-            String(decoding: Wire.encode(document), as: UTF8.self), target, serverId,
+            deferred.collection.rawValue, deferred.document.id.rawValue, deferred.table, deferred.parentRowId,
+            String(decoding: Wire.encode(deferred.document), as: UTF8.self), reference.table, reference.serverId,
         ])
     }
 
@@ -1009,6 +999,7 @@ struct SyncLedger: Sendable {
         return (references, documents)
     }
 
+    /// A document kept aside until a row it requires arrives, and where it goes then.
     struct DeferredDocument {
         var table: String
         var collection: CollectionPath
@@ -1185,4 +1176,20 @@ struct ApplyContext {
     /// For changes applied outside a snapshot (a deferred document): look for everything.
     static let everything = ApplyContext(
         unansweredCreates: true, filedDeletes: true, waiting: true, gone: true, outOfScope: true)
+}
+
+/// A reference column whose target row has not arrived here: the column, the table it
+/// references and the server id it waits for.
+struct MissingReference {
+    var column: String
+    var table: String
+    var serverId: String
+}
+
+/// One of this device's creates, sent and never answered, that the server applied: the row it
+/// was made from, and the document it made.
+struct AppliedCreate {
+    let rowId: Int64
+    let serverId: String
+    let collection: CollectionPath
 }

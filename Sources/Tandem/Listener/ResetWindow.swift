@@ -4,7 +4,7 @@ import TandemWire
 /// the number of the message that acknowledged it (``ServerConnection/arrivals``).
 ///
 /// A reset's full snapshot is the whole truth: at its end, the clean rows it did not bring
-/// go (``SyncLedger/finishReset(_:_:parentRowId:keeping:_:remove:)``). But the server reads
+/// go (``SyncLedger/resetLeftovers(_:_:parentRowId:keeping:_:)``). But the server reads
 /// it at one moment: a collection's last page when it reads that page, a query's whole view
 /// before its first frame. A write it applies after that is not in the snapshot, and the
 /// write's acknowledgement comes after that message on the connection. A push that runs

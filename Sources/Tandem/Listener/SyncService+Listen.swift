@@ -264,18 +264,25 @@ extension SyncService {
                 excludingOwnWrites: excludingOwnWrites && !plan.resetting.contains(path) && name.isFirst
             ) { [weak self, weak connection] event in
                 self?.listenerEvent(
-                    event, arrival: connection?.arrivals ?? 0, path: path, target: target, name: name.text,
-                    generation: generation)
+                    event, arrival: connection?.arrivals ?? 0,
+                    of: OpenedListener(path: path, target: target, name: name.text, generation: generation))
             }
         }
     }
 
+    /// A listener as a connection opened it: its collection, where its documents go, its name
+    /// on the wire, and the connection's generation.
+    private struct OpenedListener {
+        let path: CollectionPath
+        let target: ListenerTarget
+        let name: String
+        let generation: Int
+    }
+
     /// A listener's event, on the connection's queue: into the inbox, and an operation queued
     /// to take it out. `arrival` numbers the message that brought it.
-    private func listenerEvent(
-        _ event: ServerConnection.ListenEvent, arrival: Int, path: CollectionPath, target: ListenerTarget,
-        name: String, generation: Int
-    ) {
+    private func listenerEvent(_ event: ServerConnection.ListenEvent, arrival: Int, of listener: OpenedListener) {
+        let (path, target, name, generation) = (listener.path, listener.target, listener.name, listener.generation)
         switch event {
         case .snapshot(let snapshot):
             if snapshot.initial {
@@ -388,7 +395,9 @@ extension SyncService {
         do {
             try ownWrite { db in
                 for (path, (snapshot, target)) in waiting {
-                    _ = try reconciler.apply(snapshot, collection: path, target: target, isolatingChanges: false, db)
+                    _ = try reconciler.apply(
+                        SnapshotDelivery(snapshot: snapshot, collection: path, target: target), isolatingChanges: false,
+                        db)
                 }
                 configuration.hooks.beforeApplyCommit?(waiting.map(\.value.0))
             }
@@ -597,7 +606,8 @@ extension SyncService {
             }
             let outcomes = try zip(arrivals, keeping).map { arrival, keeping in
                 try reconciler.apply(
-                    arrival.snapshot, collection: arrival.path, target: arrival.target, keeping: keeping,
+                    SnapshotDelivery(
+                        snapshot: arrival.snapshot, collection: arrival.path, target: arrival.target, keeping: keeping),
                     isolatingChanges: isolatingChanges, db)
             }
             configuration.hooks.beforeApplyCommit?(arrivals.map(\.snapshot))

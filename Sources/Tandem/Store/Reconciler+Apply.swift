@@ -46,6 +46,15 @@ struct SnapshotApplication {
     }
 }
 
+/// A snapshot for the rows of one listener: its collection, the table (and parent row) its
+/// documents go to, and the rows a reset's end keeps (see ``ResetWindow``).
+struct SnapshotDelivery {
+    let snapshot: ServerMessage.Snapshot
+    let collection: CollectionPath
+    let target: ListenerTarget
+    var keeping: Set<Int64> = []
+}
+
 extension Reconciler {
     /// A change could not be applied on the first attempt, which has no savepoints: the
     /// caller rolls its transaction back and applies the snapshots again, isolating changes.
@@ -75,10 +84,8 @@ extension Reconciler {
     /// fails is left out. (A savepoint around the whole snapshot would do the same with one
     /// attempt, but it made SQLite keep a sub-journal of every page the snapshot touched: a
     /// third of the apply's time.)
-    func apply(
-        _ snapshot: ServerMessage.Snapshot, collection: CollectionPath, target: ListenerTarget,
-        keeping: Set<Int64> = [], isolatingChanges: Bool, _ db: Database
-    ) throws -> ApplyOutcome {
+    func apply(_ delivery: SnapshotDelivery, isolatingChanges: Bool, _ db: Database) throws -> ApplyOutcome {
+        let (snapshot, collection, target) = (delivery.snapshot, delivery.collection, delivery.target)
         guard let model = byName[target.table] else { return ApplyOutcome() }
         // A nested listener's snapshot that arrives after its parent row went (it left the
         // scope, or was deleted): nothing of it is kept, its token neither, or the collection
@@ -128,9 +135,12 @@ extension Reconciler {
         if resetting { try ledger.noteSeenInReset(collection, snapshot.changes.lazy.map(\.document.id), db) }
         try ledger.storeResumeToken(snapshot.resumeToken, for: collection, db)
         if resetting && snapshot.initial && !snapshot.hasMore {
-            outcome.deleted += try ledger.finishReset(
-                model, collection, parentRowId: target.parentRowId, keeping: keeping, db
-            ) { try removeQuietly(model, rowId: $0, db) }
+            for rowId in try ledger.resetLeftovers(
+                model, collection, parentRowId: target.parentRowId, keeping: delivery.keeping, db)
+            {
+                outcome.deleted += try removeQuietly(model, rowId: rowId, db)
+            }
+            try ledger.endReset(collection, db)
             outcome.finishedReset = true
         }
         outcome.changedNothing = !resetting && outcome.unchanged == snapshot.changes.count
@@ -381,7 +391,7 @@ extension Reconciler {
                             WHERE id = ?
                             """, arguments: [id])
                     try ledger.recordWaitingReference(
-                        model, rowId: id, column: column, target: target.name, serverId: serverId, db)
+                        model, rowId: id, MissingReference(column: column, table: target.name, serverId: serverId), db)
                 }
             }
         }
@@ -402,18 +412,17 @@ extension Reconciler {
         guard let create = try unansweredCreate(of: document, model, db) else { return false }
         let rowId = create.rowId
         let serverId = document.id.rawValue
+        let applied = AppliedCreate(rowId: rowId, serverId: serverId, collection: collection)
         guard let revision = try ledger.revision(model, rowId: rowId, db) else {
             // Deleted here meanwhile: the document must go.
-            try ledger.fileDeleteOfOwnCreate(
-                model, rowId: rowId, serverId: serverId, collection: collection, version: document.version, db)
+            try ledger.fileDeleteOfOwnCreate(model, applied, version: document.version, db)
             application.context.filedDeletes = true
             application.outcome.leftWorkToPush = true
             return true
         }
         // Changed since the create went out: both sides changed, with no base known to both.
         let keepsLocal = revision != create.pushedRevision
-        try ledger.adoptOwnCreate(
-            model, rowId: rowId, serverId: serverId, collection: collection, keepsLocal: keepsLocal, db)
+        try ledger.adoptOwnCreate(model, applied, keepsLocal: keepsLocal, db)
         if keepsLocal {
             let settlement = try settle(model, rowId: rowId, remote: document, collection: collection, db)
             if settlement == .keptLocal || settlement == .merged { application.outcome.leftWorkToPush = true }
@@ -452,7 +461,7 @@ extension Reconciler {
             values.bind(document.version)
             values.bind(rowId)
         }
-        try ledger.recordSynced(model, rowId: rowId, document, collection, isNewRow: false, db)
+        try ledger.recordSynced(model, rowId: rowId, document, collection, db)
         if model.mergesFields { try ledger.storeFieldTimes(model, rowId: rowId, Self.fieldTimes(of: document), db) }
         // The document says what each reference is now: forget what the row waited for.
         for column in model.references.keys where document.fields[column] != nil {
@@ -478,9 +487,9 @@ extension Reconciler {
         }
         try application.rows.insert(db)
         if let waiting = incoming.missing.first(where: { !model.optionalReferences.contains($0.column) }) {
-            try ledger.deferDocument(
-                document, of: model, in: collection, parentRowId: parentRowId, waitingFor: waiting.table,
-                serverId: waiting.serverId, db)
+            let deferred = SyncLedger.DeferredDocument(
+                table: model.name, collection: collection, parentRowId: parentRowId, document: document)
+            try ledger.deferDocument(deferred, waitingFor: waiting, db)
             application.context.waiting = true
             return false
         }
@@ -500,19 +509,12 @@ extension Reconciler {
             values.bind(document.version)
         }
         let rowId = db.lastInsertedRowID
-        try ledger.recordSynced(model, rowId: rowId, document, collection, isNewRow: true, db)
+        if model.recordsSyncedRows { try ledger.recordSynced(model, rowId: rowId, document, collection, db) }
         if model.mergesFields { try ledger.storeFieldTimes(model, rowId: rowId, Self.fieldTimes(of: document), db) }
         try recordMissingReferences(model, rowId: rowId, incoming.missing, db)
         if !incoming.missing.isEmpty { application.context.waiting = true }
         if application.context.waiting { try resolveWaiting(model, serverId: document.id.rawValue, localId: rowId, db) }
         return true
-    }
-
-    /// A reference whose target row is not here yet.
-    struct MissingReference {
-        var column: String
-        var table: String
-        var serverId: String
     }
 
     /// The document's fields as column values, references translated to local ids.
@@ -553,9 +555,7 @@ extension Reconciler {
         throws
     {
         for reference in missing where model.optionalReferences.contains(reference.column) {
-            try ledger.recordWaitingReference(
-                model, rowId: rowId, column: reference.column, target: reference.table, serverId: reference.serverId,
-                db)
+            try ledger.recordWaitingReference(model, rowId: rowId, reference, db)
         }
     }
 

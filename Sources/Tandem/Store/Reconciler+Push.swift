@@ -60,6 +60,11 @@ private struct DirtyRow {
     var recordedKey: String?
     var pushedRevision: Int64?
     var hasEntry: Bool
+    /// The row's field columns, read after the bookkeeping ones.
+    let fields: RowFields
+
+    /// The collection the row synced in: read only when asked, for a row that has synced.
+    var syncedCollection: String? { fields.row[7] }
 
     init(_ row: Row) {
         rowId = row[0]
@@ -71,6 +76,7 @@ private struct DirtyRow {
         recordedKey = row[6]
         pushedRevision = row[8]
         hasEntry = (row[9] as String?) != nil
+        fields = RowFields(row, from: SyncLedger.dirtyRowColumns, rowId: rowId)
     }
 
     /// A key stays bound to the revision it was first sent with. If an op went out, was
@@ -162,7 +168,7 @@ extension Reconciler {
             if read == limit { batch.readEverything = false }
             let dirty = DirtyRow(row)
             cursor.lastRow[model.name] = dirty.rowId
-            guard let push = try preparePush(of: dirty, row, model, into: &batch, &sendings, db) else {
+            guard let push = try preparePush(of: dirty, model, into: &batch, &sendings, db) else {
                 continue
             }
             if push.incomplete { cursor.passedOver = true }
@@ -183,22 +189,22 @@ extension Reconciler {
     /// (no parent server id, a required reference target without one) or never (it moved to
     /// another parent: failed).
     private func preparePush(
-        of dirty: DirtyRow, _ row: Row, _ model: TableModel, into batch: inout PushBatch,
-        _ sendings: inout TableSendings, _ db: Database
+        of dirty: DirtyRow, _ model: TableModel, into batch: inout PushBatch, _ sendings: inout TableSendings,
+        _ db: Database
     ) throws -> PreparedPush? {
         guard let collection = try collection(of: model, parentRowId: dirty.parentRowId, db, memo: &batch.collections)
         else {
             sendings.passedOver = true
             return nil
         }
-        let (fields, incomplete, waitsForTarget) = try outgoingFields(of: row, dirty, model, db)
+        let (fields, incomplete, waitsForTarget) = try outgoingFields(of: dirty, model, db)
         batch.bytes += fields.count
         if waitsForTarget {
             sendings.passedOver = true
             return nil
         }
         // The collection the row synced in (read only for a row that has synced).
-        if dirty.serverId != nil, let known: String = row[7], known != collection.rawValue {
+        if dirty.serverId != nil, let known = dirty.syncedCollection, known != collection.rawValue {
             try ledger.fail(
                 model.name, dirty.rowId,
                 TandemError(
@@ -228,7 +234,7 @@ extension Reconciler {
     /// A row's fields as they go out, and what its references say: `incomplete` when an
     /// optional reference went out as null for a target without a server id yet (it goes again
     /// once it has one), `waitsForTarget` when a required one has none (the row waits).
-    private func outgoingFields(of row: Row, _ dirty: DirtyRow, _ model: TableModel, _ db: Database) throws
+    private func outgoingFields(of dirty: DirtyRow, _ model: TableModel, _ db: Database) throws
         -> (fields: [UInt8], incomplete: Bool, waitsForTarget: Bool)
     {
         // What the closure below reads, taken out of the model: capturing the model copied it
@@ -237,7 +243,7 @@ extension Reconciler {
         var incomplete = false
         var waitsForTarget = false
         let fields = try outgoingFieldsJSON(
-            model, of: row, from: SyncLedger.dirtyRowColumns, rowId: dirty.rowId, updatedAt: dirty.updatedAt, db
+            model, of: dirty.fields, updatedAt: dirty.updatedAt, db
         ) { column, targetId in
             let pending = try targetWillSync(references[column]!, targetId, db)
             if pending && !optionalReferences.contains(column) { waitsForTarget = true }
@@ -339,7 +345,7 @@ extension Reconciler {
         for index in pushes.indices {
             if let entry = pushes[index].sendingEntry, !recorded.contains(entry) { pushes[index].sendingEntry = nil }
         }
-        var answer = Acknowledgement(waiting: try ledger.anythingWaits(db))
+        var answer = Acknowledgement(pushes, results, waiting: try ledger.anythingWaits(db))
         defer { clock.receive(HybridLogicalClock.timestamp(milliseconds: answer.latest)) }
         // Read in place, by index: a push copied is its op's strings and fields retained.
         let answeredCount = min(pushes.count, results.count)
@@ -369,7 +375,7 @@ extension Reconciler {
             let outcomes = try ledger.acknowledge(model, pushes[run], results[run], db)
             answer.scope = scopes.isEmpty ? nil : scopes[model.name]
             for (index, outcome) in zip(run, outcomes) {
-                try settleAcknowledged(index, of: pushes, results, outcome, model, &answer, db)
+                try settleAcknowledged(index, outcome, model, &answer, db)
             }
         }
         var leftScope = 0
@@ -388,12 +394,13 @@ extension Reconciler {
     /// version back: a duplicate is failed, rows waiting for it are resolved, a merge's newer
     /// fields are taken, and a row its scope does not select is noted to go.
     ///
-    /// By index, each push and result read in place: a push copied is its op's strings and
-    /// fields retained and released.
+    /// By index into `answer`'s pushes and results, each read in place: a push copied is its
+    /// op's strings and fields retained and released.
     private func settleAcknowledged(
-        _ index: Int, of pushes: [PreparedPush], _ results: [WriteResult], _ outcome: SyncLedger.Acknowledged,
-        _ model: TableModel, _ answer: inout Acknowledgement, _ db: Database
+        _ index: Int, _ outcome: SyncLedger.Acknowledged, _ model: TableModel, _ answer: inout Acknowledgement,
+        _ db: Database
     ) throws {
+        let (pushes, results) = (answer.pushes, answer.results)
         answer.latest = max(answer.latest, results[index].updateTime)
         if let stored = results[index].document { receiveTimes(of: stored) }
         let clean: Bool
@@ -529,6 +536,9 @@ extension Document {
 
 /// What writing one acknowledgement back found, row by row.
 private struct Acknowledgement {
+    /// The batch's ops, and the server's results in their order (fewer when the answer fell short).
+    let pushes: [PreparedPush]
+    let results: [WriteResult]
     /// Rows wait for a server id (``SyncLedger/anythingWaits(_:)``).
     let waiting: Bool
     /// The scope of the table whose rows are being settled, if it has one.
@@ -539,7 +549,11 @@ private struct Acknowledgement {
     /// The latest update time the answer carries, for the device's clock.
     var latest: Int64 = 0
 
-    init(waiting: Bool) { self.waiting = waiting }
+    init(_ pushes: [PreparedPush], _ results: [WriteResult], waiting: Bool) {
+        self.pushes = pushes
+        self.results = results
+        self.waiting = waiting
+    }
 
     mutating func received(_ result: WriteResult) { latest = max(latest, result.updateTime) }
 }

@@ -204,7 +204,7 @@ extension Reconciler {
                     let collection = try collection(of: model, parentRowId: row[2], db, memo: &memo)
                 else { continue }
                 var fields: JSONObject = ["updatedAt": .int(row[1])]
-                try addOutgoingFields(model, of: row, from: 4, rowId: row[3], to: &fields, db)
+                try addOutgoingFields(model, of: RowFields(row, from: 4, rowId: row[3]), to: &fields, db)
                 result[collection, default: [:]][id] = fields
             }
         }
@@ -226,37 +226,51 @@ extension Reconciler {
     }
 }
 
+/// The field columns of a row read for the server: `row`'s columns from `offset` on, in
+/// ``TableModel/fieldColumns``' order, and the id of the row they were read from.
+struct RowFields {
+    let row: Row
+    let offset: Int
+    let rowId: Int64
+
+    init(_ row: Row, from offset: Int, rowId: Int64) {
+        self.row = row
+        self.offset = offset
+        self.rowId = rowId
+    }
+
+    subscript(column: Int) -> DatabaseValue { row[offset + column] }
+}
+
 extension Reconciler {
     /// Adds the row's field columns to `fields` as they go to the server: values as JSON,
-    /// references as what ``outgoingReferenceValue(_:rowId:column:target:value:_:)`` says.
-    /// The columns are read from `row` at `offset` on, in `model.fieldColumns`' order.
+    /// references as what ``outgoingReferenceValue(_:_:in:_:)`` says.
     ///
     /// - Parameter unsyncedTarget: Called for each reference whose target row has no server
     ///   id yet, with the column and the target's local id.
     func addOutgoingFields(
-        _ model: TableModel, of row: Row, from offset: Int, rowId: Int64, to fields: inout JSONObject, _ db: Database,
+        _ model: TableModel, of row: RowFields, to fields: inout JSONObject, _ db: Database,
         unsyncedTarget: (_ column: String, _ targetLocalId: Int64) throws -> Void = { _, _ in }
     ) throws {
-        for (index, column) in model.fieldColumns.enumerated() {
-            let value = row[offset + index] as DatabaseValue
-            guard let target = model.references[column] else {
-                fields[column] = FieldCoding.json(value, isJSON: model.definition.jsonColumns.contains(column))
+        for pushed in model.pushedKeys {
+            guard let column = pushed.column else { continue }
+            guard pushed.target != nil else {
+                fields[pushed.key] = FieldCoding.json(row[column], isJSON: pushed.isJSON)
                 continue
             }
-            let (reference, targetLocalId) = try outgoingReferenceValue(
-                model, rowId: rowId, column: column, target: target, value: value, db)
-            fields[column] = reference
-            if reference == .null, let targetLocalId { try unsyncedTarget(column, targetLocalId) }
+            let (reference, targetLocalId) = try outgoingReferenceValue(model, pushed, in: row, db)
+            fields[pushed.key] = reference
+            if reference == .null, let targetLocalId { try unsyncedTarget(pushed.key, targetLocalId) }
         }
     }
 
     /// The row's document as it goes to the server, as canonical JSON (the bytes
-    /// `Wire.encodeCanonical` writes for the dictionary ``addOutgoingFields(_:of:from:rowId:to:_:unsyncedTarget:)``
+    /// `Wire.encodeCanonical` writes for the dictionary ``addOutgoingFields(_:of:to:_:unsyncedTarget:)``
     /// fills, with `updatedAt`): written straight from the row in key order
     /// (``TableModel/pushedKeys``), with no dictionary between. The server then finds the
     /// members sorted and copies them as they are.
     func outgoingFieldsJSON(
-        _ model: TableModel, of row: Row, from offset: Int, rowId: Int64, updatedAt: Int64, _ db: Database,
+        _ model: TableModel, of row: RowFields, updatedAt: Int64, _ db: Database,
         unsyncedTarget: (_ column: String, _ targetLocalId: Int64) throws -> Void
     ) throws -> [UInt8] {
         var writer = JSONWriter(sortsKeys: true, capacity: 64 + 32 * model.pushedKeys.count)
@@ -267,13 +281,11 @@ extension Reconciler {
                 writer.int(updatedAt)
                 continue
             }
-            let value = row[offset + column] as DatabaseValue
-            guard let target = pushed.target else {
-                writer.value(FieldCoding.json(value, isJSON: pushed.isJSON))
+            guard pushed.target != nil else {
+                writer.value(FieldCoding.json(row[column], isJSON: pushed.isJSON))
                 continue
             }
-            let (reference, targetLocalId) = try outgoingReferenceValue(
-                model, rowId: rowId, column: pushed.key, target: target, value: value, db)
+            let (reference, targetLocalId) = try outgoingReferenceValue(model, pushed, in: row, db)
             writer.value(reference)
             if reference == .null, let targetLocalId { try unsyncedTarget(pushed.key, targetLocalId) }
         }
@@ -284,14 +296,17 @@ extension Reconciler {
     /// What a reference column says on the wire: the target's server id; or, when the column
     /// is null because the target has not arrived here, the server id it waits for (the
     /// reference is kept, not lost); or null. `targetLocalId` is set when the column holds a
-    /// local id.
+    /// local id. `reference` is one of the model's reference columns.
     func outgoingReferenceValue(
-        _ model: TableModel, rowId: Int64, column: String, target: String, value: DatabaseValue, _ db: Database
+        _ model: TableModel, _ reference: TableModel.PushedKey, in row: RowFields, _ db: Database
     ) throws -> (value: JSONValue, targetLocalId: Int64?) {
-        if let targetId = Int64.fromDatabaseValue(value) {
+        guard let column = reference.column, let target = reference.target else {
+            preconditionFailure("\(reference.key) is not a reference column")
+        }
+        if let targetId = Int64.fromDatabaseValue(row[column]) {
             return (try serverId(target, localId: targetId, db).map(JSONValue.string) ?? .null, targetId)
         }
-        let waiting = try ledger.waitingReference(model, rowId: rowId, column: column, db)
+        let waiting = try ledger.waitingReference(model, rowId: row.rowId, column: reference.key, db)
         return (waiting.map(JSONValue.string) ?? .null, nil)
     }
 }
