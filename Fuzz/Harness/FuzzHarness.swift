@@ -358,7 +358,7 @@ extension ServerMessage {
         case .conflict(let conflict): conflict.request
         case .document(let reply): reply.request
         case .error(let error): error.request
-        case .welcome, .snapshot, .reset: nil
+        case .welcome, .snapshot, .reset, .authenticated: nil
         }
     }
 }

@@ -245,12 +245,10 @@ extension ServerConfiguration {
                 "without access control the server only listens on loopback (127.0.0.1 or ::1), not \(host)"
             )
         }
-        if !isLoopback, access?.tokens != nil, tls == nil,
-            !allowsPlaintext
-        {
+        if !isLoopback, access?.requiresToken == true, tls == nil, !allowsPlaintext {
             throw ServerError(
                 .invalidConfiguration,
-                "listening on \(host) with a token file but without TLS would send every bearer token "
+                "listening on \(host) with tokens but without TLS would send every bearer token "
                     + "across the network in the clear: give a certificate and key (--tls-cert, --tls-key), or "
                     + "--allow-plaintext when a proxy in front of the server terminates TLS")
         }

@@ -204,6 +204,9 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
         connection.userData = nil
         queue.async { [self] in
             session.isClosed = true
+            session.expiry?.cancel()
+            session.expiry = nil
+            session.heldMessages = []
             for listener in session.listeners.values { remove(listener) }
             session.listeners = [:]
             session.release()
@@ -230,6 +233,17 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
         session.messagesHandled += 1
         if let faults, faults.dropsConnection(messageCount: session.messagesHandled) {
             drop(session, "injected fault: connection dropped")
+            return
+        }
+        if session.awaitingKeys {
+            guard session.heldMessages.count < Session.maxHeldMessages else {
+                let reason = "more than \(Session.maxHeldMessages) messages before the token was verified"
+                session.send(WireError(.rateLimited, reason))
+                session.connection.close(code: .policyViolation, reason: reason)
+                session.isClosed = true
+                return
+            }
+            session.heldMessages.append(decoded)
             return
         }
         let message: ClientMessage
@@ -262,6 +276,7 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
         case .unlisten(let unlisten): self.unlisten(session, unlisten.target)
         case .write: break
         case .get(let get): self.get(session, get)
+        case .auth(let auth): reauthenticate(session, auth.token)
         }
     }
 
@@ -285,22 +300,95 @@ final class ServerCore: WebSocketDelegate, @unchecked Sendable {
                 ))
             return
         }
-        if let access = configuration.access {
-            do {
-                session.user = try access.user(forToken: hello.token)
-            } catch {
-                session.send(error)
-                session.connection.close(code: .policyViolation, reason: error.message)
-                session.isClosed = true
-                return
+        identify(session, token: hello.token) { [self] identity in
+            session.clientId = hello.clientId
+            adopt(identity, for: session)
+            session.send(
+                .welcome(
+                    .init(
+                        sessionId: session.id, serverTime: configuration.clock(), limits: configuration.limits,
+                        user: identity.user, expires: identity.expires)))
+        }
+    }
+
+    // MARK: - Tokens (queue)
+
+    /// Verifies a `hello` or `auth` token and calls `accept` with who it names, or refuses it
+    /// (`unauthenticated`, then a 1008 close). A JWT whose `kid` the key set lacks waits for one
+    /// fetch of the set (an identity provider that rotated its keys publishes the new one
+    /// first); what the connection sends meanwhile waits behind it.
+    private func identify(_ session: Session, token: String?, then accept: @escaping @Sendable (Identity) -> Void) {
+        guard let access = configuration.access else { return accept(.anonymous) }
+        do throws(AccessControl.Refusal) {
+            accept(try access.identify(token))
+        } catch {
+            guard error.reason == .unknownKey, let keys = access.jwt?.keys else {
+                return refuseToken(error, session)
+            }
+            session.awaitingKeys = true
+            keys.refetchForUnknownKey { [self] fetched in
+                queue.async { [self] in
+                    session.awaitingKeys = false
+                    guard !session.isClosed, !isStopped else { return }
+                    do throws(AccessControl.Refusal) {
+                        guard fetched else { throw error }
+                        accept(try access.identify(token))
+                    } catch {
+                        refuseToken(error, session)
+                    }
+                    let held = session.heldMessages
+                    session.heldMessages = []
+                    for message in held where !session.isClosed { respond(to: message, from: session) }
+                }
             }
         }
-        session.clientId = hello.clientId
-        session.send(
-            .welcome(
-                .init(
-                    sessionId: session.id, serverTime: configuration.clock(), limits: configuration.limits,
-                    user: session.user)))
+    }
+
+    private func refuseToken(_ refusal: AccessControl.Refusal, _ session: Session) {
+        metrics.tokenRefused(refusal.label)
+        session.send(refusal.error)
+        session.connection.close(code: .policyViolation, reason: refusal.error.message)
+        session.isClosed = true
+    }
+
+    /// The session's user is `identity` from now on; a token that expires closes the
+    /// connection at its `exp` (with the leeway) unless another comes first.
+    private func adopt(_ identity: Identity, for session: Session) {
+        session.identity = identity
+        session.expiry?.cancel()
+        session.expiry = nil
+        guard let expires = identity.expires else { return }
+        let leeway = configuration.access?.jwt?.verifier.configuration.leeway.components.seconds ?? 0
+        let seconds = Double(expires + leeway) - Date().timeIntervalSince1970
+        let timer = DispatchSource.makeTimerSource(queue: queue)
+        timer.schedule(deadline: .now() + max(0, seconds))
+        timer.setEventHandler { [weak self, weak session] in
+            guard let self, let session, !session.isClosed, session.identity.expires == expires else { return }
+            self.metrics.tokenRefused(TokenRefusal.expired.rawValue)
+            let reason = "the token expired: send auth with a new token before it expires, or connect again with one"
+            session.send(WireError(.unauthenticated, reason))
+            session.connection.close(code: .policyViolation, reason: "the token expired")
+            session.isClosed = true
+        }
+        timer.resume()
+        session.expiry = timer
+    }
+
+    /// `auth`: a fresh token for the open connection. It must name the same user; every live
+    /// listener is then decided again under its claims, and `authenticated` answers.
+    private func reauthenticate(_ session: Session, _ token: String) {
+        identify(session, token: token) { [self] identity in
+            guard identity.user == session.user else {
+                let message =
+                    "the new token names \(AccessControl.describe(identity.user)), not \(who(session)): "
+                    + "connect again to change users"
+                return refuseToken(
+                    AccessControl.Refusal(error: WireError(.unauthenticated, message), label: "other_user"), session)
+            }
+            adopt(identity, for: session)
+            redecide(Array(session.listeners.values))
+            session.send(.authenticated(.init(user: identity.user, expires: identity.expires)))
+        }
     }
 
     private func get(_ session: Session, _ get: ClientMessage.Get) {

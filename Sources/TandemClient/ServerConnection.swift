@@ -47,6 +47,8 @@ public final class ServerConnection: Sendable {
         var welcome: ServerMessage.Welcome?
         var handshake: CheckedContinuation<Void, any Error>?
         var pending: [String: @Sendable (Result<ServerMessage, any Error>) -> Void] = [:]
+        /// The pending request that is an `auth` (whose answer names no request).
+        var authRequest: String?
         var listeners: [String: @Sendable (ListenEvent) -> Void] = [:]
         var nextRequest = 1
         var closeEvent: TransportClose?
@@ -252,6 +254,24 @@ public final class ServerConnection: Sendable {
         }
     }
 
+    /// Gives the open connection a fresh token (a JWT about to expire): the server verifies it
+    /// and decides every listener again under its claims. A token it refuses ends the
+    /// connection (`unauthenticated`, then a 1008 close), as a refused `hello` does.
+    ///
+    /// - Returns: The user the token names and its expiry, as the server read them.
+    public func authenticate(token: String, timeout: Duration = .seconds(30)) async throws
+        -> ServerMessage.Authenticated
+    {
+        let reply = try await request(timeout: timeout) { id in
+            state.withLock { $0.authRequest = id }
+            return .auth(.init(token: token))
+        }
+        guard case .authenticated(let authenticated) = reply else {
+            throw TandemError(.server, "unexpected answer to auth: \(reply)")
+        }
+        return authenticated
+    }
+
     /// Starts listening to a collection. `handler` runs on the connection's queue, in order.
     ///
     /// - Parameters:
@@ -409,8 +429,12 @@ public final class ServerConnection: Sendable {
             answer(conflict.request, message)
         case .document(let reply):
             answer(reply.request, message)
+        case .authenticated:
+            if let request = state.withLock({ $0.authRequest.take() }) { answer(request, message) }
         case .error(let error):
             if let request = error.request {
+                answer(request, message)
+            } else if error.target == nil, let request = state.withLock({ $0.authRequest.take() }) {
                 answer(request, message)
             } else if let target = error.target {
                 let handler = state.withLock { $0.listeners.removeValue(forKey: target) }

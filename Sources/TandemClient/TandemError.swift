@@ -34,6 +34,8 @@ public struct TandemError: Error, Sendable, Hashable, CustomStringConvertible {
         public static let database = Code(rawValue: "database")
         /// The sync service is not running.
         public static let stopped = Code(rawValue: "stopped")
+        /// No token could be had: the app's token provider failed.
+        public static let noToken = Code(rawValue: "no-token")
 
         public var description: String { rawValue }
     }

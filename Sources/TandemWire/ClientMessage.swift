@@ -20,6 +20,15 @@ public enum ClientMessage: Sendable, Hashable {
     case write(Write)
     /// `{"type":"get","request":"r2","collection":"accounts","id":"…"}`.
     case get(Get)
+    /// `{"type":"auth","token":"…"}`: a fresh token for the open connection, before the one
+    /// it has expires. Answered with `authenticated`.
+    case auth(Auth)
+
+    public struct Auth: Sendable, Hashable {
+        public var token: String
+
+        public init(token: String) { self.token = token }
+    }
 
     public struct Hello: Sendable, Hashable {
         /// The protocol version the client speaks; this one is ``Wire/protocolVersion``.

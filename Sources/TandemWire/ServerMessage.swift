@@ -16,6 +16,20 @@ public enum ServerMessage: Sendable, Hashable {
     case document(DocumentReply)
     /// Something was wrong; see ``ErrorCode``.
     case error(WireError)
+    /// The answer to `auth`: the new token was verified, and the listeners decided again.
+    case authenticated(Authenticated)
+
+    /// `{"type":"authenticated","user":"alice","expires":1764680000}`
+    public struct Authenticated: Sendable, Hashable {
+        public var user: String?
+        /// The token's `exp`, in seconds since 1970; absent when it has none.
+        public var expires: Int64?
+
+        public init(user: String?, expires: Int64?) {
+            self.user = user
+            self.expires = expires
+        }
+    }
 
     /// `{"type":"welcome","sessionId":"…","serverTime":1763683200000,"protocol":1,"limits":{…}}`
     public struct Welcome: Sendable, Hashable {
@@ -25,16 +39,20 @@ public enum ServerMessage: Sendable, Hashable {
         public var limits: Limits
         /// The user the `hello` token names (absent for anonymous clients).
         public var user: String?
+        /// A JWT's `exp`, in seconds since 1970: the connection is closed then (with the
+        /// leeway) unless an `auth` brings a newer token. Absent for tokens that do not expire.
+        public var expires: Int64?
 
         public init(
             sessionId: String, serverTime: Int64, protocolVersion: Int = Wire.protocolVersion, limits: Limits,
-            user: String? = nil
+            user: String? = nil, expires: Int64? = nil
         ) {
             self.sessionId = sessionId
             self.serverTime = serverTime
             self.protocolVersion = protocolVersion
             self.limits = limits
             self.user = user
+            self.expires = expires
         }
 
     }

@@ -464,7 +464,7 @@ extension WriteOp: WireCodable {
 }
 
 extension ClientMessage: WireCodable {
-    public static let typeNames = ["hello", "listen", "unlisten", "write", "get"]
+    public static let typeNames = ["hello", "listen", "unlisten", "write", "get", "auth"]
 
     public init(json: JSONValue, path: String) throws(WireError) {
         try self.init(try ObjectReader(json, path: path), ops: nil)
@@ -525,6 +525,8 @@ extension ClientMessage: WireCodable {
                     request: try reader.label("request"),
                     collection: try reader.read("collection", as: CollectionPath.self),
                     id: try reader.read("id", as: DocumentID.self)))
+        case "auth":
+            self = .auth(Auth(token: try reader.string("token")))
         default:
             throw WireError(
                 .badMessage,
@@ -615,6 +617,10 @@ extension ClientMessage: WireCodable {
             writer.string(get.collection.rawValue)
             writer.key("id")
             writer.string(get.id.rawValue)
+        case .auth(let auth):
+            writer.string("auth")
+            writer.key("token")
+            writer.string(auth.token)
         }
         writer.endObject()
     }
@@ -690,7 +696,9 @@ extension WireError: WireCodable {
 
 extension ServerMessage: WireCodable {
     /// The `type` of each kind of message this version's server sends.
-    public static let kinds: Set<String> = ["welcome", "snapshot", "reset", "ack", "conflict", "document", "error"]
+    public static let kinds: Set<String> = [
+        "welcome", "snapshot", "reset", "ack", "conflict", "document", "error", "authenticated",
+    ]
 
     public static var maxNestingDepth: Int { Wire.maxServerNestingDepth }
 
@@ -709,7 +717,7 @@ extension ServerMessage: WireCodable {
                     sessionId: try reader.string("sessionId"), serverTime: try reader.int("serverTime"),
                     protocolVersion: Int(try reader.int("protocol")),
                     limits: try reader.read("limits", as: Limits.self),
-                    user: try reader.optionalString("user")))
+                    user: try reader.optionalString("user"), expires: try reader.optionalInt("expires")))
         case "snapshot":
             let elements: [JSONElement]
             if let listed {
@@ -752,6 +760,9 @@ extension ServerMessage: WireCodable {
                     request: try reader.string("request"), document: try reader.read("document", as: Document.self)))
         case "error":
             self = .error(try WireError(reader))
+        case "authenticated":
+            self = .authenticated(
+                Authenticated(user: try reader.optionalString("user"), expires: try reader.optionalInt("expires")))
         default:
             throw WireError(.badMessage, "unknown server message type '\(type.prefix(40))'")
         }
@@ -774,6 +785,10 @@ extension ServerMessage: WireCodable {
             if let user = welcome.user {
                 writer.key("user")
                 writer.string(user)
+            }
+            if let expires = welcome.expires {
+                writer.key("expires")
+                writer.int(expires)
             }
         case .snapshot(let snapshot):
             writer.string("snapshot")
@@ -820,6 +835,16 @@ extension ServerMessage: WireCodable {
         case .error(let error):
             writer.string("error")
             error.writeMembers(to: &writer)
+        case .authenticated(let authenticated):
+            writer.string("authenticated")
+            if let user = authenticated.user {
+                writer.key("user")
+                writer.string(user)
+            }
+            if let expires = authenticated.expires {
+                writer.key("expires")
+                writer.int(expires)
+            }
         }
         writer.endObject()
     }

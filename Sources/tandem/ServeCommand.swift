@@ -82,6 +82,31 @@ struct ServeCommand: AsyncParsableCommand {
     @Option(help: "A JSON file of access rules: who may read and write which collections.")
     var rules: String?
 
+    @Option(
+        help: """
+            Verify JWTs from an identity provider with this key set: a JWKS file (read again when it changes) or \
+            an https:// URL (fetched at start, cached, refetched on an unknown kid and before its max-age ends).
+            """)
+    var jwks: String?
+
+    @Option(help: "The `iss` a JWT must carry (needed with --jwks or --jwt-secret-file).")
+    var jwtIssuer: String?
+
+    @Option(help: "A value the JWT's `aud` must hold (needed with --jwks or --jwt-secret-file).")
+    var jwtAudience: String?
+
+    @Option(help: "The JWT claim that names the user.")
+    var jwtUserClaim: String = "sub"
+
+    @Option(help: "Seconds a JWT's exp and nbf may be off, for clocks that differ.")
+    var jwtLeeway: Int = 60
+
+    @Option(help: "A certificate authority (PEM) to trust for the --jwks URL, for a provider inside a private network.")
+    var jwksCa: String?
+
+    @Option(help: "A file holding the raw HMAC secret for HS256 JWTs (with or without --jwks).")
+    var jwtSecretFile: String?
+
     @Option(help: "Fault injection: seed of the injected faults, to replay a run.")
     var faultSeed: UInt64 = 1
 
@@ -197,6 +222,7 @@ struct ServeCommand: AsyncParsableCommand {
         guard Logger.Level(rawValue: logLevel) != nil else {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
         }
+        try validateJWT()
     }
 
     func run() async throws {
@@ -243,11 +269,12 @@ struct ServeCommand: AsyncParsableCommand {
                 deliveryDelay: .milliseconds(faultDelayMs), rejectedWriteRate: faultRejectWrites,
                 rejectedWriteCode: ErrorCode(rawValue: faultRejectCode), failedListenRate: faultFailListens)
         }
-        if tokens != nil || rules != nil {
+        let jwt = try jwtAuthentication()
+        if tokens != nil || rules != nil || jwt != nil {
             do {
                 configuration.access = try AccessControl.load(
                     tokensFile: tokens.map { URL(fileURLWithPath: $0) },
-                    rulesFile: rules.map { URL(fileURLWithPath: $0) })
+                    rulesFile: rules.map { URL(fileURLWithPath: $0) }, jwt: jwt)
             } catch {
                 throw CLIError(error.message)
             }
@@ -289,7 +316,11 @@ struct ServeCommand: AsyncParsableCommand {
         if configuration.access == nil {
             emit("access: open, no access control, so the server accepts connections from this machine only")
         } else {
-            let files = [tokens.map { "tokens from \($0)" }, rules.map { "rules from \($0)" }].compactMap { $0 }
+            let jwtSource = [
+                jwks.map { "JWTs verified with \($0)" }, jwtSecretFile.map { "HS256 JWTs with the secret in \($0)" },
+            ].compactMap { $0 }
+            let files =
+                [tokens.map { "tokens from \($0)" }, rules.map { "rules from \($0)" }].compactMap { $0 } + jwtSource
             emit("access: \(files.joined(separator: ", ")); everything the rules do not allow is denied")
         }
 

@@ -80,7 +80,9 @@ struct MetricsTests {
         // Every family of docs/ADMIN.md's table; refusals appear once there is one.
         let names = Set(families.keys)
         #expect(names.isSubset(of: ServerMetricsNames.expected), "\(names.sorted())")
-        #expect(Set(ServerMetricsNames.expected).subtracting(names) == ["tandem_refused_ops"], "\(names.sorted())")
+        #expect(
+            Set(ServerMetricsNames.expected).subtracting(names) == ["tandem_refused_ops", "tandem_tokens_refused"],
+            "\(names.sorted())")
     }
 
     /// What Prometheus's Python client (`prometheus_client.parser`, Debian's
@@ -136,6 +138,7 @@ enum ServerMetricsNames {
         "tandem_connections", "tandem_listeners", "tandem_writes", "tandem_acks", "tandem_write_ops",
         "tandem_conflicts", "tandem_refused_ops", "tandem_delivery_latency_seconds", "tandem_send_queue_bytes",
         "tandem_send_queue_max_bytes", "tandem_slow_consumers_closed", "tandem_store_bytes", "tandem_commits_in_doubt",
-        "tandem_listeners_fell_behind",
+        "tandem_listeners_fell_behind", "tandem_tokens_refused", "tandem_jwks_keys", "tandem_jwks_stale",
+        "tandem_jwks_failures",
     ]
 }

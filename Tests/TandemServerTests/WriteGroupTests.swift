@@ -23,7 +23,7 @@ struct WriteGroupTests {
             WriteRequest(
                 ops: ops,
                 fieldsJSON: ops.map { String(decoding: $0.canonicalFieldsJSON ?? Array("{}".utf8), as: UTF8.self) },
-                client: client, user: nil)
+                client: client, identity: .anonymous)
         }
         let proposed = try DocumentID("proposed")
         let requests = [

@@ -112,6 +112,7 @@ struct ServerMessageDecodingTests {
             .welcome(.init(sessionId: "s1", serverTime: 1, limits: .default)),
             .conflict(.init(request: "r1", op: 0, server: document)),
             .document(.init(request: "r2", document: document)),
+            .authenticated(.init(user: "alice", expires: 1_800_000_000)),
         ]
         for seed in 0..<20 {
             for message in Self.messages(seed: UInt64(seed)) + others {

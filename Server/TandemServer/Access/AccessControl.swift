@@ -32,8 +32,10 @@ import TandemWire
 /// query, which then sees only those (``readScope(in:user:document:)``). Read conditions cannot
 /// use `request`.
 public struct AccessControl: Sendable {
-    /// Bearer token → user id; nil without a token file (every client is anonymous).
+    /// Bearer token → user id; nil without a token file.
     let tokens: [String: String]?
+    /// How JWTs are verified; nil when they are not.
+    public var jwt: JWTAuthentication?
     let rules: [Rule]
 
     public enum Operation: String, Sendable, CaseIterable {
@@ -46,8 +48,10 @@ public struct AccessControl: Sendable {
         var conditions: [Operation: Condition]
     }
 
-    /// Reads the token file and the rules file (either may be nil, not both).
-    public static func load(tokensFile: URL?, rulesFile: URL?) throws(AccessError) -> AccessControl {
+    /// Reads the token file and the rules file (either may be nil, not both unless `jwt` is given).
+    public static func load(tokensFile: URL?, rulesFile: URL?, jwt: JWTAuthentication? = nil) throws(AccessError)
+        -> AccessControl
+    {
         func read(_ url: URL?) throws(AccessError) -> (text: String, source: String)? {
             guard let url else { return nil }
             do {
@@ -56,32 +60,85 @@ public struct AccessControl: Sendable {
                 throw AccessError("cannot read \(url.path): \(error.localizedDescription)")
             }
         }
-        return try AccessControl(tokens: try read(tokensFile), rules: try read(rulesFile))
+        return try AccessControl(tokens: try read(tokensFile), rules: try read(rulesFile), jwt: jwt)
     }
 
     /// Parses the files' texts; `source` names each in error messages.
-    public init(tokens: (text: String, source: String)?, rules: (text: String, source: String)?) throws(AccessError) {
-        guard tokens != nil || rules != nil else {
-            throw AccessError("access control needs a token file, a rules file, or both")
+    public init(
+        tokens: (text: String, source: String)?, rules: (text: String, source: String)?,
+        jwt: JWTAuthentication? = nil
+    ) throws(AccessError) {
+        guard tokens != nil || rules != nil || jwt != nil else {
+            throw AccessError("access control needs a token file, a rules file, JWT verification, or some of them")
         }
         self.tokens = try tokens.map { text, source throws(AccessError) in try Self.parseTokens(text, source) }
         self.rules = try rules.map { text, source throws(AccessError) in try Self.parseRules(text, source) } ?? []
+        self.jwt = jwt
     }
 
-    /// The user a `hello` token names: nil for anonymous clients of a server without a token
-    /// file.
+    /// Why a token was refused: what the client is told, and, for a JWT, the reason counted.
+    struct Refusal: Error {
+        var error: WireError
+        /// Why a JWT was refused; nil for a token the token file does not know, or none.
+        var reason: TokenRefusal?
+        /// As `/metrics` counts it.
+        var label: String
+
+        init(error: WireError, reason: TokenRefusal? = nil, label: String? = nil) {
+            self.error = error
+            self.reason = reason
+            self.label = label ?? reason?.rawValue ?? "not_valid"
+        }
+    }
+
+    /// Whether a client must present a token: with a token file or JWT verification.
+    var requiresToken: Bool { tokens != nil || jwt != nil }
+
+    /// Who a `hello` or `auth` token names: anonymous for a client of a server that needs no
+    /// token. A token shaped as a JWT (three base64url parts) is verified as one when the
+    /// server verifies JWTs; any other is looked up in the token file.
     ///
-    /// - Throws: ``WireError`` `unauthenticated` when the server has a token file and the
-    ///   token is missing or unknown.
-    func user(forToken token: String?) throws(WireError) -> String? {
-        guard let tokens else { return nil }
+    /// - Throws: ``Refusal`` (`unauthenticated`) when a token is needed and missing, unknown,
+    ///   or fails verification.
+    func identify(_ token: String?, now: Date = Date()) throws(Refusal) -> Identity {
+        guard requiresToken else { return .anonymous }
         guard let token, !token.isEmpty else {
-            throw WireError(.unauthenticated, "this server requires a token: send it in hello as \"token\"")
+            throw Refusal(
+                error: WireError(.unauthenticated, "this server requires a token: send it in hello as \"token\""),
+                label: "missing")
         }
-        guard let user = tokens[token] else {
-            throw WireError(.unauthenticated, "the token is not valid on this server")
+        if let jwt, token.utf8.lazy.filter({ $0 == UInt8(ascii: ".") }).count == 2 {
+            do {
+                let verified = try jwt.verifier.verify(token, keys: jwt.keys?.keys() ?? .empty, now: now)
+                return Identity(user: verified.user, token: verified.claims, expires: verified.expires)
+            } catch {
+                throw Refusal(
+                    error: WireError(.unauthenticated, "the token was refused: \(Self.explain(error))"), reason: error)
+            }
         }
-        return user
+        if token.utf8.count > TokenVerifier.maxTokenBytes {
+            throw Refusal(
+                error: WireError(.unauthenticated, "the token was refused: \(Self.explain(.malformed))"),
+                reason: .malformed)
+        }
+        guard let user = tokens?[token] else {
+            throw Refusal(error: WireError(.unauthenticated, "the token is not valid on this server"))
+        }
+        return Identity(user: user)
+    }
+
+    static func explain(_ refusal: TokenRefusal) -> String {
+        switch refusal {
+        case .malformed: "it is not a well-formed JWT of at most \(TokenVerifier.maxTokenBytes) bytes (malformed)"
+        case .expired: "it has expired (expired)"
+        case .notYetValid: "it is not valid yet: its nbf is still to come (not_yet_valid)"
+        case .badSignature: "its signature does not verify (bad_signature)"
+        case .unknownKey: "its kid names no key of this server's key set (unknown_key)"
+        case .algorithm: "its alg is not one its key verifies (algorithm)"
+        case .wrongIssuer: "its iss is not this server's issuer (wrong_issuer)"
+        case .wrongAudience: "its aud does not name this server's audience (wrong_audience)"
+        case .noUser: "it has no user claim (no_user)"
+        }
     }
 
     /// Whether `user` may do `operation` in `collection`.
@@ -91,7 +148,7 @@ public struct AccessControl: Sendable {
     ///   - request: The fields written (create, update).
     ///   - document: Reads another document's fields for `doc(…)`.
     func allows(
-        _ operation: Operation, in collection: CollectionPath, user: String?, resource: JSONObject? = nil,
+        _ operation: Operation, in collection: CollectionPath, identity: Identity, resource: JSONObject? = nil,
         request: JSONObject? = nil, document: (CollectionPath, DocumentID) throws -> JSONObject?
     ) throws -> Bool {
         let segments = collection.rawValue.split(separator: "/").map(String.init)
@@ -100,7 +157,8 @@ public struct AccessControl: Sendable {
                 guard let condition = rule.conditions[operation], let variables = Self.match(rule.pattern, segments)
                 else { continue }
                 let context = Condition.Context(
-                    user: user, variables: variables, resource: resource, request: request, document: document)
+                    user: identity.user, token: identity.token, variables: variables, resource: resource,
+                    request: request, document: document)
                 if try condition.evaluate(context) { return true }
             }
             return false
@@ -121,7 +179,8 @@ public struct AccessControl: Sendable {
     /// documents first (one that allows is enough), then by whether any rule that does
     /// matches the collection.
     func readScope(
-        in collection: CollectionPath, user: String?, document: (CollectionPath, DocumentID) throws -> JSONObject?
+        in collection: CollectionPath, identity: Identity,
+        document: (CollectionPath, DocumentID) throws -> JSONObject?
     ) throws -> ReadScope {
         let segments = collection.rawValue.split(separator: "/").map(String.init)
         var perDocument = false
@@ -134,7 +193,8 @@ public struct AccessControl: Sendable {
                     continue
                 }
                 let context = Condition.Context(
-                    user: user, variables: variables, resource: nil, request: nil, document: document)
+                    user: identity.user, token: identity.token, variables: variables, resource: nil, request: nil,
+                    document: document)
                 if try condition.evaluate(context) { return true }
             }
             return false
@@ -278,4 +338,33 @@ public struct AccessError: Error, Sendable, CustomStringConvertible {
     public var message: String
     init(_ message: String) { self.message = message }
     public var description: String { message }
+}
+
+/// Who a caller is, as the rules see it: the user its token names (nil for an anonymous
+/// client), and the claims of its verified JWT (nil with a token from the token file).
+package struct Identity: Sendable, Equatable {
+    package var user: String?
+    package var token: JSONObject?
+    /// The JWT's `exp`, in seconds since 1970.
+    package var expires: Int64?
+
+    package static let anonymous = Identity(user: nil)
+
+    package init(user: String?, token: JSONObject? = nil, expires: Int64? = nil) {
+        self.user = user
+        self.token = token
+        self.expires = expires
+    }
+}
+
+/// JSON Web Tokens as a server takes them: the verifier (issuer, audience, user claim,
+/// leeway, HMAC secret) and the key set it verifies with (nil: HS256 with the secret only).
+public struct JWTAuthentication: Sendable {
+    public var verifier: TokenVerifier
+    public var keys: KeySetSource?
+
+    public init(verifier: TokenVerifier, keys: KeySetSource?) {
+        self.verifier = verifier
+        self.keys = keys
+    }
 }

@@ -7,8 +7,10 @@ import TandemWire
 ///
 /// - `true`, `false`; `!c`, `a && b`, `a || b`, parentheses.
 /// - `x == y`, `x != y`: JSON equality. `x in y`: `y` is an array holding `x`.
-/// - Values: `user` (the caller's user id, `null` without a token), `{name}` (a variable of
-///   the rule's path pattern), `'text'` or `"text"`, integers, `null`,
+/// - Values: `user` (the caller's user id, `null` without a token), `token.claim` (a claim of
+///   the caller's verified JWT: `token.role`, `token.org.id`; `null` without one, and with a
+///   token from the token file), `{name}` (a variable of the rule's path pattern), `'text'` or
+///   `"text"`, integers, `true`, `false`, `null`,
 ///   `resource.field` (the stored document: for read, update and delete), `request.field` (the
 ///   fields written, for create and update), `doc(path).field` (another document, its path
 ///   written with the pattern's variables, like `doc(accounts/{account})`). Fields nest with
@@ -23,6 +25,8 @@ indirect enum Condition: Sendable, Equatable {
 
     enum Operand: Sendable, Equatable {
         case user
+        /// A claim of the caller's verified JWT, by its path.
+        case token([String])
         case variable(String)
         case literal(JSONValue)
         case resource([String])
@@ -34,6 +38,8 @@ indirect enum Condition: Sendable, Equatable {
     /// What a condition may read when it is evaluated.
     struct Context {
         var user: String?
+        /// The caller's verified JWT's claims; nil without one.
+        var token: JSONObject?
         var variables: [String: String]
         var resource: JSONObject?
         var request: JSONObject?
@@ -57,6 +63,7 @@ indirect enum Condition: Sendable, Equatable {
     private static func value(_ operand: Operand, _ context: Context) throws -> JSONValue {
         switch operand {
         case .user: return context.user.map(JSONValue.string) ?? .null
+        case .token(let claim): return lookup(claim, in: context.token)
         case .variable(let name): return context.variables[name].map(JSONValue.string) ?? .null
         case .literal(let value): return value
         case .resource(let field): return lookup(field, in: context.resource)
@@ -196,6 +203,13 @@ extension Condition {
             return true
         }
 
+        /// Whether a comparison (`==`, `!=`, `in`) comes next, without taking it: `true` alone
+        /// is a condition, `true == x` a comparison of a value.
+        var comparesNext: Bool {
+            var probe = self
+            return probe.take("==") || probe.take("!=") || probe.take("in")
+        }
+
         static func isWordScalar(_ scalar: Unicode.Scalar) -> Bool {
             scalar == "_" || scalar.properties.isAlphabetic || ("0"..."9").contains(scalar)
         }
@@ -222,9 +236,16 @@ extension Condition {
                 guard take(")") else { throw error("expected ')'") }
                 return condition
             }
-            if take("true") { return .constant(true) }
-            if take("false") { return .constant(false) }
-            let left = try parseOperand()
+            let left: Operand
+            if take("true") {
+                guard comparesNext else { return .constant(true) }
+                left = .literal(.bool(true))
+            } else if take("false") {
+                guard comparesNext else { return .constant(false) }
+                left = .literal(.bool(false))
+            } else {
+                left = try parseOperand()
+            }
             if take("==") { return .equal(left, try parseOperand()) }
             if take("!=") { return .not(.equal(left, try parseOperand())) }
             if take("in") { return .contains(element: left, array: try parseOperand()) }
@@ -242,7 +263,10 @@ extension Condition {
                 return .variable(name)
             }
             if take("null") { return .literal(.null) }
+            if take("true") { return .literal(.bool(true)) }
+            if take("false") { return .literal(.bool(false)) }
             if take("user") { return .user }
+            if take("token") { return .token(try parseFields(required: true)) }
             if take("resource") { return .resource(try parseFields(required: true)) }
             if take("request") { return .request(try parseFields(required: true)) }
             if take("doc") {
@@ -272,7 +296,8 @@ extension Condition {
                 return .document(segments, field: try parseFields(required: true))
             }
             throw error(
-                "expected a value (user, {variable}, 'text', a number, null, resource.…, request.… or doc(…).…)")
+                "expected a value (user, token.…, {variable}, 'text', a number, true, false, null, resource.…, "
+                    + "request.… or doc(…).…)")
         }
 
         mutating func parseFields(required: Bool) throws(ParseError) -> [String] {

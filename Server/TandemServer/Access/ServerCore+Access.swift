@@ -8,7 +8,7 @@ extension ServerCore {
     ) {
         guard let access = configuration.access else { return (.all, []) }
         var dependencies: Set<DocumentKey> = []
-        let scope = try access.readScope(in: collection, user: session.user) { collection, id in
+        let scope = try access.readScope(in: collection, identity: session.identity) { collection, id in
             dependencies.insert(DocumentKey(collection: collection, id: id))
             return try liveFields(collection, id)
         }
@@ -31,7 +31,8 @@ extension ServerCore {
         _ fields: JSONObject, in collection: CollectionPath, _ session: Session, reads: DocumentReads? = nil
     ) throws -> Bool {
         guard let access = configuration.access else { return true }
-        return try access.allows(.read, in: collection, user: session.user, resource: fields) { collection, id in
+        return try access.allows(.read, in: collection, identity: session.identity, resource: fields) {
+            collection, id in
             guard let reads else { return try liveFields(collection, id) }
             return try reads.fields(DocumentKey(collection: collection, id: id)) { try liveFields(collection, id) }
         }
@@ -105,7 +106,13 @@ extension ServerCore {
             guard let watchers = followed[key.collection]?.watching[key.id] else { continue }
             affected.merge(watchers) { first, _ in first }
         }
-        for listener in affected.values where !listener.isCancelled {
+        redecide(Array(affected.values))
+    }
+
+    /// Decides again for each listener; one no longer allowed gets `permission-denied` and
+    /// hears nothing more, one whose documents may have changed reads its view again.
+    func redecide(_ listeners: [Listener]) {
+        for listener in listeners where !listener.isCancelled {
             let wasPerDocument = listener.view?.readable != nil
             let scope: AccessControl.ReadScope
             do { scope = try decideAccess(for: listener) } catch {

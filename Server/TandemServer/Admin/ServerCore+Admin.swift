@@ -154,6 +154,7 @@ extension ServerCore {
             for listener in session.listeners.values { moment.listeners[listener.collection.group, default: 0] += 1 }
         }
         moment.storeBytes = try? store.sizeInBytes()
+        moment.keySet = configuration.access?.jwt?.keys?.health
         return moment
     }
 }

@@ -14,8 +14,18 @@ final class Session: @unchecked Sendable {
     let id = DocumentID.random().rawValue
     /// Set by `hello`; nothing else is accepted before it.
     var clientId: ClientName?
-    /// The user its token names (nil on an open server, or for anonymous clients).
-    var user: String?
+    /// Who its token names: the user (nil on an open server, or for anonymous clients) and,
+    /// for a JWT, its verified claims.
+    var identity = Identity.anonymous
+    var user: String? { identity.user }
+    /// When the JWT's `exp` is reached (with the leeway) the connection is closed, unless an
+    /// `auth` message brought a newer token first (``ServerCore/expire(_:)``).
+    var expiry: (any DispatchSourceTimer)?
+    /// A token names a key the set lacks, and the set is being fetched again: what arrives
+    /// meanwhile waits here, in order (at most ``maxHeldMessages``).
+    var awaitingKeys = false
+    var heldMessages: [Result<ClientMessage, WireError>] = []
+    static let maxHeldMessages = 256
     /// The connection's listeners by target.
     var listeners: [String: Listener] = [:]
     /// Some listener of this connection leaves out its own writes: its acknowledged writes are

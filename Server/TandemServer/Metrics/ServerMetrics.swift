@@ -41,6 +41,11 @@ final class ServerMetrics: Sendable {
     private let sendQueueMaxBytes: CoreMetrics.Gauge
     private let storeBytes: CoreMetrics.Gauge
     private let listenerGauges = Mutex<[String: CoreMetrics.Gauge]>([:])
+    private let refusedTokens: Mutex<[String: CoreMetrics.Counter]>
+    private let keySetKeys: CoreMetrics.Gauge
+    private let keySetStale: CoreMetrics.Gauge
+    private let keySetFailures: CoreMetrics.Counter
+    private let keySetFailuresSeen = Mutex(0)
 
     /// The help line of each metric, added to the exposition (swift-metrics has no place for
     /// help texts; swift-prometheus prints one only for metrics made on its registry directly).
@@ -61,6 +66,12 @@ final class ServerMetrics: Sendable {
         "tandem_listeners_fell_behind_total":
             "Times a live listener's connection held so much to send that it caught up from the feed instead.",
         "tandem_store_bytes": "Size of the store (the SQLite file and its WAL, or the PostgreSQL tables).",
+        "tandem_tokens_refused_total":
+            "Tokens refused in hello or auth, by reason (expired, bad_signature, unknown_key, wrong_issuer, wrong_audience, malformed, algorithm, not_yet_valid, no_user; missing and not_valid for the token file).",
+        "tandem_jwks_keys": "Keys in the JWT key set in use.",
+        "tandem_jwks_stale":
+            "1 when the last fetch or read of the JWT key set failed and the last good set is in use, else 0.",
+        "tandem_jwks_failures_total": "Fetches or reads of the JWT key set that failed.",
         "tandem_commits_in_doubt_total":
             "Group commits whose answer the store lost, by what the node found: committed, not-committed (applied again), or unknown (answered outcome-unknown).",
     ]
@@ -110,6 +121,22 @@ final class ServerMetrics: Sendable {
         sendQueueBytes = CoreMetrics.Gauge(label: "tandem_send_queue_bytes", factory: factory)
         sendQueueMaxBytes = CoreMetrics.Gauge(label: "tandem_send_queue_max_bytes", factory: factory)
         storeBytes = CoreMetrics.Gauge(label: "tandem_store_bytes", factory: factory)
+        refusedTokens = Mutex([:])
+        keySetKeys = CoreMetrics.Gauge(label: "tandem_jwks_keys", factory: factory)
+        keySetStale = CoreMetrics.Gauge(label: "tandem_jwks_stale", factory: factory)
+        keySetFailures = CoreMetrics.Counter(label: "tandem_jwks_failures_total", factory: factory)
+    }
+
+    /// A `hello` or `auth` token was refused, for `reason`.
+    func tokenRefused(_ reason: String) {
+        refusedTokens.withLock { counters in
+            let counter =
+                counters[reason]
+                ?? CoreMetrics.Counter(
+                    label: "tandem_tokens_refused_total", dimensions: [("reason", reason)], factory: factory)
+            counters[reason] = counter
+            return counter
+        }.increment()
     }
 
     // MARK: - As things happen
@@ -167,6 +194,8 @@ final class ServerMetrics: Sendable {
         var listeners: [String: Int] = [:]
         var queuedBytes: [Int] = []
         var storeBytes: Int64?
+        /// The JWT key set's, when the server verifies JWTs with one.
+        var keySet: KeySetSource.Health?
     }
 
     func refresh(_ moment: Moment) {
@@ -174,6 +203,15 @@ final class ServerMetrics: Sendable {
         sendQueueBytes.record(moment.queuedBytes.reduce(0, +))
         sendQueueMaxBytes.record(moment.queuedBytes.max() ?? 0)
         if let bytes = moment.storeBytes { storeBytes.record(bytes) }
+        if let keySet = moment.keySet {
+            keySetKeys.record(keySet.keys)
+            keySetStale.record(keySet.stale ? 1 : 0)
+            let new = keySetFailuresSeen.withLock { seen in
+                defer { seen = keySet.failures }
+                return keySet.failures - seen
+            }
+            if new > 0 { keySetFailures.increment(by: Int64(new)) }
+        }
         listenerGauges.withLock { gauges in
             // Groups no longer listened to read 0, rather than keep their last count.
             for (group, gauge) in gauges where moment.listeners[group] == nil { gauge.record(0) }

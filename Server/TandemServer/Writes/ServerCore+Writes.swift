@@ -305,6 +305,7 @@ extension ServerCore {
             fieldsJSON.append(json)
         }
         return .success(
-            WriteRequest(ops: write.ops, fieldsJSON: fieldsJSON, client: entry.clientId, user: entry.session.user))
+            WriteRequest(
+                ops: write.ops, fieldsJSON: fieldsJSON, client: entry.clientId, identity: entry.session.identity))
     }
 }

@@ -6,11 +6,11 @@ struct WriteRequest {
     /// The canonical JSON of each op's fields (`{}` for a delete), already size-checked.
     var fieldsJSON: [String]
     var client: ClientName
-    /// The user of the sender's token; nil for anonymous clients.
-    var user: String?
+    /// Who sent it: the user of its token (nil for anonymous clients), and the token's claims.
+    var identity: Identity
 
     /// The user as idempotency records store it.
-    var userKey: String { user ?? "" }
+    var userKey: String { identity.user ?? "" }
 }
 
 /// What became of a write message.
@@ -155,7 +155,7 @@ final class WriteGroup {
         let recordKey = RecordKey(
             user: request.userKey, client: request.client.rawValue, key: op.idempotencyKey.rawValue)
         if let earlier = recorded[recordKey] {
-            if op.kind != .delete, let gone = try goneSince(earlier, of: op, index: index, request.user, draft) {
+            if op.kind != .delete, let gone = try goneSince(earlier, of: op, index: index, request.identity, draft) {
                 return .conflict(op: index, server: gone)
             }
             draft.results.append(earlier)
@@ -164,17 +164,17 @@ final class WriteGroup {
         }
         let key = op.id.map { DocumentKey(collection: op.collection, id: $0) }
         let existing = try key.flatMap { try stored($0, draft) }
-        if let refusal = try refusal(of: op, index: index, existing: existing, request.user, draft) {
+        if let refusal = try refusal(of: op, index: index, existing: existing, request.identity, draft) {
             return .refused(refusal)
         }
         switch try precondition(of: op, index: index, existing: existing) {
         case .conflict(let server):
             // A create that proposed the id of a document its user may not read learns nothing
             // of that document (not its version, not whether it was deleted).
-            if op.kind == .create, try !readable(server, in: op.collection, for: request.user, draft) {
-                return .refused(Self.createRefusal(of: op, index: index, request.user))
+            if op.kind == .create, try !readable(server, in: op.collection, for: request.identity, draft) {
+                return .refused(Self.createRefusal(of: op, index: index, request.identity))
             }
-            return .conflict(op: index, server: try redacted(server, in: op.collection, for: request.user, draft))
+            return .conflict(op: index, server: try redacted(server, in: op.collection, for: request.identity, draft))
         case .notFound(let error):
             return .refused(error)
         case .holds:
@@ -194,7 +194,7 @@ final class WriteGroup {
             }
             draft.documents[newDocument.key] = newDocument
         }
-        let (result, answeredSequence) = try answer(for: newDocument, of: op, request.user, draft)
+        let (result, answeredSequence) = try answer(for: newDocument, of: op, request.identity, draft)
         draft.results.append(result)
         draft.resultSequences.append(answeredSequence)
         draft.records.append(
@@ -206,7 +206,7 @@ final class WriteGroup {
 
     /// What the op's writer is told of the document it wrote, and the sequence its answer
     /// covers (nil when the answer carries nothing of the document).
-    private func answer(for newDocument: StoredDocument, of op: WriteOp, _ user: String?, _ draft: Draft) throws
+    private func answer(for newDocument: StoredDocument, of op: WriteOp, _ user: Identity, _ draft: Draft) throws
         -> (WriteResult, answeredSequence: Int64?)
     {
         var result = WriteResult(id: newDocument.id, version: newDocument.version, updateTime: newDocument.updateTime)
@@ -275,7 +275,7 @@ final class WriteGroup {
     /// only) does not correct. Nil when the document is as the first answer left it or later,
     /// and when the rules would not let the user make the op now: a resend learns nothing it
     /// could not learn by sending the op anew.
-    private func goneSince(_ earlier: WriteResult, of op: WriteOp, index: Int, _ user: String?, _ draft: Draft)
+    private func goneSince(_ earlier: WriteResult, of op: WriteOp, index: Int, _ user: Identity, _ draft: Draft)
         throws -> Document?
     {
         let key = DocumentKey(collection: op.collection, id: earlier.id)
@@ -300,7 +300,7 @@ final class WriteGroup {
 
     /// Why the rules refuse the op, or nil when they allow it (or the server is open).
     private func refusal(
-        of op: WriteOp, index: Int, existing: StoredDocument?, _ user: String?, _ draft: Draft
+        of op: WriteOp, index: Int, existing: StoredDocument?, _ user: Identity, _ draft: Draft
     ) throws -> WireError? {
         guard let access else { return nil }
         let operation: AccessControl.Operation =
@@ -313,7 +313,7 @@ final class WriteGroup {
         // deleted: a rule that needs it refuses alike whether the document exists or not.
         let resource = try op.kind == .create ? nil : existing.flatMap { $0.deleted ? nil : try $0.fields }
         let allowed = try access.allows(
-            operation, in: op.collection, user: user, resource: resource,
+            operation, in: op.collection, identity: user, resource: resource,
             request: op.kind == .delete ? nil : op.fields ?? [:]
         ) { collection, id in try liveFields(collection, id, draft) }
         guard !allowed else { return nil }
@@ -321,15 +321,15 @@ final class WriteGroup {
             ? Self.createRefusal(of: op, index: index, user)
             : WireError(
                 .permissionDenied,
-                "ops[\(index)]: \(AccessControl.describe(user)) may not \(operation.rawValue) in \(op.collection)",
+                "ops[\(index)]: \(AccessControl.describe(user.user)) may not \(operation.rawValue) in \(op.collection)",
                 op: index)
     }
 
     /// The refusal of a create, the same whether the rules refuse it or its proposed id names a
     /// document the user may not read.
-    private static func createRefusal(of op: WriteOp, index: Int, _ user: String?) -> WireError {
+    private static func createRefusal(of op: WriteOp, index: Int, _ user: Identity) -> WireError {
         WireError(
-            .permissionDenied, "ops[\(index)]: \(AccessControl.describe(user)) may not create in \(op.collection)",
+            .permissionDenied, "ops[\(index)]: \(AccessControl.describe(user.user)) may not create in \(op.collection)",
             op: index)
     }
 
@@ -413,7 +413,7 @@ final class WriteGroup {
 
     /// The document as a user who may not read it sees it in a conflict or merge answer: its
     /// id, version and whether it is deleted, nothing of its content.
-    private func redacted(_ document: Document, in collection: CollectionPath, for user: String?, _ draft: Draft)
+    private func redacted(_ document: Document, in collection: CollectionPath, for user: Identity, _ draft: Draft)
         throws -> Document
     {
         try readable(document, in: collection, for: user, draft) ? document : Self.withoutContent(document)
@@ -430,10 +430,10 @@ final class WriteGroup {
     /// ``readable(_:in:for:_:)`` for a stored document, whose fields are parsed only when a
     /// read rule looks at each document.
     private func readable(
-        _ document: StoredDocument, in collection: CollectionPath, for user: String?, _ draft: Draft
+        _ document: StoredDocument, in collection: CollectionPath, for user: Identity, _ draft: Draft
     ) throws -> Bool {
         guard let access else { return true }
-        let scope = try access.readScope(in: collection, user: user) { collection, id in
+        let scope = try access.readScope(in: collection, identity: user) { collection, id in
             try liveFields(collection, id, draft)
         }
         switch scope {
@@ -443,12 +443,12 @@ final class WriteGroup {
         }
     }
 
-    private func readable(_ document: Document, in collection: CollectionPath, for user: String?, _ draft: Draft)
+    private func readable(_ document: Document, in collection: CollectionPath, for user: Identity, _ draft: Draft)
         throws -> Bool
     {
         guard let access else { return true }
         return try access.allows(
-            .read, in: collection, user: user, resource: document.deleted ? nil : document.fields
+            .read, in: collection, identity: user, resource: document.deleted ? nil : document.fields
         ) { collection, id in
             try liveFields(collection, id, draft)
         }

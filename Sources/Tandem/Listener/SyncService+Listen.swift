@@ -16,13 +16,15 @@ extension SyncService {
             guard let self else { return }
             if let hook = configuration.hooks.beforeConnect { await onThreadOfItsOwn(hook) }
             do {
+                let token = try await currentToken()
                 let connection = try await ServerConnection.connect(
-                    to: url, clientId: clientId, token: configuration.token, transport: configuration.transport,
+                    to: url, clientId: clientId, token: token, transport: configuration.transport,
                     trustedCertificates: configuration.trustedCertificates,
                     timeout: Self.connectTimeout, logger: logger,
                     onClose: { [weak self] event in self?.connectionClosed(generation: generation, reason: "\(event)") }
                 )
                 await connected(connection, generation: generation, url: url)
+                scheduleTokenRefresh(for: token, on: connection, generation: generation)
             } catch {
                 let retry = state.withLock { state -> Bool in
                     guard state.generation == generation else { return false }
@@ -35,6 +37,53 @@ extension SyncService {
                     scheduleReconnect()
                 }
             }
+        }
+    }
+
+    /// The token to connect with: the provider's, else the configured one.
+    private func currentToken() async throws -> String? {
+        guard let provider = configuration.tokenProvider else { return configuration.token }
+        do { return try await provider() } catch {
+            throw TandemError(.noToken, "the tokenProvider failed: \(error)")
+        }
+    }
+
+    /// Before `token` expires, asks the provider for the next and gives it to the open
+    /// connection (`auth`). A provider that fails is asked again, with the reconnect backoff,
+    /// until the token has expired; the server then closes the connection, and the reconnect
+    /// asks once more.
+    func scheduleTokenRefresh(for token: String?, on connection: ServerConnection, generation: Int, attempt: Int = 0) {
+        guard configuration.tokenProvider != nil, let token, let expires = JWTPayload.expiry(of: token) else { return }
+        let untilExpiry = Duration.seconds(Double(expires) - Date().timeIntervalSince1970)
+        var delay = untilExpiry - configuration.tokenRefreshMargin
+        if attempt > 0 {
+            let backoff = Backoff(initial: configuration.reconnectDelay, cap: configuration.maxReconnectDelay)
+            delay = backoff.delay(attempt: attempt - 1, random: Double.random(in: 0...1))
+            guard delay < untilExpiry else { return }
+        }
+        state.withLock { state in
+            guard state.running, state.generation == generation else { return }
+            state.tokenRefresh?.cancel()
+            state.tokenRefresh = SyncTimer.after(delay) { [weak self, weak connection] in
+                guard let self, let connection else { return }
+                Task { await self.refreshToken(on: connection, generation: generation, attempt: attempt, old: token) }
+            }
+        }
+    }
+
+    private func refreshToken(on connection: ServerConnection, generation: Int, attempt: Int, old: String) async {
+        guard state.withLock({ $0.running && $0.generation == generation }), connection.isOpen else { return }
+        do {
+            let token = try await currentToken() ?? old
+            _ = try await connection.authenticate(token: token)
+            logger.debug("token refreshed on the open connection", metadata: ["tandem.client": "\(clientId)"])
+            scheduleTokenRefresh(for: token, on: connection, generation: generation)
+        } catch let error as TandemError where error.serverError != nil {
+            // The server refused the new token and closes the connection: the reconnect asks again.
+            noteError(error)
+        } catch {
+            noteError(TandemError("cannot refresh the token", error, otherwise: .noToken))
+            scheduleTokenRefresh(for: old, on: connection, generation: generation, attempt: attempt + 1)
         }
     }
 

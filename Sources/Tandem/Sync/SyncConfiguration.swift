@@ -68,6 +68,16 @@ public struct SyncConfiguration: Sendable {
     public var transport: (any WebSocketTransport)?
     /// A bearer token for servers with access control.
     public var token: String?
+    /// Where tokens come from when they expire: the app's sign-in (a JWT from its identity
+    /// provider). Asked before each connect and, on an open connection, ``tokenRefreshMargin``
+    /// before the current token's `exp` (read from its payload, not verified here); the new
+    /// token goes to the server in an `auth` message, and the listeners stay open. A provider
+    /// that throws leaves the service offline with the error in ``SyncStatus/lastError``;
+    /// writes still queue, and it is asked again with the reconnect backoff. Takes the place
+    /// of ``token`` when set.
+    public var tokenProvider: (@Sendable () async throws -> String)?
+    /// How long before a token's `exp` the provider is asked for the next.
+    public var tokenRefreshMargin: Duration = .seconds(60)
     /// More nodes of the same server (the same PostgreSQL database, see docs/SCALE-OUT.md):
     /// the service connects to its `serverURL` first and, when a connection is lost or
     /// refused, to the next of these, round robin, resuming its listeners there.

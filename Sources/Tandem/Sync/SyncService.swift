@@ -148,6 +148,8 @@ public final class SyncService: Sendable {
         /// row; each is listened to again after a backoff, on the same connection.
         var listenFailures: [CollectionPath: Int] = [:]
         var relisten: (generation: Int, timer: SyncTimer)?
+        /// Asks the token provider for the next token before the current one expires.
+        var tokenRefresh: SyncTimer?
 
         /// The current connection is dropped because what it delivered could not be read or
         /// stored. One that lived longer than the longest backoff without trouble starts a
