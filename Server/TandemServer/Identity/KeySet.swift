@@ -96,7 +96,8 @@ public struct KeySet: Sendable {
     private static func key(_ fields: JSONObject) throws(AccessError) -> Key? {
         if let use = fields["use"]?.stringValue, use != "sig" { return nil }
         func bytes(_ name: String) throws(AccessError) -> [UInt8] {
-            guard let text = fields[name]?.stringValue, let bytes = Base64URL.decode(text), !bytes.isEmpty else {
+            guard let text = fields[name]?.stringValue, let bytes = JWTPayload.base64URLDecoded(text), !bytes.isEmpty
+            else {
                 throw AccessError("'\(name)' is missing or not base64url")
             }
             return bytes

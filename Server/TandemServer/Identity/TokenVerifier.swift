@@ -89,8 +89,9 @@ public struct TokenVerifier: Sendable {
     static func parts(of token: String) throws(TokenRefusal) -> Parts {
         guard token.utf8.count <= maxTokenBytes else { throw .malformed }
         let pieces = token.split(separator: ".", omittingEmptySubsequences: false)
-        guard pieces.count == 3, let headerBytes = Base64URL.decode(pieces[0]),
-            let payloadBytes = Base64URL.decode(pieces[1]), let signature = Base64URL.decode(pieces[2])
+        guard pieces.count == 3, let headerBytes = JWTPayload.base64URLDecoded(pieces[0]),
+            let payloadBytes = JWTPayload.base64URLDecoded(pieces[1]),
+            let signature = JWTPayload.base64URLDecoded(pieces[2])
         else { throw .malformed }
         guard case .object(let header)? = try? Wire.parse(headerBytes, maxDepth: 8),
             case .object(let claims)? = try? Wire.parse(payloadBytes, maxDepth: 32)
@@ -153,9 +154,4 @@ public struct TokenVerifier: Sendable {
         default: throw .malformed
         }
     }
-}
-
-/// base64url as JWS and JWK use it.
-enum Base64URL {
-    static func decode(_ text: some StringProtocol) -> [UInt8]? { JWTPayload.base64URLDecoded(text) }
 }
